@@ -1,0 +1,35 @@
+# The two commands the README promises on a fresh machine: `make demo` and `make test`.
+# Each one creates .venv, installs the pinned dependencies and provisions CRIU before running.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck criu venv clean bench
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+criu: $(STAMP)
+	$(PY) -m tidal.mechanisms.criu.provision
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/mypy
+
+test: criu lint
+	$(PY) -m pytest -p no:cacheprovider tests
+
+demo: criu
+	$(VENV)/bin/tidal demo
+
+bench: criu
+	$(PY) benchmarks/checkpoint.py --json bench-results/checkpoint.json
+
+clean:
+	rm -rf $(VENV) build *.egg-info

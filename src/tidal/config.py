@@ -1,0 +1,38 @@
+"""Typed settings. Every setting can be given as an environment variable with the prefix ``TIDAL_``
+(``TIDAL_HOME``, ``TIDAL_CRIU``, ``TIDAL_DATABASE_URL`` ...). State lives under ``TIDAL_HOME``
+(default ``~/.tidal``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TIDAL_", extra="ignore")
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".tidal", description="Tidal's state directory")
+    criu: Path | None = Field(default=None, description="path of a criu binary to use instead of looking one up")
+    criu_prefix: Path | None = Field(
+        default=None, description="private prefix where CRIU is provisioned (default: .criu in the checkout)"
+    )
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under home")
+    checkpoint_store: str | None = Field(
+        default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
+    )
+    keep_checkpoints: int = Field(default=3, ge=1, description="committed checkpoints kept per job")
+    ghost_limit: int = Field(default=256 << 20, ge=0, description="largest deleted-but-open file CRIU may dump")
+
+    @property
+    def store_url(self) -> str:
+        return self.checkpoint_store or str(self.home / "checkpoints")
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'tidal.db'}"
+
+
+def load_settings() -> Settings:
+    return Settings()

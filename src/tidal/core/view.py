@@ -1,0 +1,64 @@
+"""The immutable view that ``decide`` reads: the topology and every live job with its placement."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from tidal.core.lifecycle import JobState
+from tidal.core.tiers import Tier
+from tidal.core.topology import DeviceRef, Topology
+
+
+def rank_map(devices: tuple[DeviceRef, ...], ranks: int) -> tuple[DeviceRef, ...]:
+    """Rank → device for W ranks packed contiguously on D ≤ W devices (replica splicing)."""
+    d = len(devices)
+    return tuple(devices[r * d // ranks] for r in range(ranks)) if d else ()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobView:
+    """What the policy knows of a job. ``placement`` is rank → device (length W) while it holds devices."""
+
+    id: str
+    ranks: int
+    tier: Tier
+    submitted_at: float
+    state: JobState = JobState.PENDING
+    project: str = "default"
+    min_devices: int = 1
+    max_devices: int = 0  # 0 means W
+    placement: tuple[DeviceRef, ...] = ()
+    started_at: float | None = None  # last start or resume: for the minimum run time between preemptions
+    attained_device_s: float = 0.0  # device-seconds of service before ``started_at`` (2D-LAS)
+    home_cluster: str | None = None  # pinned to a cluster (e.g. a virtual cluster), else anywhere
+    last_cluster: str | None = None  # where its checkpoint lies, for the cost of moving it
+    duration_hint: float | None = None  # oracle run time at full size (simulator only: SJF/SRTF)
+    remaining_hint: float | None = None  # oracle remaining run time at full size at ``started_at``
+
+    @property
+    def devices(self) -> tuple[DeviceRef, ...]:
+        """Distinct devices held, in placement order."""
+        return tuple(dict.fromkeys(self.placement))
+
+    @property
+    def max_d(self) -> int:
+        return self.max_devices or self.ranks
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterView:
+    """A read-only snapshot: the policy never mutates it; only dispatched actions change the world.
+
+    ``generation`` changes when the world diverged from what events and the policy's own actions
+    describe (a restart, a failed action): the policy then rebuilds its indexes from the view.
+    """
+
+    topology: Topology
+    jobs: Mapping[str, JobView]
+    generation: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.jobs, MappingProxyType):
+            object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))

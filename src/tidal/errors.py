@@ -1,0 +1,83 @@
+"""The one error root of Tidal.
+
+Every error a user can see derives from :class:`TidalError`. Errors carry structured fields so that the
+API can serialise them and the CLI can print them without a traceback: ``message`` says what went wrong,
+``hint`` (optional) says what to do about it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TidalError(Exception):
+    """Root of all Tidal errors."""
+
+    #: HTTP status used when this error crosses the API.
+    status_code: int = 500
+
+    def __init__(self, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fields: dict[str, Any] = fields
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message} ({self.hint})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": type(self).__name__, "message": self.message, "hint": self.hint, **self.fields}
+
+
+class ConfigError(TidalError):
+    """A setting or an environment requirement is wrong or missing."""
+
+
+class ValidationError(TidalError):
+    """Bad input from a user: ``field`` names what was wrong."""
+
+    status_code = 422
+
+
+class NotFound(TidalError):
+    status_code = 404
+
+
+class Conflict(TidalError):
+    """The request is valid but not in the current state (e.g. resizing a finished job)."""
+
+    status_code = 409
+
+
+class Unauthorized(TidalError):
+    status_code = 401
+
+
+class Forbidden(TidalError):
+    status_code = 403
+
+
+class Unsupported(TidalError):
+    """The kernel, CRIU build or platform lacks a feature that was asked for."""
+
+    status_code = 501
+
+
+class ProvisionError(TidalError):
+    """CRIU (or another runtime requirement) could not be found or installed."""
+
+
+class MechanismError(TidalError):
+    """A launch, checkpoint or restore of a rank failed."""
+
+
+class CheckpointError(MechanismError):
+    """Taking, storing, verifying or restoring a checkpoint failed; ``object`` names the bad part."""
+
+
+class RankExited(MechanismError):
+    """The rank's process is gone (it exited, or was never started)."""
+
+
+class StorageError(TidalError):
+    """The checkpoint store could not read or write an object."""

@@ -1,0 +1,244 @@
+"""A job's ranks on this machine, and the checkpoint protocol over them.
+
+Checkpoint: freeze every rank → drain their output → CRIU-dump each (they stay frozen) → capture the
+working directory's changes → then either thaw at once (periodic checkpoint: the store commit runs while
+the job goes on) or commit and kill (preempt, migrate). A checkpoint exists only once its manifest is
+committed; if anything fails before that, the ranks are thawed and go on as if nothing happened.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from tidal.errors import CheckpointError, MechanismError, TidalError
+from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
+from tidal.mechanisms.criu.images import page_file_boundaries
+from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
+from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.storage import CheckpointInfo, CheckpointStore
+
+FORMAT = 1
+Then = Literal["continue", "kill"]
+
+
+@dataclass(frozen=True)
+class CheckpointTiming:
+    """Where the time of one checkpoint went (seconds)."""
+
+    pause_s: float  # the ranks were frozen this long
+    dump_s: float
+    fs_s: float
+    commit_s: float
+    total_s: float
+
+
+def _copy_prefix(src: Path, dest: Path, length: int) -> None:
+    with open(src, "rb") as fi, open(dest, "wb") as fo:
+        os.fchmod(fo.fileno(), 0o600)
+        left = length
+        while left:
+            n = os.copy_file_range(fi.fileno(), fo.fileno(), left)
+            if n == 0:
+                raise CheckpointError(f"log {src} is shorter than {length} bytes", object=str(src))
+            left -= n
+
+
+class Job:
+    """The ranks of one job placed on nodes of this machine."""
+
+    def __init__(self, job_id: str, ranks: Sequence[RankProcess], fs: FsTracker, store: CheckpointStore,
+                 runner: CriuRunner | None = None, ghost_limit: int = 256 << 20) -> None:
+        self.job_id = job_id
+        self.ranks = list(ranks)
+        self.fs = fs
+        self.store = store
+        self.runner = runner or CriuRunner()
+        self.ghost_limit = ghost_limit
+        self.last_timing: CheckpointTiming | None = None
+
+    @classmethod
+    def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
+               **kw: Any) -> Job:
+        if not placement:
+            raise MechanismError("a job needs at least one rank")
+        workdir = placement[0][0].workdir
+        if not workdir.is_dir():
+            raise MechanismError(f"working directory {workdir} does not exist",
+                                 hint="it must exist at the same path on every node")
+        fs = FsTracker.at_launch(workdir)
+        ranks: list[RankProcess] = []
+        try:
+            for spec, node in placement:
+                ranks.append(RankProcess.launch(spec, node))
+        except BaseException:
+            for r in ranks:
+                r.kill()
+            raise
+        return cls(job_id, ranks, fs, store, **kw)
+
+    # -- state ------------------------------------------------------------------------------------------
+    def wait(self, timeout: float | None = None) -> list[ExitStatus]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return [r.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for r in self.ranks]
+
+    def kill(self) -> None:
+        for r in self.ranks:
+            r.kill()
+
+    # -- checkpoint -------------------------------------------------------------------------------------
+    def checkpoint(self, then: Then = "continue", keep: int | None = None) -> CheckpointInfo:
+        """Take a checkpoint of every rank; ``then`` says whether the job continues or is killed after
+        the commit. ``keep``: retain only the newest ``keep`` committed checkpoints."""
+        if then not in ("continue", "kill"):
+            raise ValueError(f"then must be 'continue' or 'kill', not {then!r}")
+        node = self.ranks[0].node
+        staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}")
+        frozen: list[RankProcess] = []
+        t0 = time.perf_counter()
+        writer = None
+        try:
+            for r in self.ranks:
+                r.freeze()
+                frozen.append(r)
+            dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
+            t_dump = time.perf_counter()
+            snap = self.fs.capture(staging / "fs")
+            for r, d in zip(self.ranks, dumps, strict=True):
+                _copy_prefix(r.node.log_path(r.spec), staging / f"rank-{r.spec.rank}.log", d.log_bytes)
+            t_fs = time.perf_counter()
+            if then == "continue":
+                self._thaw(frozen)
+            t_pause = time.perf_counter()
+            writer = self.store.writer(self.job_id)
+            for d in dumps:
+                bounds = page_file_boundaries(d.images)
+                for f in sorted(d.images.iterdir()):
+                    if f.suffix == ".img":
+                        writer.add_file(f"ranks/{d.rank}/images/{f.name}", f, boundaries=bounds.get(f.name, ()))
+                writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
+            for path in snap.captured:
+                writer.add_file(f"fs/{path}", staging / "fs" / path)
+            info = writer.commit(self._meta(dumps, snap))
+            writer = None
+            t_commit = time.perf_counter()
+        except BaseException as exc:
+            if writer is not None:
+                with contextlib.suppress(Exception):
+                    writer.abort()
+            self._thaw(frozen)
+            if isinstance(exc, CheckpointError):
+                raise
+            if isinstance(exc, TidalError):
+                raise CheckpointError(f"checkpoint of job {self.job_id} failed: {exc.message}",
+                                      hint="the job goes on; its last good checkpoint is untouched",
+                                      **exc.fields) from exc
+            if isinstance(exc, OSError):
+                raise CheckpointError(f"checkpoint of job {self.job_id} failed: {exc}",
+                                      hint="the job goes on; its last good checkpoint is untouched") from exc
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        if then == "kill":
+            self.kill()
+            t_pause = time.perf_counter()
+        self.last_timing = CheckpointTiming(
+            pause_s=t_pause - t0, dump_s=t_dump - t0, fs_s=t_fs - t_dump,
+            commit_s=t_commit - (t_fs if then == "kill" else t_pause), total_s=time.perf_counter() - t0)
+        if keep is not None:
+            self.store.retain(self.job_id, keep)
+        return info
+
+    def _thaw(self, ranks: list[RankProcess]) -> None:
+        for r in ranks:
+            with contextlib.suppress(Exception):
+                r.thaw()
+        ranks.clear()
+
+    def pre_dump(self) -> None:
+        """Iterative pre-copy of every rank's memory; :class:`Unsupported` where the kernel can't track it."""
+        node = self.ranks[0].node
+        for r in self.ranks:
+            self.runner.pre_dump(r.pid, node.staging(f"{self.job_id}-pre-{r.spec.rank}"))
+
+    def _meta(self, dumps: list[RankDump], snap: FsSnapshot) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "job_id": self.job_id,
+            "workdir": str(self.fs.workdir),
+            "ranks": {
+                str(d.rank): {
+                    "log_bytes": d.log_bytes, "out_pipe": d.out_pipe, "status_pipe": d.status_pipe,
+                    "argv": list(r.spec.argv), "node": r.node.name,
+                }
+                for r, d in zip(self.ranks, dumps, strict=True)
+            },
+            "fs": snap.to_json(),
+            "baseline": self.fs.baseline_json(),
+        }
+
+    # -- restore ----------------------------------------------------------------------------------------
+    @classmethod
+    def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
+                checkpoint_id: str | None = None, **kw: Any) -> Job:
+        """Restore the job (every rank) from ``checkpoint_id`` (default: the latest committed one)."""
+        if checkpoint_id is None:
+            latest = store.latest(job_id)
+            if latest is None:
+                raise CheckpointError(f"job {job_id} has no committed checkpoint", object=job_id)
+            checkpoint_id = latest.id
+        reader = store.reader(job_id, checkpoint_id)
+        meta = reader.meta
+        if meta.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint {checkpoint_id} has unknown format {meta.get('format')!r}",
+                                  object=checkpoint_id)
+        by_rank = {spec.rank: (spec, node) for spec, node in placement}
+        if sorted(by_rank) != sorted(int(r) for r in meta["ranks"]):
+            raise CheckpointError(f"checkpoint {checkpoint_id} holds ranks {sorted(meta['ranks'])}, "
+                                  f"placement gives {sorted(by_rank)}", object=checkpoint_id)
+        workdir = Path(meta["workdir"])
+        fs = FsTracker.from_json(workdir, meta["baseline"])
+        if not workdir.is_dir():
+            raise CheckpointError(f"cannot restore job {job_id}: working directory {workdir} does not exist "
+                                  "on this node", object=str(workdir),
+                                  hint="the working directory must exist at the same path on every node")
+        node0 = placement[0][1]
+        staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}")
+        ranks: list[RankProcess] = []
+        try:
+            # Fetch and verify every image before touching the working directory or any log.
+            pairs = [(n, staging / n) for n in reader.names() if n.startswith("ranks/") and "/images/" in n]
+            for _, dest in pairs:
+                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            reader.extract_all(pairs)
+            snap = FsSnapshot.from_json(meta["fs"])
+
+            def fetch(paths: list[str], into: Path) -> None:
+                items = [(f"fs/{p}", into / p) for p in paths]
+                for _, dest in items:
+                    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                reader.extract_all(items)
+
+            fs.restore(snap, fetch, staging / "fs")
+            for r, info in sorted(meta["ranks"].items(), key=lambda kv: int(kv[0])):
+                spec, node = by_rank[int(r)]
+                reader.extract(f"ranks/{r}/output.log", node.log_path(spec))
+                dump = RankDump(int(r), staging / "ranks" / r / "images", int(info["log_bytes"]),
+                                info["out_pipe"], info["status_pipe"])
+                runner = kw.get("runner") or CriuRunner()
+                ranks.append(RankProcess.restore(spec, node, dump, runner))
+        except BaseException:
+            for rp in ranks:
+                with contextlib.suppress(Exception):
+                    rp.kill()
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return cls(job_id, ranks, fs, store, **kw)

@@ -1,0 +1,300 @@
+"""A rank: one process tree in its own PID namespace under a Tidal init, checkpointable with CRIU.
+
+The owner (the node agent, or a test) launches or restores ranks and must be a child subreaper so that
+a rank's init is its child in both cases (a restored tree is re-parented to the nearest subreaper when
+``criu restore --restore-detached`` exits). The rank's stdout and stderr go to one pipe whose other end
+the owner pumps into the log file; the init's status pipe is the owner's lifeline to the rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidal.errors import MechanismError, RankExited
+from tidal.mechanisms.criu import tasks
+from tidal.mechanisms.criu.cgroups import Freezer
+from tidal.mechanisms.criu.logpump import pump
+from tidal.mechanisms.criu.runner import CriuRunner
+
+INIT = Path(__file__).with_name("rankinit.py")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise MechanismError("prctl(PR_SET_CHILD_SUBREAPER) failed")
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What to run for one rank of a job."""
+
+    job_id: str
+    rank: int
+    argv: tuple[str, ...]
+    workdir: Path
+    env: Mapping[str, str] = field(default_factory=dict)
+    cpus: tuple[int, ...] | None = None  # the device's CPU set; None: all CPUs
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}.r{self.rank}"
+
+    def launch_env(self) -> dict[str, str]:
+        env = dict(self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        env.setdefault("OMP_NUM_THREADS", str(len(self.cpus) if self.cpus else os.cpu_count() or 1))
+        return env
+
+
+class Node:
+    """A node root: Tidal's private state for one node (rank logs, staging images). Several node roots on
+    one machine make migration between them real."""
+
+    def __init__(self, name: str, root: Path) -> None:
+        self.name = name
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+    def rank_dir(self, spec: RankSpec) -> Path:
+        d = self.root / "ranks" / spec.job_id / str(spec.rank)
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+
+    def log_path(self, spec: RankSpec) -> Path:
+        return self.rank_dir(spec) / "output.log"
+
+    def staging(self, name: str) -> Path:
+        d = self.root / "staging" / name
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        return d
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int | None = None
+    signal: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def __str__(self) -> str:
+        return f"exit code {self.code}" if self.signal is None else f"killed by signal {self.signal}"
+
+
+@dataclass(frozen=True)
+class RankDump:
+    """A rank dumped into a local directory: CRIU images plus what restore needs to rewire it."""
+
+    rank: int
+    images: Path
+    log_bytes: int
+    out_pipe: str  # "pipe:[inode]" of the rank's output pipe, for --inherit-fd at restore
+    status_pipe: str
+
+
+def _pipe_pair() -> tuple[int, int]:
+    r, w = os.pipe2(os.O_CLOEXEC)
+    return r, w
+
+
+class RankProcess:
+    """A running rank on a node. Create with :meth:`launch` or :meth:`restore`."""
+
+    def __init__(self, spec: RankSpec, node: Node, pid: int, out_r: int, status_r: int) -> None:
+        self.spec = spec
+        self.node = node
+        self.pid = pid
+        self.freezer = Freezer(node.name, spec.name)
+        self._out_r = out_r
+        self._status_r = status_r
+        self._status_text = b""
+        self._exit: ExitStatus | None = None
+        self._exited = threading.Event()
+        self._frozen = False
+        p = pump()
+        p.add_file(out_r, node.log_path(spec))
+        p.add(status_r, self._on_status, self._on_status_eof)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @classmethod
+    def launch(cls, spec: RankSpec, node: Node) -> RankProcess:
+        if not spec.workdir.is_absolute():
+            raise MechanismError(f"working directory must be an absolute path, got {spec.workdir}")
+        if not spec.workdir.is_dir():
+            raise MechanismError(f"working directory {spec.workdir} does not exist",
+                                 hint="it must exist at the same path on every node")
+        if not spec.argv:
+            raise MechanismError("empty command")
+        out_r, out_w = _pipe_pair()
+        st_r, st_w = _pipe_pair()
+        ctl_r, ctl_w = _pipe_pair()
+        go_r, go_w = _pipe_pair()
+        log = node.log_path(spec)
+        log.unlink(missing_ok=True)
+        try:
+            launcher = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(INIT), str(ctl_w), str(go_r), str(st_w), "--", *spec.argv],
+                stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=(ctl_w, go_r, st_w),
+                cwd=spec.workdir, env=spec.launch_env(), start_new_session=True)
+        finally:
+            for fd in (out_w, st_w, ctl_w, go_r):
+                os.close(fd)
+        try:
+            ready, _, _ = select.select([ctl_r], [], [], 30)
+            line = os.read(ctl_r, 64) if ready else b""
+            launcher.wait(30)
+            if not line.strip().isdigit():
+                raise MechanismError(f"rank {spec.name} failed to start its namespace "
+                                     f"(launcher exit code {launcher.returncode})",
+                                     hint="Tidal needs root (CLONE_NEWPID) to run ranks")
+            pid = int(line)
+            rank = cls(spec, node, pid, out_r, st_r)
+            rank.freezer.create()
+            rank.freezer.add(pid)
+            if spec.cpus:
+                tasks.set_affinity([pid], spec.cpus)
+            os.write(go_w, b"g")
+        except BaseException:
+            os.close(out_r)
+            os.close(st_r)
+            raise
+        finally:
+            os.close(ctl_r)
+            os.close(go_w)
+        return rank
+
+    @classmethod
+    def restore(cls, spec: RankSpec, node: Node, dump: RankDump, runner: CriuRunner) -> RankProcess:
+        """Restore a dumped rank on ``node`` (its log file must already hold the dump's log)."""
+        out_r, out_w = _pipe_pair()
+        st_r, st_w = _pipe_pair()
+        pidfile = dump.images / "restore.pid"
+        pidfile.unlink(missing_ok=True)
+        try:
+            runner.restore(dump.images, pidfile=pidfile, inherit={out_w: dump.out_pipe, st_w: dump.status_pipe})
+        except BaseException:
+            for fd in (out_r, st_r):
+                os.close(fd)
+            raise
+        finally:
+            os.close(out_w)
+            os.close(st_w)
+        pid = int(pidfile.read_text())
+        rank = cls(spec, node, pid, out_r, st_r)
+        # CRIU left the tree stopped: place it, then let it run.
+        procs = tasks.descendants(pid)
+        rank.freezer.create()
+        for p in procs:
+            rank.freezer.add(p)
+        if spec.cpus:
+            tasks.set_affinity(procs, spec.cpus)
+        for p in procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGCONT)
+        return rank
+
+    # -- exit status ----------------------------------------------------------------------------
+    def _on_status(self, data: bytes) -> None:
+        self._status_text += data
+
+    def _on_status_eof(self) -> None:
+        # The init closed its lifeline end: it has exited (or is exiting). Reap it.
+        try:
+            _, status = os.waitpid(self.pid, 0)
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            code = None if sig is not None else os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            sig, code = None, None
+        words = self._status_text.decode(errors="replace").split()
+        if len(words) >= 2 and words[0] == "exited":
+            self._exit = ExitStatus(code=int(words[1]))
+        elif len(words) >= 2 and words[0] == "signaled":
+            self._exit = ExitStatus(signal=int(words[1]))
+        else:
+            self._exit = ExitStatus(code=code, signal=sig)
+        self._exited.set()
+        self.freezer.remove()
+
+    def poll(self) -> ExitStatus | None:
+        return self._exit
+
+    def wait(self, timeout: float | None = None) -> ExitStatus:
+        if not self._exited.wait(timeout):
+            raise TimeoutError(f"rank {self.spec.name} still running after {timeout}s")
+        # The output pipe may still hold the last lines: wait until the pump has read it to the end.
+        pump().wait_closed(self._out_r, 10)
+        assert self._exit is not None
+        return self._exit
+
+    @property
+    def running(self) -> bool:
+        return self._exit is None
+
+    def pids(self) -> list[int]:
+        return tasks.descendants(self.pid) if self.running else []
+
+    # -- checkpoint steps ---------------------------------------------------------------------------
+    def _check_running(self, what: str) -> None:
+        if not self.running or not tasks.alive(self.pid):
+            raise RankExited(f"cannot {what} rank {self.spec.name}: it has exited ({self._exit or 'gone'})")
+
+    def freeze(self) -> None:
+        self._check_running("freeze")
+        self.freezer.freeze()
+        self._frozen = True
+        pump().drain(self._out_r)
+
+    def thaw(self) -> None:
+        if self._frozen:
+            self.freezer.thaw()
+            self._frozen = False
+
+    def log_bytes(self) -> int:
+        return self.node.log_path(self.spec).stat().st_size
+
+    def dump(self, images: Path, runner: CriuRunner, ghost_limit: int) -> RankDump:
+        """Dump the (frozen) rank into ``images``; it stays frozen."""
+        self._check_running("checkpoint")
+        if not self._frozen:
+            raise MechanismError("dump needs a frozen rank: call freeze() first")
+        out_pipe = tasks.fd_target(self.pid, 1)
+        status_pipe = self._status_pipe_key()
+        images.mkdir(parents=True, exist_ok=True, mode=0o700)
+        runner.dump(self.pid, images, freezer=self.freezer.path, ghost_limit=ghost_limit)
+        return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe)
+
+    def _status_pipe_key(self) -> str:
+        mine = os.fstat(self._status_r).st_ino
+        key = f"pipe:[{mine}]"
+        for fd in os.listdir(f"/proc/{self.pid}/fd"):
+            if tasks.fd_target(self.pid, int(fd)) == key:
+                return key
+        raise MechanismError(f"rank {self.spec.name}: its init no longer holds the status pipe")
+
+    def kill(self, timeout: float = 10.0) -> None:
+        """SIGKILL the whole rank (also when frozen) and wait until its init is reaped."""
+        if not self.running:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+        # A frozen task handles SIGKILL only once thawed.
+        if self._frozen:
+            self.freezer.thaw()
+            self._frozen = False
+        deadline = time.monotonic() + timeout
+        if not self._exited.wait(max(0.0, deadline - time.monotonic())):
+            raise MechanismError(f"rank {self.spec.name} (pid {self.pid}) did not die within {timeout:.0f}s")

@@ -1,0 +1,79 @@
+"""Runs CRIU: dump, pre-dump, restore and feature checks, with errors that quote CRIU's own reason."""
+
+from __future__ import annotations
+
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+from tidal.errors import CheckpointError, Unsupported
+from tidal.mechanisms.criu.provision import Criu, find_criu
+
+HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+
+
+def _log_errors(log: Path, limit: int = 6) -> str:
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no CRIU log"
+    errs = [ln for ln in lines if "Error" in ln and not any(h in ln for h in HARMLESS)]
+    return " | ".join(errs[-limit:]) or (lines[-1] if lines else "empty CRIU log")
+
+
+class CriuRunner:
+    def __init__(self, criu: Criu | None = None) -> None:
+        self.criu = criu or find_criu()
+
+    def _run(self, args: list[str], log: Path, pass_fds: tuple[int, ...] = (), what: str = "criu",
+             timeout: float = 600) -> None:
+        argv = [*self.criu.argv, *args, "-v2", "-o", log.name]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds, timeout=timeout,
+                                 check=False)
+        except subprocess.TimeoutExpired as exc:
+            raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent)) from exc
+        if out.returncode != 0:
+            raise CheckpointError(f"{what} failed: {_log_errors(log)}", object=str(log.parent),
+                                  hint=f"full CRIU log: {log}")
+
+    def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int,
+             parent: Path | None = None, leave_running: bool = True) -> None:
+        args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore",
+                f"--ghost-limit={ghost_limit}", "--file-locks", "--link-remap"]
+        if freezer is not None:
+            args += ["--freeze-cgroup", str(freezer)]
+        if leave_running:
+            args.append("--leave-running")
+        if parent is not None:
+            args += ["--prev-images-dir", str(parent), "--track-mem"]
+        self._run(args, images / "dump.log", what=f"criu dump of pid {pid}")
+
+    def pre_dump(self, pid: int, images: Path, *, freezer: Path | None = None) -> None:
+        """Iterative pre-copy: only where the kernel tracks dirty memory."""
+        if not self.supports("mem_dirty_track"):
+            raise Unsupported("pre-dump needs memory dirty-tracking, which this kernel does not offer "
+                              "(`criu check --feature mem_dirty_track` fails)",
+                              hint="take full checkpoints; the store still keeps unchanged pages once")
+        args = ["pre-dump", "-t", str(pid), "-D", str(images), "--track-mem", "--manage-cgroups=ignore"]
+        if freezer is not None:
+            args += ["--freeze-cgroup", str(freezer)]
+        self._run(args, images / "pre-dump.log", what=f"criu pre-dump of pid {pid}")
+
+    def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str]) -> None:
+        args = ["restore", "-D", str(images), "--restore-detached", "--leave-stopped",
+                "--pidfile", str(pidfile), "--manage-cgroups=ignore", "--file-locks"]
+        for fd, key in inherit.items():
+            args += ["--inherit-fd", f"fd[{fd}]:{key}"]
+        self._run(args, images / "restore.log", pass_fds=tuple(inherit), what="criu restore")
+
+    def supports(self, feature: str) -> bool:
+        return _feature(self.criu.argv, feature)
+
+
+@lru_cache(maxsize=32)
+def _feature(argv: tuple[str, ...], feature: str) -> bool:
+    out = subprocess.run([*argv, "check", "--feature", feature], capture_output=True, text=True,
+                         timeout=60, check=False)
+    text = out.stdout + out.stderr
+    return out.returncode == 0 and "is supported" in text and "OFF" not in text

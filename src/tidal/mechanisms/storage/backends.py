@@ -1,0 +1,384 @@
+"""Where store objects live: a local directory (plain os calls) or any fsspec filesystem.
+
+Keys are relative POSIX paths (``chunks/ab/ab12...``, ``jobs/J/C/manifest.json``). Every put is
+atomic: an object is either absent or complete under its final key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import secrets
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Executor
+from pathlib import Path
+from typing import Any, Protocol
+
+from tidal.errors import StorageError
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def storage_error(e: OSError, what: str, where: str) -> StorageError:
+    """Turn an OSError into a StorageError that says, for a full store, that it is full and where."""
+    if e.errno in _FULL:
+        return StorageError(
+            f"checkpoint store full: no space left {what} {where}",
+            object=where,
+            reason="store full",
+            hint="free space in the checkpoint store or lower the number of retained checkpoints",
+        )
+    return StorageError(f"checkpoint store error {what} {where}: {e}", object=where, reason=str(e))
+
+
+class Backend(Protocol):
+    url: str
+
+    def exists(self, key: str) -> bool: ...
+
+    def get(self, key: str) -> bytes:
+        """The object's bytes; ``FileNotFoundError`` when absent."""
+        ...
+
+    def put_chunk(self, key: str, tag: bytes, payload: bytes | memoryview) -> int:
+        """Store ``tag + payload`` atomically (not yet durable); return the bytes written."""
+        ...
+
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        """Store ``data`` atomically; ``durable`` also makes it (and its name) survive a crash."""
+        ...
+
+    def make_durable(self, keys: Sequence[str], pool: Executor) -> None:
+        """Make earlier ``put_chunk`` objects durable, before a manifest that names them is put."""
+        ...
+
+    def listdir(self, key: str) -> list[str]:
+        """Names directly under ``key`` (empty when absent)."""
+        ...
+
+    def mkdir(self, key: str) -> bool:
+        """Create the directory ``key`` (parents too); return False if it already existed."""
+        ...
+
+    def delete(self, key: str) -> None: ...
+
+    def delete_tree(self, key: str) -> None: ...
+
+    def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
+        """Writers take it shared while they add chunks; garbage collection takes it exclusive."""
+        ...
+
+
+class LocalBackend:
+    """A directory on a local filesystem: directories 0700, files 0600, temp+rename for atomicity."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.absolute()
+        self.url = str(self.root)
+        self._dirs: set[str] = set()
+        self._dirs_lock = threading.Lock()
+        try:
+            self.root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            st = self.root.stat()
+            if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+                os.chmod(self.root, DIR_MODE)  # checkpoint images hold process memory
+        except OSError as e:
+            raise storage_error(e, "creating the store at", str(self.root)) from None
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.url, key)
+
+    def exists(self, key: str) -> bool:
+        return os.path.exists(self._path(key))
+
+    def get(self, key: str) -> bytes:
+        try:
+            with open(self._path(key), "rb", buffering=0) as f:
+                return f.read()
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise storage_error(e, "reading", self._path(key)) from None
+
+    def _ensure_dir(self, d: str) -> None:
+        if d in self._dirs:
+            return
+        self.mkdir(d)
+        with self._dirs_lock:
+            self._dirs.add(d)
+
+    def mkdir(self, key: str) -> bool:
+        path = self._path(key)
+        if os.path.isdir(path):
+            return False
+        parent = os.path.dirname(key)
+        if parent:
+            self.mkdir(parent)
+        try:
+            os.mkdir(path, DIR_MODE)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise storage_error(e, "creating directory", path) from None
+        return True
+
+    def _write_tmp(self, key: str, parts: Sequence[bytes | memoryview], *, sync: bool) -> tuple[str, int]:
+        final = self._path(key)
+        tmp = os.path.join(os.path.dirname(final), f".{os.path.basename(final)}.{secrets.token_hex(4)}.tmp")
+        total = sum(len(p) for p in parts)
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise storage_error(e, "writing", tmp) from None
+        try:
+            try:
+                _write_all(fd, parts)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, final)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise storage_error(e, "writing", final) from None
+        return final, total
+
+    def put_chunk(self, key: str, tag: bytes, payload: bytes | memoryview) -> int:
+        self._ensure_dir(os.path.dirname(key))
+        return self._write_tmp(key, (tag, payload), sync=False)[1]
+
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        self._ensure_dir(os.path.dirname(key))
+        final, _ = self._write_tmp(key, (data,), sync=durable)
+        if durable:
+            try:
+                _fsync_dir(os.path.dirname(final))
+            except OSError as e:
+                raise storage_error(e, "syncing", final) from None
+
+    def make_durable(self, keys: Sequence[str], pool: Executor) -> None:
+        if not keys:
+            return
+        # One syncfs flushes the whole batch with a single journal commit; fsync per file costs a
+        # commit each. Fall back to per-file fsync (in parallel) where syncfs is unavailable.
+        if _syncfs(self.url):
+            return
+        paths = [self._path(k) for k in keys]
+        list(pool.map(_fsync_path, paths))
+        for d in sorted({os.path.dirname(p) for p in paths}):
+            _fsync_dir(d)
+
+    def listdir(self, key: str) -> list[str]:
+        try:
+            return os.listdir(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise storage_error(e, "listing", self._path(key)) from None
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(key))
+
+    def delete_tree(self, key: str) -> None:
+        top = self._path(key)
+        for dirpath, dirnames, filenames in os.walk(top, topdown=False):
+            for f in filenames:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(dirpath, f))
+            for d in dirnames:
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(os.path.join(dirpath, d))
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(top)
+
+    @contextlib.contextmanager
+    def lock(self, exclusive: bool) -> Iterator[None]:
+        # flock locks belong to an open file description, so a fresh fd per holder also works
+        # between threads of one process.
+        path = self._path("gc.lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
+        except OSError as e:
+            raise storage_error(e, "locking", path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+            yield
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    views = [memoryview(p) for p in parts if len(p)]
+    while views:
+        n = os.writev(fd, views)
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+_libc: Any = None
+
+
+def _syncfs(path: str) -> bool:
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.syncfs.argtypes = [ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if _libc.syncfs(fd) != 0:
+            e = ctypes.get_errno()
+            raise storage_error(OSError(e, os.strerror(e)), "syncing", path)
+        return True
+    finally:
+        os.close(fd)
+
+
+class _RWLock:
+    """Many shared holders or one exclusive holder, within one process."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._shared = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def hold(self, exclusive: bool) -> Iterator[None]:
+        with self._cond:
+            if exclusive:
+                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
+                self._exclusive = True
+            else:
+                self._cond.wait_for(lambda: not self._exclusive)
+                self._shared += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                if exclusive:
+                    self._exclusive = False
+                else:
+                    self._shared -= 1
+                self._cond.notify_all()
+
+
+_process_locks: dict[str, _RWLock] = {}
+_process_locks_guard = threading.Lock()
+
+
+class FsspecBackend:
+    """Any fsspec filesystem (``s3://``, ``gs://``, ``az://``, ``memory://``): single puts are atomic.
+
+    Object stores have no locks, so writers and garbage collection are fenced only within one process
+    (the GC/writer lock below); run retention from the process that writes, or from one place.
+    """
+
+    def __init__(self, url: str, **storage_options: Any) -> None:
+        import fsspec
+
+        self.url = url
+        self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        self.root = root.rstrip("/")
+        with _process_locks_guard:
+            self._rw = _process_locks.setdefault(f"{self.fs.protocol}:{self.root}", _RWLock())
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+    def exists(self, key: str) -> bool:
+        try:
+            return bool(self.fs.exists(self._path(key)))
+        except OSError as e:
+            raise storage_error(e, "checking", self._path(key)) from None
+
+    def get(self, key: str) -> bytes:
+        try:
+            return bytes(self.fs.cat_file(self._path(key)))
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise storage_error(e, "reading", self._path(key)) from None
+
+    def put_chunk(self, key: str, tag: bytes, payload: bytes | memoryview) -> int:
+        data = tag + bytes(payload)
+        self.put(key, data)
+        return len(data)
+
+    def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
+        try:
+            self.fs.pipe_file(self._path(key), data)
+        except OSError as e:
+            raise storage_error(e, "writing", self._path(key)) from None
+
+    def make_durable(self, keys: Sequence[str], pool: Executor) -> None:
+        return None  # a completed object put is durable
+
+    def listdir(self, key: str) -> list[str]:
+        try:
+            entries = self.fs.ls(self._path(key), detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as e:
+            raise storage_error(e, "listing", self._path(key)) from None
+        base = self._path(key).strip("/")
+        out = []
+        for p in entries:
+            p = str(p).strip("/")
+            if p != base:
+                out.append(p.rsplit("/", 1)[-1])
+        return out
+
+    def mkdir(self, key: str) -> bool:
+        return True  # object stores have no directories; a key's prefix exists once it holds an object
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(self._path(key))
+
+    def delete_tree(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(self._path(key), recursive=True)
+
+    def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
+        return self._rw.hold(exclusive)
+
+
+def open_backend(url: str | os.PathLike[str], **storage_options: Any) -> LocalBackend | FsspecBackend:
+    """A local path or ``file://`` URL gives the fast local backend; anything else goes to fsspec."""
+    s = os.fspath(url)
+    if s.startswith("file://"):
+        return LocalBackend(Path(s[len("file://") :]))
+    if "://" not in s:
+        return LocalBackend(Path(s))
+    return FsspecBackend(s, **storage_options)

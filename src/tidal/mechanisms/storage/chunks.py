@@ -1,0 +1,120 @@
+"""Chunks: how a file is cut, and how one chunk is encoded as a store object.
+
+A chunk object is one tag byte followed by the payload: ``R`` (raw bytes) or ``Z`` (one zstd frame).
+The tag makes every object self-describing, so a writer that finds a chunk already stored (dedup)
+never needs to know how another writer encoded it.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import itertools
+import threading
+from collections.abc import Sequence
+
+import zstandard
+
+RAW = b"R"
+ZSTD = b"Z"
+
+#: Compressed output must save at least this fraction, else the chunk is stored raw (cheaper to read).
+_MIN_SAVING = 1 / 32
+
+
+def chunk_key(digest: str) -> str:
+    """The store key of the chunk whose uncompressed content has sha256 ``digest``."""
+    return f"chunks/{digest[:2]}/{digest}"
+
+
+def plan(size: int, boundaries: Sequence[int], chunk_size: int) -> list[tuple[int, int]]:
+    """Cut ``[0, size)`` into ``(offset, length)`` chunks that start at every boundary.
+
+    Inside each segment between boundaries, chunks are ``chunk_size`` long (the last one shorter), so a
+    segment that grows or shrinks does not shift the chunks of any other segment.
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be positive, not {chunk_size}")
+    cuts: set[int] = set()
+    for b in boundaries:
+        if not isinstance(b, int) or b < 0 or b > size:
+            raise ValueError(f"boundary {b!r} is outside the file (size {size})")
+        cuts.add(b)
+    edges = sorted(cuts | {0, size})
+    out: list[tuple[int, int]] = []
+    for start, end in itertools.pairwise(edges):
+        off = start
+        while off < end:
+            n = min(chunk_size, end - off)
+            out.append((off, n))
+            off += n
+    return out
+
+
+@functools.lru_cache(maxsize=32)
+def zeros(n: int) -> bytes:
+    return bytes(n)
+
+
+@functools.lru_cache(maxsize=32)
+def zero_digest(n: int) -> str:
+    """sha256 of ``n`` zero bytes (zero pages are common in process images; they skip hashing)."""
+    return hashlib.sha256(zeros(n)).hexdigest()
+
+
+def is_zero(base: bytes | bytearray, off: int, n: int) -> bool:
+    """Whether ``base[off:off+n]`` is all zeros, without copying (startswith is a memcmp)."""
+    if n == 0 or base[off] or base[off + n - 1]:
+        return n == 0
+    return base.startswith(zeros(n), off)
+
+
+class Codec:
+    """zstd encoding of chunk payloads; compressor objects are per thread (they are not thread-safe)."""
+
+    def __init__(self, level: int) -> None:
+        self.level = level
+        self._local = threading.local()
+
+    def _compressor(self) -> zstandard.ZstdCompressor:
+        c: zstandard.ZstdCompressor | None = getattr(self._local, "c", None)
+        if c is None:
+            c = self._local.c = zstandard.ZstdCompressor(level=self.level)
+        return c
+
+    def _decompressor(self) -> zstandard.ZstdDecompressor:
+        d: zstandard.ZstdDecompressor | None = getattr(self._local, "d", None)
+        if d is None:
+            d = self._local.d = zstandard.ZstdDecompressor()
+        return d
+
+    def encode(self, data: memoryview) -> tuple[bytes, bytes | memoryview]:
+        """Return ``(tag, payload)``; raw payloads are the caller's buffer, not a copy.
+
+        zstd level 1 gives up on incompressible input at several GB/s, so trying is the cheap check.
+        """
+        n = len(data)
+        packed = self._compressor().compress(data)
+        if len(packed) < n - n * _MIN_SAVING:
+            return ZSTD, packed
+        return RAW, data
+
+    def decode(self, obj: bytes, size: int) -> bytes | memoryview:
+        """Payload of a stored chunk object; raises ``ValueError`` saying what is wrong with it."""
+        if not obj:
+            raise ValueError("empty object (truncated)")
+        tag = obj[:1]
+        body = memoryview(obj)[1:]
+        if tag == RAW:
+            if len(body) != size:
+                raise ValueError(f"truncated: {len(body)} bytes instead of {size}")
+            return body
+        if tag == ZSTD:
+            try:
+                out = self._decompressor().decompress(body, max_output_size=size)
+            except zstandard.ZstdError as e:
+                raise ValueError(f"undecodable zstd frame ({e})") from None
+            if len(out) != size:
+                raise ValueError(f"truncated: decodes to {len(out)} bytes instead of {size}")
+            return out
+        raise ValueError(f"undecodable: unknown chunk tag {tag!r}")

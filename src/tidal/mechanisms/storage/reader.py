@@ -1,0 +1,242 @@
+"""Reading one committed checkpoint back, verifying every chunk and every file's sha256."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import secrets
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tidal.errors import CheckpointError
+
+from .chunks import chunk_key, zero_digest, zeros
+from .manifest import CheckpointInfo, Entry, Manifest
+
+if TYPE_CHECKING:
+    from .store import CheckpointStore
+
+
+class _Sink:
+    """Where a file's verified bytes go. Chunk writes come from pool threads, at their own offsets."""
+
+    def open(self, entry: Entry) -> None: ...
+
+    def write(self, off: int, data: bytes | memoryview) -> None: ...
+
+    def finish(self) -> None: ...
+
+    def fail(self) -> None: ...
+
+
+class _FileSink(_Sink):
+    """Writes to a temp file beside ``dest`` and renames it over ``dest`` once verified."""
+
+    def __init__(self, dest: Path) -> None:
+        self.dest = Path(dest)
+        self.tmp = self.dest.parent / f".{self.dest.name}.{secrets.token_hex(4)}.tidal-tmp"
+        self.fd = -1
+        self.entry: Entry | None = None
+
+    def _error(self, e: OSError) -> CheckpointError:
+        return CheckpointError(f"cannot restore {self.dest}: {e}", object=str(self.dest))
+
+    def open(self, entry: Entry) -> None:
+        self.entry = entry
+        try:
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+            if entry.kind == "symlink":
+                assert entry.target is not None
+                os.symlink(entry.target, self.tmp)
+                return
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            os.ftruncate(self.fd, entry.size)  # zero chunks are then left as holes
+        except OSError as e:
+            raise self._error(e) from None
+
+    def write(self, off: int, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                k = os.pwrite(self.fd, view, off)
+                view, off = view[k:], off + k
+        except OSError as e:
+            raise self._error(e) from None
+
+    def finish(self) -> None:
+        assert self.entry is not None
+        try:
+            if self.fd >= 0:
+                os.fchmod(self.fd, self.entry.mode)
+                os.close(self.fd)
+                self.fd = -1
+            os.replace(self.tmp, self.dest)
+        except OSError as e:
+            self.fail()
+            raise self._error(e) from None
+
+    def fail(self) -> None:
+        if self.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = -1
+        with contextlib.suppress(OSError):
+            os.unlink(self.tmp)
+
+
+class _BytesSink(_Sink):
+    def __init__(self) -> None:
+        self.buf = bytearray()
+
+    def open(self, entry: Entry) -> None:
+        self.buf = bytearray(entry.size)
+
+    def write(self, off: int, data: bytes | memoryview) -> None:
+        self.buf[off : off + len(data)] = data
+
+
+class CheckpointReader:
+    """A committed checkpoint: its manifest, and verified access to its files."""
+
+    def __init__(self, store: CheckpointStore, manifest: Manifest, manifest_bytes: int) -> None:
+        self._store = store
+        self._manifest = manifest
+        self._entries = {e.name: e for e in manifest.entries}
+        self.info: CheckpointInfo = manifest.info(manifest_bytes)
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self._manifest.meta
+
+    def names(self) -> list[str]:
+        return [e.name for e in self._manifest.entries]
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise CheckpointError(
+                f"{name!r} is not in checkpoint {self.info.job_id}/{self.info.id}", object=name
+            ) from None
+
+    def extract(self, name: str, dest: Path | str) -> None:
+        """Write file ``name`` to ``dest`` (temp file + rename) after verifying it."""
+        self.extract_all([(name, Path(dest))])
+
+    def extract_all(self, pairs: Iterable[tuple[str, Path | str]]) -> None:
+        """Extract many files; their chunks are fetched and verified in parallel."""
+        self._run([(self.entry(n), _FileSink(Path(d))) for n, d in pairs], fetch_zero=False)
+
+    def read_bytes(self, name: str) -> bytes:
+        entry = self.entry(name)
+        if entry.kind != "file":
+            raise CheckpointError(f"{name!r} is a {entry.kind}, not a file", object=name)
+        sink = _BytesSink()
+        self._run([(entry, sink)], fetch_zero=False)
+        return bytes(sink.buf)
+
+    def verify(self) -> None:
+        """Read every object of the checkpoint; raise CheckpointError on the first bad one."""
+        self._run([(e, _Sink()) for e in self._manifest.entries], fetch_zero=True)
+
+    def _run(self, items: list[tuple[Entry, _Sink]], *, fetch_zero: bool) -> None:
+        """Fetch, check and deliver chunks with a bounded window of work in the pool.
+
+        The whole-file sha256 is computed here, in file order, while pool threads verify chunks.
+        """
+        store = self._store
+        limit = 4 * store.workers
+        window: deque[tuple[_State, Future[bytes | memoryview | None] | None, int]] = deque()
+        opened: list[_State] = []
+        try:
+            for entry, sink in items:
+                st = _State(entry, sink)
+                sink.open(entry)
+                opened.append(st)
+                if entry.kind == "symlink":
+                    st.hash.update((entry.target or "").encode())
+                off = 0
+                for digest, n in entry.chunks:
+                    fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero)
+                    window.append((st, fut, n))
+                    off += n
+                    while len(window) > limit:
+                        _drain_one(window)
+                window.append((st, None, 0))
+            while window:
+                _drain_one(window)
+        except BaseException:
+            for _, f, _ in window:
+                if f is not None:
+                    f.cancel()
+            for _, f, _ in window:
+                if f is not None and not f.cancelled():
+                    f.exception()
+            for st in opened:
+                if not st.done:
+                    st.sink.fail()
+            raise
+
+    def _fetch(
+        self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool
+    ) -> bytes | memoryview | None:
+        if not fetch_zero and digest == zero_digest(n):
+            return None  # content is known from the digest; the sink already holds zeros
+        store = self._store
+        key = chunk_key(digest)
+        where = f"{self.info.job_id}/{self.info.id}"
+        try:
+            raw = store.backend.get(key)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is missing from the store ({key})",
+                object=entry.name,
+                chunk=digest,
+                reason="missing",
+            ) from None
+        try:
+            data = store.codec.decode(raw, n)
+        except ValueError as e:
+            raise CheckpointError(
+                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is {e}",
+                object=entry.name,
+                chunk=digest,
+                reason=str(e).split(":")[0].split(" (")[0],
+            ) from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise CheckpointError(
+                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is corrupt (sha256 mismatch)",
+                object=entry.name,
+                chunk=digest,
+                reason="sha256 mismatch",
+            )
+        sink.write(off, data)
+        return data
+
+
+class _State:
+    def __init__(self, entry: Entry, sink: _Sink) -> None:
+        self.entry = entry
+        self.sink = sink
+        self.hash = hashlib.sha256()
+        self.done = False
+
+
+def _drain_one(window: deque[tuple[_State, Future[bytes | memoryview | None] | None, int]]) -> None:
+    st, fut, n = window.popleft()
+    if fut is None:
+        if st.hash.hexdigest() != st.entry.sha256:
+            raise CheckpointError(
+                f"file {st.entry.name!r}: sha256 mismatch of the whole file",
+                object=st.entry.name,
+                reason="sha256 mismatch",
+            )
+        st.sink.finish()
+        st.done = True
+        return
+    data = fut.result()
+    st.hash.update(zeros(n) if data is None else data)

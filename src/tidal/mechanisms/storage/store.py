@@ -1,0 +1,249 @@
+"""The checkpoint store: jobs, their committed checkpoints, retention and chunk garbage collection.
+
+Layout under the root (a local directory or an fsspec URL)::
+
+    chunks/<2 hex>/<sha256>                 one chunk (tag byte + raw or zstd payload), shared by all
+    jobs/<job>/<checkpoint>/manifest.json   present exactly when the checkpoint is committed
+    jobs/<job>/<checkpoint>/pending/*.refs  digests an in-progress writer relies on
+    gc.lock                                 writers hold it shared, garbage collection exclusive
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import logging
+import os
+import queue
+import threading
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from types import TracebackType
+from typing import Any
+
+from tidal.errors import CheckpointError
+
+from .backends import Backend, LocalBackend, open_backend
+from .chunks import Codec
+from .manifest import (
+    MANIFEST,
+    CheckpointInfo,
+    Manifest,
+    check_id,
+    new_checkpoint_id,
+    sequence_of,
+    sort_key,
+)
+from .reader import CheckpointReader
+from .writer import CheckpointWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 1 << 20
+
+
+class CheckpointStore:
+    """Content-addressed, compressed, verified checkpoint storage for many jobs."""
+
+    def __init__(
+        self,
+        url: str | os.PathLike[str],
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        level: int = 1,
+        workers: int | None = None,
+        **storage_options: Any,
+    ) -> None:
+        if chunk_size <= 0:
+            raise ValueError(f"chunk_size must be positive, not {chunk_size}")
+        self.backend: Backend = open_backend(url, **storage_options)
+        self.url = self.backend.url
+        self.chunk_size = chunk_size
+        self.codec = Codec(level)
+        if workers is None:
+            # Local work is CPU-bound (sha256, zstd); remote work waits on the network.
+            workers = (os.cpu_count() or 2) if isinstance(self.backend, LocalBackend) else 16
+        self.workers = max(1, workers)
+        self.pool = ThreadPoolExecutor(self.workers, thread_name_prefix="tidal-store")
+        # Reusable read buffers bound the memory a writer holds: a few chunks per worker.
+        self._buffers: queue.SimpleQueue[bytearray] = queue.SimpleQueue()
+        self._max_buffers = 2 * self.workers + 2
+        self._made_buffers = 0
+        self._buffers_lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({self.url!r})"
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def __enter__(self) -> CheckpointStore:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # --- buffers for writers ---------------------------------------------------------------------
+
+    def take_buffer(self) -> bytearray:
+        try:
+            return self._buffers.get_nowait()
+        except queue.Empty:
+            pass
+        with self._buffers_lock:
+            if self._made_buffers < self._max_buffers:
+                self._made_buffers += 1
+                return bytearray(self.chunk_size)
+        return self._buffers.get()
+
+    def give_buffer(self, buf: bytearray) -> None:
+        self._buffers.put(buf)
+
+    # --- checkpoints -------------------------------------------------------------------------------
+
+    def writer(self, job_id: str, checkpoint_id: str | None = None) -> CheckpointWriter:
+        """Start a checkpoint of ``job_id``; its id defaults to the next sequence number + a suffix."""
+        check_id("job id", job_id)
+        if checkpoint_id is None:
+            seq = 1 + max((sequence_of(c) for c in self.backend.listdir(f"jobs/{job_id}")), default=0)
+            checkpoint_id = new_checkpoint_id(seq)
+        else:
+            check_id("checkpoint id", checkpoint_id)
+        prefix = f"jobs/{job_id}/{checkpoint_id}"
+        if self.backend.listdir(prefix) or not self.backend.mkdir(prefix):
+            raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix)
+        # An empty refs object marks the checkpoint as in progress (object stores have no directories).
+        self.backend.put(f"{prefix}/pending/000000.refs", b"", durable=False)
+        return CheckpointWriter(self, job_id, checkpoint_id)
+
+    def _load(self, job_id: str, checkpoint_id: str) -> tuple[Manifest, int]:
+        key = f"jobs/{job_id}/{checkpoint_id}/{MANIFEST}"
+        try:
+            raw = self.backend.get(key)
+        except FileNotFoundError:
+            raise CheckpointError(
+                f"checkpoint {job_id}/{checkpoint_id} does not exist or was never committed (no manifest)",
+                object=key,
+                reason="missing",
+            ) from None
+        m = Manifest.decode(raw, key)
+        if (m.job_id, m.id) != (job_id, checkpoint_id):
+            raise CheckpointError(
+                f"manifest {key} belongs to checkpoint {m.job_id}/{m.id}", object=key, reason="misplaced"
+            )
+        return m, len(raw)
+
+    def list(self, job_id: str) -> list[CheckpointInfo]:
+        """Committed checkpoints of ``job_id``, oldest first. Unreadable manifests are skipped (logged)."""
+        check_id("job id", job_id)
+        out = []
+        for cid in sorted(self.backend.listdir(f"jobs/{job_id}"), key=sort_key):
+            if cid.startswith("."):
+                continue
+            try:
+                m, size = self._load(job_id, cid)
+            except CheckpointError as e:
+                if e.fields.get("reason") != "missing":
+                    log.warning("skipping checkpoint %s/%s: %s", job_id, cid, e)
+                continue
+            out.append(m.info(size))
+        return out
+
+    def latest(self, job_id: str) -> CheckpointInfo | None:
+        infos = self.list(job_id)
+        return infos[-1] if infos else None
+
+    def reader(self, job_id: str, checkpoint_id: str) -> CheckpointReader:
+        check_id("job id", job_id)
+        check_id("checkpoint id", checkpoint_id)
+        m, size = self._load(job_id, checkpoint_id)
+        return CheckpointReader(self, m, size)
+
+    def verify(self, job_id: str, checkpoint_id: str) -> None:
+        """Read and check every object of a checkpoint; CheckpointError names the first bad one."""
+        self.reader(job_id, checkpoint_id).verify()
+
+    # --- deletion and garbage collection ----------------------------------------------------------
+
+    def retain(self, job_id: str, keep: int) -> builtins.list[str]:
+        """Delete all but the newest ``keep`` committed checkpoints of the job, then collect garbage."""
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0, not {keep}")
+        infos = self.list(job_id)
+        doomed = infos[: len(infos) - keep] if keep else infos
+        for info in doomed:
+            self._delete_checkpoint(job_id, info.id)
+        self.gc()
+        return [i.id for i in doomed]
+
+    def delete_job(self, job_id: str) -> None:
+        """Delete every checkpoint of the job (do not call while the job is being checkpointed)."""
+        check_id("job id", job_id)
+        for cid in self.backend.listdir(f"jobs/{job_id}"):
+            self._delete_checkpoint(job_id, cid)
+        self.backend.delete_tree(f"jobs/{job_id}")
+        self.gc()
+
+    def _delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
+        prefix = f"jobs/{job_id}/{checkpoint_id}"
+        self.backend.delete(f"{prefix}/{MANIFEST}")  # un-commit first, atomically
+        self.backend.delete_tree(prefix)
+
+    def gc(self) -> int:
+        """Remove chunks that no manifest of any job and no in-progress writer references."""
+        with self.backend.lock(exclusive=True):
+            live = self._referenced()
+            removed = 0
+            for sub in self.backend.listdir("chunks"):
+                for name in self.backend.listdir(f"chunks/{sub}"):
+                    # Under the exclusive lock no writer is mid-put, so a temp file is a crash leftover.
+                    if name.startswith(".") or name not in live:
+                        self.backend.delete(f"chunks/{sub}/{name}")
+                        removed += not name.startswith(".")
+            return removed
+
+    def _discard(self, prefix: str, new_keys: Iterable[str]) -> None:
+        """Drop an uncommitted checkpoint and the chunks it wrote that nothing else references."""
+        with self.backend.lock(exclusive=True):
+            self.backend.delete_tree(prefix)
+            keys = list(new_keys)
+            if keys:
+                live = self._referenced()
+                for key in keys:
+                    if key.rsplit("/", 1)[-1] not in live:
+                        self.backend.delete(key)
+
+    def _referenced(self) -> set[str]:
+        """Digests referenced by any pending writer or any manifest. Call with the lock exclusive.
+
+        Per checkpoint, pending refs are read before the manifest: a writer puts its manifest before it
+        deletes its pending refs, so a checkpoint committing meanwhile is seen one way or the other.
+        """
+        live: set[str] = set()
+        b = self.backend
+        for job in b.listdir("jobs"):
+            for cid in b.listdir(f"jobs/{job}"):
+                prefix = f"jobs/{job}/{cid}"
+                for ref in b.listdir(f"{prefix}/pending"):
+                    if ref.endswith(".refs"):
+                        with contextlib.suppress(FileNotFoundError):
+                            live.update(b.get(f"{prefix}/pending/{ref}").decode().split())
+                try:
+                    raw = b.get(f"{prefix}/{MANIFEST}")
+                except FileNotFoundError:
+                    continue
+                live.update(_manifest_digests(raw, f"{prefix}/{MANIFEST}"))
+        return live
+
+
+def _manifest_digests(raw: bytes, where: str) -> set[str]:
+    """Chunk digests named by a manifest; lenient, so that a damaged manifest still protects its chunks."""
+    try:
+        body = json.loads(raw)
+        return {str(c[0]) for e in body.get("entries", ()) for c in e.get("chunks", ())}
+    except (ValueError, TypeError, AttributeError, IndexError, KeyError):
+        log.warning("garbage collection cannot read %s; its chunks are unprotected", where)
+        return set()

@@ -1,0 +1,271 @@
+"""Writing one checkpoint: chunk, hash, dedup, compress and store files; commit the manifest last."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import stat
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from tidal.errors import CheckpointError, StorageError
+
+from .chunks import chunk_key, is_zero, plan, zero_digest
+from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, normalise_meta
+
+if TYPE_CHECKING:
+    from .store import CheckpointStore
+
+
+class CheckpointWriter:
+    """Collects the files of one checkpoint. Nothing is visible to readers until :meth:`commit`.
+
+    Garbage collection never races a writer: chunks are only looked up or written while the writer
+    holds the store's lock shared, and before it lets go it records the digests it relies on in a
+    pending-refs object under its checkpoint (``pending/NNNNNN.refs``), which GC reads as references.
+    """
+
+    def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str) -> None:
+        self._store = store
+        self.job_id = job_id
+        self.id = checkpoint_id
+        self._prefix = f"jobs/{job_id}/{checkpoint_id}"
+        self._entries: dict[str, Entry] = {}
+        self._seen: set[str] = set()  # digests present in the store and protected by our pending refs
+        self._new: list[str] = []  # chunk keys this writer wrote itself
+        self._chunk_bytes = 0
+        self._refs_seq = 0
+        self._state = "open"
+        self._mu = threading.Lock()
+
+    # --- context manager: abort unless committed -------------------------------------------------
+
+    def __enter__(self) -> CheckpointWriter:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._state == "open":
+            self.abort()
+
+    # --- adding ------------------------------------------------------------------------------------
+
+    def add_file(
+        self, name: str, path: Path | str, *, boundaries: Sequence[int] = (), mode: int | None = None
+    ) -> Entry:
+        """Store the file at ``path`` as ``name``; chunks start at every offset in ``boundaries``."""
+        self._check_new(name)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as e:
+            raise CheckpointError(f"cannot read {path} for checkpoint: {e}", object=str(path)) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise CheckpointError(f"{path} is not a regular file", object=str(path))
+            segments = plan(st.st_size, boundaries, self._store.chunk_size)
+            digest, chunks = self._ingest_file(fd, str(path), segments)
+        finally:
+            os.close(fd)
+        return self._add_entry(
+            Entry(
+                name=name,
+                kind="file",
+                size=st.st_size,
+                mode=stat.S_IMODE(st.st_mode) if mode is None else mode,
+                sha256=digest,
+                chunks=chunks,
+            )
+        )
+
+    def add_bytes(self, name: str, data: bytes, *, mode: int = 0o600) -> Entry:
+        """Store ``data`` as the file ``name``."""
+        self._check_new(name)
+        data = bytes(data)
+        segments = plan(len(data), (), self._store.chunk_size)
+        with self._store.backend.lock(exclusive=False):
+            claimed: set[str] = set()
+            futures = [self._store.pool.submit(self._put_chunk, data, off, n, claimed) for off, n in segments]
+            digest = hashlib.sha256(data).hexdigest()
+            chunks = self._collect(futures, claimed)
+        return self._add_entry(
+            Entry(name=name, kind="file", size=len(data), mode=mode, sha256=digest, chunks=chunks)
+        )
+
+    def add_symlink(self, name: str, target: str) -> Entry:
+        """Record a symbolic link (no chunks)."""
+        self._check_new(name)
+        raw = target.encode()
+        return self._add_entry(
+            Entry(
+                name=name,
+                kind="symlink",
+                size=len(raw),
+                mode=0o777,
+                sha256=hashlib.sha256(raw).hexdigest(),
+                target=target,
+            )
+        )
+
+    def _check_new(self, name: str) -> None:
+        if self._state != "open":
+            raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
+        check_name(name)
+        if name in self._entries:
+            raise ValueError(f"{name!r} is already in checkpoint {self._prefix}")
+
+    def _add_entry(self, entry: Entry) -> Entry:
+        self._entries[entry.name] = entry
+        return entry
+
+    def _ingest_file(
+        self, fd: int, where: str, segments: list[tuple[int, int]]
+    ) -> tuple[str, tuple[tuple[str, int], ...]]:
+        store = self._store
+        file_hash = hashlib.sha256()
+        claimed: set[str] = set()
+        futures: list[Future[tuple[str, int]]] = []
+        failed = threading.Event()
+        with store.backend.lock(exclusive=False):
+            try:
+                for off, n in segments:
+                    if failed.is_set():
+                        break
+                    buf = store.take_buffer()
+                    try:
+                        view = memoryview(buf)[:n]
+                        _pread_full(fd, view, off, where)
+                    except BaseException:
+                        store.give_buffer(buf)
+                        raise
+                    fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
+                    # The file digest is taken here, in order, while a worker hashes the chunk: both
+                    # hashlib calls release the GIL on big buffers, so they run on two cores.
+                    file_hash.update(view)
+                    view.release()
+                    fut.add_done_callback(_releaser(store, buf, failed))
+                    futures.append(fut)
+            except BaseException:
+                _settle(futures)
+                raise
+            chunks = self._collect(futures, claimed)
+        return file_hash.hexdigest(), chunks
+
+    def _collect(
+        self, futures: list[Future[tuple[str, int]]], claimed: set[str]
+    ) -> tuple[tuple[str, int], ...]:
+        """Wait for every chunk, then record the digests we rely on before the lock is released."""
+        _settle(futures)
+        for f in futures:
+            f.result()  # the first failure propagates; _settle made sure nothing is still running
+        chunks = tuple(f.result() for f in futures)
+        fresh = sorted({h for h, _ in chunks} - self._seen)
+        if fresh:
+            self._refs_seq += 1
+            self._store.backend.put(
+                f"{self._prefix}/pending/{self._refs_seq:06d}.refs", "\n".join(fresh).encode(), durable=False
+            )
+            self._seen.update(fresh)
+        return tuple((h, n) for h, n in chunks)
+
+    def _put_chunk(self, base: bytes | bytearray, off: int, n: int, claimed: set[str]) -> tuple[str, int]:
+        """Hash one chunk and store it unless the store already has it. Runs in the pool."""
+        view = memoryview(base)[off : off + n]
+        digest = zero_digest(n) if is_zero(base, off, n) else hashlib.sha256(view).hexdigest()
+        with self._mu:
+            if digest in self._seen or digest in claimed:
+                return digest, n
+            claimed.add(digest)
+        key = chunk_key(digest)
+        backend = self._store.backend
+        if backend.exists(key):
+            return digest, n
+        tag, payload = self._store.codec.encode(view)
+        written = backend.put_chunk(key, tag, payload)
+        with self._mu:
+            self._new.append(key)
+            self._chunk_bytes += written
+        return digest, n
+
+    # --- ending ------------------------------------------------------------------------------------
+
+    def commit(self, meta: dict[str, Any] | None = None) -> CheckpointInfo:
+        """Make the checkpoint exist: chunks are made durable, then the manifest is put atomically."""
+        if self._state != "open":
+            raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
+        store = self._store
+        manifest = Manifest(
+            job_id=self.job_id,
+            id=self.id,
+            created_at=time.time(),
+            chunk_bytes=self._chunk_bytes,
+            meta=normalise_meta(meta or {}),
+            entries=tuple(self._entries.values()),
+        )
+        data = manifest.encode()
+        store.backend.make_durable(self._new, store.pool)
+        store.backend.put(f"{self._prefix}/{MANIFEST}", data)
+        self._state = "committed"
+        # Only now may the pending refs go: GC reads pending refs before manifests.
+        # Leftovers would be harmless: they only keep chunks alive until the checkpoint is deleted.
+        with contextlib.suppress(StorageError):
+            store.backend.delete_tree(f"{self._prefix}/pending")
+        return manifest.info(len(data))
+
+    def abort(self) -> None:
+        """Forget this checkpoint and remove the chunks only it wrote. Idempotent; no-op once committed."""
+        if self._state != "open":
+            return
+        self._state = "aborted"
+        self._store._discard(self._prefix, self._new)
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+
+def _pread_full(fd: int, view: memoryview, off: int, where: str) -> None:
+    got = 0
+    n = len(view)
+    while got < n:
+        k = os.preadv(fd, [view[got:]], off + got)
+        if k == 0:
+            raise CheckpointError(f"{where} shrank while it was being stored", object=where)
+        got += k
+
+
+def _releaser(
+    store: CheckpointStore, buf: bytearray, failed: threading.Event
+) -> Callable[[Future[Any]], None]:
+    """Done-callback: hand the read buffer back and flag a failure so the reader stops early."""
+
+    def done(f: Future[Any]) -> None:
+        store.give_buffer(buf)
+        if not f.cancelled() and f.exception() is not None:
+            failed.set()
+
+    return done
+
+
+def _settle(futures: list[Future[Any]]) -> None:
+    """Wait until no future is running; cancel the queued ones once one has failed."""
+    pending = deque(futures)
+    while pending:
+        f = pending.popleft()
+        try:
+            f.result()
+        except BaseException:
+            for g in pending:
+                g.cancel()
+            for g in pending:
+                if not g.cancelled():
+                    g.exception()
+            return

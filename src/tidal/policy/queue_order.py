@@ -1,0 +1,124 @@
+"""Queue order: pending jobs kept sorted by a key fixed while they wait.
+
+``PendingQueue`` is a sorted list (bisect): insert and remove are O(log n) searches plus a memmove,
+iteration is in order. ``TieredFairQueue`` is Tidal's order: tiers first (premium, standard, basic);
+within a tier, projects take turns by fair share (the project holding the fewest devices per unit of
+weight goes next, as in DRF with one resource); within a project, a two-level least-attained-service
+order (jobs that have had little service first, as in Tiresias) and then arrival.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterator, Mapping
+
+from tidal.policy.state import JobRec
+
+Key = tuple[float, ...]
+
+
+class PendingQueue:
+    def __init__(self, key: Callable[[JobRec], Key]) -> None:
+        self._key = key
+        self._items: list[tuple[Key, int, str]] = []
+        self._where: dict[str, tuple[Key, int, str]] = {}
+        self._recs: dict[str, JobRec] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._where
+
+    def add(self, rec: JobRec) -> None:
+        if rec.id in self._where:
+            self.remove(rec.id)
+        item = (self._key(rec), rec.seq, rec.id)
+        bisect.insort(self._items, item)
+        self._where[rec.id] = item
+        self._recs[rec.id] = rec
+
+    def remove(self, job_id: str) -> None:
+        item = self._where.pop(job_id, None)
+        if item is None:
+            return
+        i = bisect.bisect_left(self._items, item)
+        del self._items[i]
+        del self._recs[job_id]
+
+    def __iter__(self) -> Iterator[JobRec]:
+        # A copy: callers start jobs (removing them) while iterating.
+        recs = self._recs
+        return iter([recs[i[2]] for i in self._items])
+
+    def first(self) -> JobRec | None:
+        return self._recs[self._items[0][2]] if self._items else None
+
+
+def las_key(threshold: float) -> Callable[[JobRec], Key]:
+    """Two-level LAS: service below ``threshold`` device-seconds first, then arrival."""
+
+    def key(rec: JobRec) -> Key:
+        return (0.0 if rec.attained < threshold else 1.0, rec.submit)
+
+    return key
+
+
+class TieredFairQueue:
+    def __init__(self, las_threshold: float, weights: Mapping[str, float] | None = None,
+                 fair_share: bool = True) -> None:
+        self._key = las_key(las_threshold)
+        self._weights = dict(weights or {})
+        self._fair = fair_share
+        self._q: list[dict[str, PendingQueue]] = [{}, {}, {}]  # tier rank → project → queue
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def add(self, rec: JobRec) -> None:
+        projects = self._q[rec.tier]
+        q = projects.get(rec.project if self._fair else "")
+        if q is None:
+            q = projects[rec.project if self._fair else ""] = PendingQueue(self._key)
+        if rec.id not in q:
+            self._n += 1
+        q.add(rec)
+
+    def remove(self, rec: JobRec) -> None:
+        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        if q is not None and rec.id in q:
+            q.remove(rec.id)
+            self._n -= 1
+
+    def has_tier(self, tier: int) -> bool:
+        return any(len(q) for q in self._q[tier].values())
+
+    def iter_tier(self, tier: int, usage: Mapping[str, int]) -> Iterator[JobRec]:
+        """Jobs of one tier: projects interleaved by fair share, re-read as placements change usage."""
+        projects = [(p, q) for p, q in self._q[tier].items() if len(q)]
+        if len(projects) == 1:
+            yield from projects[0][1]
+            return
+        heap: list[tuple[float, int, str]] = []
+        iters: dict[str, Iterator[JobRec]] = {}
+        heads: dict[str, JobRec] = {}
+        for p, q in sorted(projects):
+            it = iter(q)
+            first = next(it, None)
+            if first is not None:
+                iters[p] = it
+                heads[p] = first
+                heapq.heappush(heap, (self._share(p, usage), first.seq, p))
+        while heap:
+            _, _, p = heapq.heappop(heap)
+            rec = heads.pop(p)
+            yield rec
+            nxt = next(iters[p], None)
+            if nxt is not None:
+                heads[p] = nxt
+                heapq.heappush(heap, (self._share(p, usage), nxt.seq, p))
+
+    def _share(self, project: str, usage: Mapping[str, int]) -> float:
+        return usage.get(project, 0) / self._weights.get(project, 1.0)

@@ -1,0 +1,266 @@
+"""The policy's own incremental indexes of the cluster, kept between ``decide`` calls.
+
+Built once from a :class:`ClusterView`, then updated from events and from the policy's own actions
+(assumed to succeed, as the Kubernetes scheduler's cache does; a failed action makes the policy
+rebuild from the next view). Everything a decision needs is O(1) or O(devices per node) to find:
+free devices per node, nodes bucketed by their free-device count per cluster, devices held per tier.
+"""
+
+from __future__ import annotations
+
+from tidal.core import ClusterView, DeviceRef, JobState, JobView, Tier
+
+RUNNING_STATES = frozenset(
+    {JobState.RUNNING, JobState.CHECKPOINTING, JobState.MIGRATING, JobState.RESIZING, JobState.RESTORING}
+)
+WAITING_STATES = frozenset({JobState.PENDING, JobState.PREEMPTED})
+
+
+class JobRec:
+    """The policy's record of one live job (pending or holding devices)."""
+
+    __slots__ = (
+        "attained",
+        "devices",
+        "duration",
+        "hi",
+        "home",
+        "id",
+        "last_change",
+        "last_cluster",
+        "lo",
+        "preemptions",
+        "project",
+        "remaining",
+        "running",
+        "seq",
+        "shared",
+        "started_at",
+        "submit",
+        "tier",
+        "tier_obj",
+        "W",
+    )
+
+    def __init__(self, jv: JobView, seq: int) -> None:
+        self.id = jv.id
+        self.W = jv.ranks
+        self.lo = jv.min_devices
+        self.hi = jv.max_d
+        self.tier_obj: Tier = jv.tier
+        self.tier = jv.tier.rank
+        self.project = jv.project
+        self.submit = jv.submitted_at
+        self.seq = seq
+        self.home = jv.home_cluster
+        self.last_cluster = jv.last_cluster
+        self.devices: list[DeviceRef] = []
+        self.started_at = jv.started_at if jv.started_at is not None else 0.0
+        self.last_change = self.started_at  # last start, resume, migration or resize
+        self.attained = jv.attained_device_s
+        self.running = False
+        self.shared = False  # time-sliced with another job on the same devices
+        self.duration = jv.duration_hint
+        self.remaining = jv.remaining_hint if jv.remaining_hint is not None else jv.duration_hint
+        self.preemptions = 0
+
+    def service(self, now: float) -> float:
+        """Attained service in device-seconds (2D-LAS: devices × time)."""
+        if self.running:
+            return self.attained + len(self.devices) * (now - self.started_at)
+        return self.attained
+
+    def remaining_at(self, now: float) -> float:
+        """Oracle remaining run time (SRTF), assuming full-rate progress since the last start."""
+        rem = self.remaining if self.remaining is not None else float("inf")
+        if self.running:
+            d = len(self.devices)
+            rem -= (now - self.started_at) / -(-self.W // d)  # replica splicing: ceil(W/D) ranks a device
+        return max(rem, 0.0)
+
+    def __repr__(self) -> str:
+        return f"JobRec({self.id}, W={self.W}, tier={self.tier}, running={self.running}, d={len(self.devices)})"
+
+
+class SchedState:
+    def __init__(self, view: ClusterView) -> None:
+        topo = view.topology
+        self.topology = topo
+        self.node_cluster: dict[str, str] = {}
+        self.cluster_region: dict[str, str] = {}
+        self.cluster_m: dict[str, int] = {}
+        self.node_size: dict[str, int] = {}
+        self.load: dict[str, list[int]] = {}
+        self.free_idx: dict[str, list[int]] = {}
+        self.buckets: dict[str, list[dict[str, None]]] = {}
+        self.cluster_free: dict[str, int] = {}
+        self.node_jobs: dict[str, dict[str, None]] = {}
+        self.node_tier: dict[str, list[int]] = {}  # devices held per tier on the node (shared counted twice)
+        self.tier_devices = [0, 0, 0]
+        self.free_total = 0
+        self.capacity = 0
+        self.down: set[str] = set()
+        self.jobs: dict[str, JobRec] = {}
+        self.pending: dict[str, JobRec] = {}
+        self.running: dict[str, JobRec] = {}
+        self.usage: dict[str, int] = {}  # devices held per project
+        self._seq = 0
+        for region in topo.regions:
+            for c in region.clusters:
+                m = c.devices_per_node
+                self.cluster_m[c.name] = m
+                self.cluster_region[c.name] = region.name
+                self.buckets[c.name] = [{} for _ in range(m + 1)]
+                self.cluster_free[c.name] = 0
+                for n in c.nodes:
+                    self.node_cluster[n.name] = c.name
+                    self.node_size[n.name] = n.devices
+                    self.load[n.name] = [0] * n.devices
+                    self.free_idx[n.name] = list(range(n.devices))
+                    self.buckets[c.name][n.devices][n.name] = None
+                    self.cluster_free[c.name] += n.devices
+                    self.node_jobs[n.name] = {}
+                    self.node_tier[n.name] = [0, 0, 0]
+                    self.free_total += n.devices
+                    self.capacity += n.devices
+        # Jobs in arrival order, so that rebuilding gives the same order as incremental updates.
+        for jv in sorted(view.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
+            if jv.state in WAITING_STATES:
+                self.add_pending(jv)
+            elif jv.state in RUNNING_STATES and jv.placement:
+                rec = self._new_rec(jv)
+                self.allocate(rec, list(jv.devices), now=rec.started_at)
+                rec.shared = any(self.load[d.node][d.index] > 1 for d in rec.devices)
+
+    # ---- jobs -------------------------------------------------------------------------------------
+    def _new_rec(self, jv: JobView) -> JobRec:
+        rec = JobRec(jv, self._seq)
+        self._seq += 1
+        self.jobs[rec.id] = rec
+        return rec
+
+    def add_pending(self, jv: JobView) -> JobRec:
+        rec = self._new_rec(jv)
+        self.pending[rec.id] = rec
+        return rec
+
+    def requeue(self, rec: JobRec) -> None:
+        self.pending[rec.id] = rec
+
+    def forget(self, job_id: str) -> JobRec | None:
+        rec = self.jobs.pop(job_id, None)
+        if rec is None:
+            return None
+        if rec.running:
+            self.release(rec, rec.devices, now=0.0, account=False)
+        self.pending.pop(job_id, None)
+        return rec
+
+    # ---- devices ----------------------------------------------------------------------------------
+    def _move_bucket(self, node: str, old_free: int, new_free: int) -> None:
+        if node in self.down:
+            return
+        b = self.buckets[self.node_cluster[node]]
+        del b[old_free][node]
+        b[new_free][node] = None
+
+    def allocate(self, rec: JobRec, devices: list[DeviceRef], *, now: float) -> None:
+        """Give ``devices`` (distinct) to ``rec`` in addition to what it holds."""
+        by_node: dict[str, list[int]] = {}
+        for d in devices:
+            by_node.setdefault(d.node, []).append(d.index)
+        t = rec.tier
+        for node, idxs in by_node.items():
+            load = self.load[node]
+            free = self.free_idx[node]
+            before = len(free)
+            for i in idxs:
+                if load[i] == 0:
+                    free.remove(i)
+                load[i] += 1
+            after = len(free)
+            if after != before:
+                self._move_bucket(node, before, after)
+                got = before - after
+                if node not in self.down:
+                    self.cluster_free[self.node_cluster[node]] -= got
+                    self.free_total -= got
+            self.node_jobs[node][rec.id] = None
+            self.node_tier[node][t] += len(idxs)
+        self.tier_devices[t] += len(devices)
+        self.usage[rec.project] = self.usage.get(rec.project, 0) + len(devices)
+        if not rec.running:
+            rec.running = True
+            rec.started_at = now
+            self.pending.pop(rec.id, None)
+            self.running[rec.id] = rec
+        else:
+            self.settle(rec, now)
+        rec.devices.extend(devices)
+
+    def settle(self, rec: JobRec, now: float) -> None:
+        """Fold the service since ``started_at`` into the record before its devices change."""
+        if rec.running and now > rec.started_at:
+            if rec.remaining is not None:
+                rec.remaining = rec.remaining_at(now)
+            rec.attained = rec.service(now)
+            rec.started_at = now
+
+    def release(self, rec: JobRec, devices: list[DeviceRef], *, now: float, account: bool = True) -> None:
+        """Take ``devices`` (a subset of what ``rec`` holds) back; releasing all of them stops the job."""
+        if account and rec.running:
+            self.settle(rec, now)
+        gone = set(devices)
+        t = rec.tier
+        by_node: dict[str, list[int]] = {}
+        for d in devices:
+            by_node.setdefault(d.node, []).append(d.index)
+        for node, idxs in by_node.items():
+            load = self.load[node]
+            free = self.free_idx[node]
+            before = len(free)
+            for i in idxs:
+                load[i] -= 1
+                if load[i] == 0:
+                    free.append(i)
+            free.sort()
+            after = len(free)
+            if after != before:
+                self._move_bucket(node, before, after)
+                if node not in self.down:
+                    self.cluster_free[self.node_cluster[node]] += after - before
+                    self.free_total += after - before
+            self.node_tier[node][t] -= len(idxs)
+        rec.devices = [d for d in rec.devices if d not in gone]
+        still = {d.node for d in rec.devices}
+        for node in by_node:
+            if node not in still:
+                self.node_jobs[node].pop(rec.id, None)
+        self.tier_devices[t] -= len(devices)
+        self.usage[rec.project] -= len(devices)
+        if not rec.devices:
+            rec.running = False
+            rec.shared = False
+            self.running.pop(rec.id, None)
+
+    def node_down(self, node: str) -> None:
+        if node in self.down:
+            return
+        free = len(self.free_idx[node])
+        c = self.node_cluster[node]
+        del self.buckets[c][free][node]
+        self.cluster_free[c] -= free
+        self.free_total -= free
+        self.capacity -= self.node_size[node]
+        self.down.add(node)
+
+    def node_up(self, node: str) -> None:
+        if node not in self.down:
+            return
+        self.down.discard(node)
+        free = len(self.free_idx[node])
+        c = self.node_cluster[node]
+        self.buckets[c][free][node] = None
+        self.cluster_free[c] += free
+        self.free_total += free
+        self.capacity += self.node_size[node]
