@@ -1,0 +1,190 @@
+"""Unit tests of `tidal doctor`: the check functions with injected inputs, exit code and --json shape."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from tidal.cli import doctor
+from tidal.cli.doctor import Check
+from tidal.mechanisms.criu.features import parse_feature_output
+
+MOUNTS = """\
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpuacct 0 0
+cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+
+
+def test_parse_version() -> None:
+    assert doctor.parse_version("6.18.44-fc-v657") == (6, 18, 44)
+    assert doctor.parse_version("5.4.0-150-generic") == (5, 4, 0)
+    assert doctor.parse_version("v4.19") == (4, 19)
+    assert doctor.parse_version("weird") is None
+
+
+@pytest.mark.parametrize(("release", "status"), [("6.18.44-fc-v657", "ok"), ("5.0.0", "ok"),
+                                                 ("4.19.0-26-amd64", "missing"), ("garbage", "missing")])
+def test_kernel(release: str, status: str) -> None:
+    c = doctor.check_kernel(release, "Linux")
+    assert c.required and c.status == status
+    assert release in c.detail
+    assert bool(c.fix) == (status != "ok")
+
+
+def test_kernel_not_linux() -> None:
+    c = doctor.check_kernel("23.1.0", "Darwin")
+    assert c.failed and "Linux" in c.fix
+
+
+def test_root() -> None:
+    assert doctor.check_root(0).status == "ok"
+    c = doctor.check_root(1000)
+    assert c.failed and "root" in c.fix
+
+
+def test_cgroup_controllers_parsed() -> None:
+    found = doctor.cgroup_v1_controllers(MOUNTS)
+    assert found["freezer"] == "/sys/fs/cgroup/freezer"
+    assert found["cpu"] == "/sys/fs/cgroup/cpu"
+    assert "cpuset" not in found
+    assert "unified" not in " ".join(found)  # cgroup2 is not a v1 controller
+
+
+def test_cgroup_checks() -> None:
+    assert doctor.check_cgroup("freezer", True, MOUNTS).status == "ok"
+    cpuset = doctor.check_cgroup("cpuset", False, MOUNTS)
+    assert cpuset.status == "warn" and not cpuset.failed and "mount -t cgroup -o cpuset" in cpuset.fix
+    freezer = doctor.check_cgroup("freezer", True, "")
+    assert freezer.failed and "freezer" in freezer.fix
+
+
+def test_python() -> None:
+    assert doctor.check_python((3, 11, 7)).status == "ok"
+    assert doctor.check_python((3, 10, 2)).failed
+
+
+def test_torch_not_imported_and_optional() -> None:
+    missing = doctor.check_torch(find_spec=lambda _: None)
+    assert missing.status == "warn" and not missing.required and "pip install" in missing.fix
+    present = doctor.check_torch(find_spec=lambda _: object(), version=lambda _: "2.13.0+cpu")
+    assert present.status == "ok" and present.detail == "2.13.0+cpu"
+
+
+def test_postgres() -> None:
+    assert doctor.check_postgres("", found="/usr/lib/postgresql/16/bin").status == "ok"
+    optional = doctor.check_postgres("", found=None)
+    assert optional.status == "warn" and not optional.required
+    needed = doctor.check_postgres("postgresql+psycopg://x@y/z", found=None)
+    assert needed.failed and "install PostgreSQL" in needed.fix
+
+
+def test_find_postgres_under_usr_lib(tmp_path: Path) -> None:
+    base = tmp_path
+    d = base / "16" / "bin"
+    d.mkdir(parents=True)
+    (d / "postgres").touch()
+    (d / "initdb").touch()
+    assert doctor.find_postgres(lambda _: None, str(base / "*" / "bin")) == str(d)
+    assert doctor.find_postgres(lambda n: f"/opt/pg/bin/{n}") == "/opt/pg/bin"
+    assert doctor.find_postgres(lambda _: None, str(base / "nothing" / "*")) is None
+
+
+def test_gpus_cpu_only() -> None:
+    gpus, ckpt = doctor.check_gpus(which=lambda _: None)
+    assert gpus.status == "ok" and gpus.detail == "none (CPU devices only)"
+    assert ckpt.status == "ok"
+
+
+def test_gpus_present_without_cuda_checkpoint() -> None:
+    def which(name: str) -> str | None:
+        return "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None
+
+    def run(argv: Sequence[str]) -> tuple[int, str]:
+        return 0, "NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n"
+
+    gpus, ckpt = doctor.check_gpus(which, run)
+    assert gpus.status == "ok" and "2 GPU(s)" in gpus.detail and "550.54.15" in gpus.detail
+    assert ckpt.status == "warn" and "cuda-checkpoint" in ckpt.fix
+
+
+def test_home(tmp_path: Path) -> None:
+    home = tmp_path / "a" / "b"
+    c = doctor.check_home(home)
+    assert c.status == "ok" and str(home) in c.detail and "to be created" in c.detail
+
+
+def test_feature_output_parsing() -> None:
+    off = parse_feature_output(
+        "mem_dirty_track", 1,
+        "Warn  (criu/cr-check.c:824): Dirty tracking is OFF. Memory snapshot will not work.\n")
+    assert not off.supported and off.message == "Dirty tracking is OFF. Memory snapshot will not work."
+    on = parse_feature_output("pidfd_store", 0, "pidfd_store is supported\n")
+    assert on.supported
+    unknown = parse_feature_output("nope", 1, "Error (criu/cr-check.c:1866): Unknown feature nope\n")
+    assert not unknown.supported and unknown.message == "Unknown feature nope"
+
+
+def test_criu_rows_without_criu() -> None:
+    assert doctor.check_criu_check(None).failed
+    feat = doctor.check_criu_feature(None, ("mem_dirty_track",), "criu: mem_dirty_track", "x")
+    assert feat.status == "warn" and not feat.required
+
+
+def test_bad_tidal_criu_is_missing_with_a_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TIDAL_CRIU", str(tmp_path / "no-such-criu"))
+    row, criu = doctor.locate_criu()
+    assert criu is None and row.failed and "TIDAL_CRIU" in row.fix
+
+
+def test_a_crashing_check_is_reported() -> None:
+    def boom() -> Check:
+        raise RuntimeError("kaput")
+
+    (c,) = doctor._safe("thing", True, boom)
+    assert c.failed and "kaput" in c.detail
+
+
+def test_exit_code() -> None:
+    ok = Check("a", "ok", "")
+    warn = Check("b", "warn", "", "do x")
+    assert doctor.exit_code([ok, warn]) == 0
+    assert doctor.exit_code([ok, Check("c", "missing", "", "do y", required=False)]) == 0
+    assert doctor.exit_code([ok, warn, Check("d", "missing", "", "do z", required=True)]) == 1
+
+
+def _app() -> typer.Typer:
+    app = typer.Typer()
+    doctor.register(app)
+    return app
+
+
+@pytest.mark.parametrize("failing", [False, True])
+def test_cli_json_and_exit_code(monkeypatch: pytest.MonkeyPatch, failing: bool) -> None:
+    checks = [Check("kernel", "ok", "Linux 6.1", required=True),
+              Check("torch", "warn", "absent", "pip install")]
+    if failing:
+        checks.append(Check("criu", "missing", "none", "make criu", required=True))
+    monkeypatch.setattr(doctor, "run_checks", lambda: checks)
+    result = CliRunner().invoke(_app(), ["doctor", "--json"])
+    assert result.exit_code == (1 if failing else 0), result.output
+    data = json.loads(result.output)
+    assert data["ok"] is (not failing)
+    assert data["checks"][0] == {"name": "kernel", "status": "ok", "detail": "Linux 6.1", "fix": "",
+                                 "required": True}
+    assert [c["name"] for c in data["checks"]] == [c.name for c in checks]
+
+
+def test_cli_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks = [Check("criu", "missing", "nothing found", "make criu", required=True)]
+    monkeypatch.setattr(doctor, "run_checks", lambda: checks)
+    result = CliRunner().invoke(_app(), ["doctor"])
+    assert result.exit_code == 1
+    assert "MISSING" in result.output and "make criu" in result.output and "1 required" in result.output
