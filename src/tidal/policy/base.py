@@ -29,6 +29,7 @@ class Policy(Protocol):
 
 class BasePolicy:
     name = "base"
+    tierless = False  # baselines that know nothing of tiers
 
     def __init__(self) -> None:
         self.st: SchedState | None = None
@@ -48,7 +49,7 @@ class BasePolicy:
             or view.generation != self._generation
             or any(e.kind is EventKind.ACTION_FAILED for e in events)
         ):
-            self.st = SchedState(view)
+            self.st = SchedState(view, tierless=self.tierless)
             self._generation = view.generation
             self.on_rebuild(now)
             new = list(self.st.pending.values())
@@ -70,6 +71,9 @@ class BasePolicy:
 
     def on_gone(self, rec: JobRec, now: float) -> None:
         """A job left the pending queue or the cluster (finished, failed, cancelled, held)."""
+
+    def on_changed(self, rec: JobRec) -> None:
+        """``rec``'s devices changed (started, shared, preempted, moved, resized)."""
 
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
         raise NotImplementedError
@@ -133,6 +137,7 @@ class BasePolicy:
         rec.last_change = now
         rec.last_cluster = st.node_cluster[devices[0].node]
         self.on_gone(rec, now)  # leaves the pending queue
+        self.on_changed(rec)
         self._emit(kind, rec, devices, reason=reason)
 
     def share(self, rec: JobRec, host: JobRec, now: float) -> None:
@@ -144,6 +149,8 @@ class BasePolicy:
         rec.shared = host.shared = True
         rec.last_change = now
         self.on_gone(rec, now)
+        self.on_changed(rec)
+        self.on_changed(host)
         self._emit(ActionKind.TIME_SLICE, rec, devices, reason=f"share with {host.id}")
 
     def preempt(self, rec: JobRec, now: float, *, kill: bool = False, reason: str = "") -> None:
@@ -154,11 +161,10 @@ class BasePolicy:
         for h in hosts:
             h.shared = any(st.load[d.node][d.index] > 1 for d in h.devices)
         rec.preemptions += 1
-        if kill:
-            # Killed: the work since the user's last checkpoint is redone; the policy cannot see how
-            # much, so it keeps its estimate (the engine accounts the loss).
-            pass
         st.requeue(rec)
+        for h in hosts:
+            self.on_changed(h)
+        self.on_changed(rec)
         self._emit(ActionKind.PREEMPT, rec, [], kill=kill, reason=reason)
         self.on_pending(rec, now)
 
@@ -177,6 +183,9 @@ class BasePolicy:
         rec.shared = any(st.load[d.node][d.index] > 1 for d in devices)
         rec.last_change = now
         rec.last_cluster = st.node_cluster[devices[0].node]
+        for h in hosts:
+            self.on_changed(h)
+        self.on_changed(rec)
         self._emit(kind, rec, devices, reason=reason)
 
     def _sharers(self, rec: JobRec) -> list[JobRec]:

@@ -42,13 +42,13 @@ class JobRec:
         "W",
     )
 
-    def __init__(self, jv: JobView, seq: int) -> None:
+    def __init__(self, jv: JobView, seq: int, tierless: bool = False) -> None:
         self.id = jv.id
         self.W = jv.ranks
         self.lo = jv.min_devices
         self.hi = jv.max_d
         self.tier_obj: Tier = jv.tier
-        self.tier = jv.tier.rank
+        self.tier = 0 if tierless else jv.tier.rank  # tier-blind baselines see every job alike
         self.project = jv.project
         self.submit = jv.submitted_at
         self.seq = seq
@@ -83,8 +83,9 @@ class JobRec:
 
 
 class SchedState:
-    def __init__(self, view: ClusterView) -> None:
+    def __init__(self, view: ClusterView, *, tierless: bool = False) -> None:
         topo = view.topology
+        self.tierless = tierless
         self.topology = topo
         self.node_cluster: dict[str, str] = {}
         self.cluster_region: dict[str, str] = {}
@@ -134,7 +135,7 @@ class SchedState:
 
     # ---- jobs -------------------------------------------------------------------------------------
     def _new_rec(self, jv: JobView) -> JobRec:
-        rec = JobRec(jv, self._seq)
+        rec = JobRec(jv, self._seq, self.tierless)
         self._seq += 1
         self.jobs[rec.id] = rec
         return rec

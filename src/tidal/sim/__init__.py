@@ -1,0 +1,1 @@
+"""Trace-driven discrete-event simulator: same policy code as the live system, a virtual clock."""

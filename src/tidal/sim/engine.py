@@ -1,0 +1,416 @@
+"""The discrete-event engine: a virtual clock, a heap of timed events, and the policy in the loop.
+
+At each instant the engine gathers every event due (finishes first, then arrivals and wake-ups), calls
+``policy.decide(view, events, now)`` once, and applies the actions. Jobs replay the trace rigidly: a job
+of W ranks needs ``duration`` seconds at full size; on D < W devices it progresses at 1/ceil(W/D) times
+the time-slicing efficiency, and a checkpoint, restore, migration or resize pauses it for what the cost
+model says. A job's finish time is recomputed only when its rate changes (a version number retires stale
+finish events), so the work per event is O(devices touched), never O(jobs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from types import MappingProxyType
+from typing import Any
+
+from tidal.core import (
+    Action,
+    ActionKind,
+    ClusterView,
+    DeviceRef,
+    Event,
+    EventKind,
+    JobState,
+    JobView,
+    Topology,
+    advance,
+)
+from tidal.policy.base import BasePolicy
+from tidal.sim.cost import CostModel
+from tidal.sim.trace import TraceJob
+
+S = JobState
+_FINISH, _PAUSE_END, _ARRIVE, _WAKE = 0, 1, 2, 3
+
+
+class SimJob:
+    __slots__ = (
+        "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
+        "killed_restart", "last_t", "lost_device_s", "migrations", "pause_until", "preemptions", "project",
+        "queue_s", "rate", "remaining", "resizes", "started_at", "state", "submit", "tier", "version",
+        "wait_since",
+    )
+
+    def __init__(self, tj: TraceJob, home: str | None) -> None:
+        self.id = tj.id
+        self.submit = tj.submit
+        self.duration = tj.duration
+        self.W = tj.gpus
+        assert tj.tier is not None
+        self.tier = tj.tier
+        self.project = tj.project
+        self.home = home
+        self.state = S.PENDING
+        self.remaining = tj.duration
+        self.rate = 0.0
+        self.last_t = tj.submit
+        self.devices: tuple[DeviceRef, ...] = ()
+        self.pause_until = 0.0
+        self.version = 0
+        self.first_start: float | None = None
+        self.finish: float | None = None
+        self.preemptions = self.migrations = self.resizes = 0
+        self.lost_device_s = 0.0
+        self.has_ckpt = False
+        self.killed_restart = False
+        self.queue_s = 0.0
+        self.wait_since = tj.submit
+        self.started_at: float | None = None
+        self.attained = 0.0
+
+
+@dataclasses.dataclass
+class SimResult:
+    policy: str
+    jobs: list[SimJob]
+    capacity: int
+    window: tuple[float, float]
+    good_device_s: float  # useful device-seconds within the window
+    alloc_device_s: float  # device-seconds held within the window
+    series_t: list[float]
+    series_good: list[float]  # per bin: mean useful devices busy ÷ capacity
+    series_alloc: list[float]
+    decisions: int
+    actions: dict[str, int]
+    live_executable_actions: int
+    sim_only_actions: int
+
+
+class Simulator:
+    def __init__(
+        self,
+        topology: Topology,
+        jobs: Sequence[TraceJob],
+        policy: BasePolicy,
+        *,
+        cost: CostModel | None = None,
+        pinned: bool = False,
+        oracle: bool = True,
+        bins: int = 200,
+        log: Callable[[dict[str, Any]], None] | None = None,
+    ) -> None:
+        self.topo = topology
+        self.policy = policy
+        self.cost = cost or CostModel()
+        self.oracle = oracle
+        self.log = log
+        self.node_cluster = {n.name: c.name for c in topology.clusters() for n in c.nodes}
+        self.cluster_region = {c.name: topology.region_of(c.name) for c in topology.clusters()}
+        self.capacity = topology.devices
+        self.trace = list(jobs)
+        self.jobs: dict[str, SimJob] = {}
+        self.views: dict[str, JobView] = {}
+        self.view = ClusterView(topology, MappingProxyType(self.views))
+        self.device_jobs: dict[DeviceRef, list[SimJob]] = {}
+        self.busy_until: dict[DeviceRef, float] = {}
+        self.heap: list[tuple[float, int, int, str, int]] = []
+        self._seq = 0
+        self._eid = 0
+        self.g_rate = 0.0
+        self.a_rate = 0
+        self.t = 0.0
+        self.window = (self.trace[0].submit, self.trace[-1].submit) if self.trace else (0.0, 0.0)
+        span = max(self.window[1] - self.window[0], 1.0)
+        self.bin_w = span / bins
+        self.bins_good: list[float] = []
+        self.bins_alloc: list[float] = []
+        self.good = 0.0
+        self.alloc = 0.0
+        self.decisions = 0
+        self.action_counts: dict[str, int] = {}
+        self.live_n = 0
+        self.sim_only_n = 0
+        self.done = 0
+        self.pinned = pinned
+        self._wakes: set[float] = set()
+
+    # ---- clock and accounting ------------------------------------------------------------------------
+    def _push(self, t: float, kind: int, job_id: str, version: int = 0) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (t, kind, self._seq, job_id, version))
+
+    def _advance(self, t: float) -> None:
+        t0 = self.t
+        if t <= t0:
+            return
+        w0, w1 = self.window
+        lo, hi = max(t0, w0), min(t, w1)
+        if hi > lo:
+            self.good += self.g_rate * (hi - lo)
+            self.alloc += self.a_rate * (hi - lo)
+        # Time series over the whole run (bins of the window's width / bins), for the plots.
+        a = t0
+        while a < t:
+            b = min(t, (math.floor((a - w0) / self.bin_w) + 1) * self.bin_w + w0)
+            if b <= a:
+                b = t
+            i = int((a - w0) // self.bin_w)
+            if i >= 0:
+                while len(self.bins_good) <= i:
+                    self.bins_good.append(0.0)
+                    self.bins_alloc.append(0.0)
+                self.bins_good[i] += self.g_rate * (b - a)
+                self.bins_alloc[i] += self.a_rate * (b - a)
+            a = b
+        self.t = t
+
+    def _event(self, kind: EventKind, job: str | None, cause: str | None = None, detail: str = "") -> Event:
+        self._eid += 1
+        e = Event(f"e{self._eid}", self.t, kind, job_id=job, cause=cause, detail=detail)
+        if self.log is not None:
+            self.log(e.to_record())
+        return e
+
+    def _set_view(self, j: SimJob) -> None:
+        self.views[j.id] = JobView(
+            id=j.id, ranks=j.W, tier=j.tier, submitted_at=j.submit, state=j.state, project=j.project,
+            min_devices=1, max_devices=j.W,
+            placement=tuple(j.devices[r * len(j.devices) // j.W] for r in range(j.W)) if j.devices else (),
+            started_at=j.started_at, attained_device_s=j.attained, home_cluster=j.home,
+            duration_hint=j.duration if self.oracle else None,
+            remaining_hint=j.remaining if self.oracle else None,
+        )
+
+    def _sharers(self, j: SimJob) -> int:
+        return max((len(self.device_jobs[d]) for d in j.devices), default=1)
+
+    def _update_rate(self, j: SimJob) -> None:
+        """Fold progress up to now, then set the job's rate from its devices and pause, and re-arm
+        its finish event."""
+        now = self.t
+        j.remaining = max(0.0, j.remaining - j.rate * (now - j.last_t))
+        j.last_t = now
+        new = 0.0
+        if j.devices and now >= j.pause_until and j.state is S.RUNNING:
+            new = self.cost.rate(j.W, len(j.devices), self._sharers(j))
+        self.g_rate += j.W * (new - j.rate)
+        j.rate = new
+        j.version += 1
+        if new > 0:
+            self._push(now + j.remaining / new, _FINISH, j.id, j.version)
+        elif j.devices and j.pause_until > now:
+            self._push(j.pause_until, _PAUSE_END, j.id, j.version)
+
+    def _hold(self, j: SimJob, devices: tuple[DeviceRef, ...]) -> list[SimJob]:
+        touched: list[SimJob] = []
+        for d in devices:
+            lst = self.device_jobs.setdefault(d, [])
+            if not lst:
+                self.a_rate += 1
+            touched.extend(lst)
+            lst.append(j)
+        j.devices = devices
+        return touched
+
+    def _drop(self, j: SimJob) -> list[SimJob]:
+        touched: list[SimJob] = []
+        for d in j.devices:
+            lst = self.device_jobs[d]
+            lst.remove(j)
+            if not lst:
+                self.a_rate -= 1
+            touched.extend(lst)
+        j.devices = ()
+        return touched
+
+    def _fold_service(self, j: SimJob) -> None:
+        if j.started_at is not None and j.devices:
+            j.attained += len(j.devices) * (self.t - j.started_at)
+
+    def _nodes(self, devices: Sequence[DeviceRef]) -> int:
+        return len({d.node for d in devices})
+
+    # ---- actions ------------------------------------------------------------------------------------
+    def _apply(self, a: Action) -> None:
+        j = self.jobs[a.job_id]
+        now = self.t
+        self.action_counts[a.kind.value] = self.action_counts.get(a.kind.value, 0) + 1
+        if a.live_executable:
+            self.live_n += 1
+        else:
+            self.sim_only_n += 1
+        if self.log is not None:
+            rec = a.to_record()
+            rec["time"] = now
+            self.log(rec)
+        k = a.kind
+        if k in (ActionKind.PLACE, ActionKind.RESUME, ActionKind.TIME_SLICE):
+            devs = a.devices
+            if j.state is S.PREEMPTED:
+                j.state = advance(advance(j.state, S.RESTORING, job=j.id), S.RUNNING, job=j.id)
+            else:
+                j.state = advance(j.state, S.RUNNING, job=j.id)
+            ready = max([now, j.pause_until] + [self.busy_until.get(d, 0.0) for d in devs])
+            if j.has_ckpt and not j.killed_restart:
+                pause = self.cost.restore_s(j.W, len(devs), self._nodes(devs),
+                                            cross_region=False)
+            elif j.killed_restart:
+                pause = self.cost.restart_s
+            else:
+                pause = self.cost.start_s
+            j.killed_restart = False
+            j.pause_until = ready + pause
+            j.queue_s += now - j.wait_since
+            if j.first_start is None:
+                j.first_start = now
+            j.started_at = now
+            touched = self._hold(j, devs)
+            self._update_rate(j)
+            for o in touched:
+                self._update_rate(o)
+        elif k is ActionKind.PREEMPT:
+            self._update_rate_fold(j)
+            self._fold_service(j)
+            old = j.devices
+            j.preemptions += 1
+            if a.kill:
+                done = j.duration - j.remaining
+                interval = self.cost.user_checkpoint_s
+                kept = math.floor(done / interval) * interval if interval > 0 else 0.0
+                lost = done - kept
+                j.remaining += lost
+                j.lost_device_s += lost * j.W
+                j.killed_restart = kept > 0
+                j.state = advance(j.state, S.PENDING, job=j.id)
+                j.pause_until = now
+            else:
+                ck = self.cost.checkpoint_s(j.W, len(old), self._nodes(old))
+                for d in old:
+                    self.busy_until[d] = now + ck
+                self.alloc_extra(len(old) * ck)
+                j.state = advance(advance(j.state, S.CHECKPOINTING, job=j.id), S.PREEMPTED, job=j.id)
+                j.has_ckpt = True
+                j.pause_until = now + ck
+            touched = self._drop(j)
+            j.wait_since = now
+            self._update_rate(j)
+            for o in touched:
+                self._update_rate(o)
+        elif k in (ActionKind.MIGRATE, ActionKind.RESIZE):
+            self._update_rate_fold(j)
+            self._fold_service(j)
+            old = j.devices
+            new = a.devices
+            ck = self.cost.checkpoint_s(j.W, len(old), self._nodes(old))
+            cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
+                self.cluster_region[self.node_cluster[d.node]] for d in new}
+            rs = self.cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross)
+            for d in old:
+                self.busy_until[d] = max(self.busy_until.get(d, 0.0), now + ck)
+            mid = S.MIGRATING if k is ActionKind.MIGRATE else S.RESIZING
+            j.state = advance(advance(advance(advance(j.state, S.CHECKPOINTING, job=j.id), mid, job=j.id),
+                                      S.RESTORING, job=j.id), S.RUNNING, job=j.id)
+            if k is ActionKind.MIGRATE:
+                j.migrations += 1
+            else:
+                j.resizes += 1
+            j.has_ckpt = True
+            touched = self._drop(j)
+            busy_new = max([now + ck] + [self.busy_until.get(d, 0.0) for d in new if d not in old])
+            j.pause_until = busy_new + rs
+            j.started_at = now
+            touched += self._hold(j, new)
+            self._update_rate(j)
+            for o in touched:
+                if o is not j:
+                    self._update_rate(o)
+        self._set_view(j)
+
+    def alloc_extra(self, device_s: float) -> None:
+        # Devices stay held while a checkpoint is written; count them as allocated, not as goodput.
+        self.alloc += device_s
+
+    def _update_rate_fold(self, j: SimJob) -> None:
+        j.remaining = max(0.0, j.remaining - j.rate * (self.t - j.last_t))
+        j.last_t = self.t
+
+    # ---- the loop -----------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
+        for tj in self.trace:
+            home = tj.project if self.pinned else None
+            self._push(tj.submit, _ARRIVE, tj.id)
+            self.jobs[tj.id] = SimJob(tj, home)
+        if self.trace:
+            self.t = self.trace[0].submit
+        total = len(self.trace)
+        while self.heap:
+            now = self.heap[0][0]
+            self._advance(now)
+            events: list[Event] = []
+            while self.heap and self.heap[0][0] <= now:
+                _, kind, _, jid, ver = heapq.heappop(self.heap)
+                if kind == _ARRIVE:
+                    j = self.jobs[jid]
+                    self._set_view(j)
+                    events.append(self._event(EventKind.JOB_SUBMITTED, jid))
+                elif kind == _WAKE:
+                    self._wakes.discard(now)
+                    events.append(self._event(EventKind.TICK, None))
+                else:
+                    j = self.jobs[jid]
+                    if ver != j.version:
+                        continue
+                    if kind == _PAUSE_END:
+                        self._update_rate(j)
+                        continue
+                    # Finished.
+                    j.remaining = 0.0
+                    j.last_t = now
+                    self.g_rate -= j.W * j.rate
+                    j.rate = 0.0
+                    self._fold_service(j)
+                    touched = self._drop(j)
+                    j.state = advance(j.state, S.SUCCEEDED, job=j.id)
+                    j.finish = now
+                    j.version += 1
+                    for o in touched:
+                        self._update_rate(o)
+                    del self.views[jid]
+                    self.done += 1
+                    events.append(self._event(EventKind.JOB_FINISHED, jid))
+            if not events:
+                continue
+            self.decisions += 1
+            actions = self.policy.decide(self.view, events, now)
+            for a in actions:
+                self._apply(a)
+            wake = self.policy.next_wakeup(now)
+            if wake is not None and wake > now and wake not in self._wakes:
+                self._wakes.add(wake)
+                self._push(wake, _WAKE, "")
+            if progress is not None:
+                progress(self.done)
+        unfinished = [j for j in self.jobs.values() if j.finish is None]
+        if unfinished and total:
+            raise RuntimeError(f"{self.policy.name}: {len(unfinished)} jobs never finished "
+                               f"(e.g. {unfinished[0].id}, {unfinished[0].state.value})")
+        w = self.bin_w
+        return SimResult(
+            policy=self.policy.name,
+            jobs=list(self.jobs.values()),
+            capacity=self.capacity,
+            window=self.window,
+            good_device_s=self.good,
+            alloc_device_s=self.alloc,
+            series_t=[self.window[0] + (i + 0.5) * w for i in range(len(self.bins_good))],
+            series_good=[g / (w * self.capacity) for g in self.bins_good],
+            series_alloc=[a / (w * self.capacity) for a in self.bins_alloc],
+            decisions=self.decisions,
+            actions=dict(self.action_counts),
+            live_executable_actions=self.live_n,
+            sim_only_actions=self.sim_only_n,
+        )

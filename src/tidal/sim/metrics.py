@@ -1,0 +1,78 @@
+"""Metrics of one simulated run, per policy and per tier (Singularity's SLA attainment)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from tidal.core import Tier
+from tidal.sim.engine import SimJob, SimResult
+
+
+def percentile(xs: Sequence[float], p: float) -> float:
+    """Nearest-rank percentile (p in 0..100)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    k = max(0, min(len(s) - 1, math.ceil(p / 100 * len(s)) - 1))
+    return s[k]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def job_attainment(j: SimJob) -> float:
+    """T_ideal / T_real: run time at full size on dedicated devices over submission-to-completion."""
+    assert j.finish is not None
+    jct = j.finish - j.submit
+    return 1.0 if jct <= 0 else min(1.0, j.duration / jct) if j.duration > 0 else 1.0
+
+
+def summarize(r: SimResult) -> dict[str, Any]:
+    jobs = [j for j in r.jobs if j.finish is not None]
+    jct = [j.finish - j.submit for j in jobs]  # type: ignore[operator]
+    queue = [j.queue_s for j in jobs]
+    w0, w1 = r.window
+    window = max(w1 - w0, 1e-9)
+    out: dict[str, Any] = {
+        "jobs": len(jobs),
+        "avg_jct_s": _mean(jct),
+        "p50_jct_s": percentile(jct, 50),
+        "p99_jct_s": percentile(jct, 99),
+        "avg_queue_s": _mean(queue),
+        "makespan_s": (max(j.finish for j in jobs) - w0) if jobs else 0.0,  # type: ignore[type-var]
+        "goodput": r.good_device_s / (r.capacity * window),
+        "allocation": r.alloc_device_s / (r.capacity * window),
+        "lost_device_hours": sum(j.lost_device_s for j in jobs) / 3600.0,
+        "preemptions": sum(j.preemptions for j in jobs),
+        "migrations": sum(j.migrations for j in jobs),
+        "resizes": sum(j.resizes for j in jobs),
+        "decisions": r.decisions,
+        "actions": r.actions,
+        "sim_only_actions": r.sim_only_actions,
+        "sla": {},
+    }
+    for tier in (Tier.PREMIUM, Tier.STANDARD, Tier.BASIC):
+        tj = [j for j in jobs if j.tier is tier]
+        if not tj:
+            continue
+        ideal = sum(j.W * j.duration for j in tj)
+        real = sum(j.W * (j.finish - j.submit) for j in tj)  # type: ignore[operator]
+        att = [job_attainment(j) for j in tj]
+        target = tier.target
+        tjct = [j.finish - j.submit for j in tj]  # type: ignore[operator]
+        out["sla"][tier.value] = {
+            "jobs": len(tj),
+            "attainment": ideal / real if real > 0 else 1.0,
+            "met_fraction": (sum(1 for a in att if a >= target) / len(att)) if target is not None else None,
+            "target": target,
+            "avg_queue_s": _mean([j.queue_s for j in tj]),
+            "avg_jct_s": _mean(tjct),
+            "p50_jct_s": percentile(tjct, 50),
+            "p99_jct_s": percentile(tjct, 99),
+            "attainment_p10": percentile(att, 10),
+            "attainment_p50": percentile(att, 50),
+        }
+    return out

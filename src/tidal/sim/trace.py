@@ -1,0 +1,255 @@
+"""Job traces: loaders, the tier assignment rule, and load rescaling.
+
+Formats (times in seconds):
+- ``philly``: the Pollux processing of the Microsoft Philly log, ``timestamp,duration,num_gpus,gpu_time,
+  cluster`` (``.csv`` or ``.csv.xz``); ``cluster`` (the virtual cluster) becomes the job's project.
+- ``gavel``: Gavel's per-VC Philly traces (``<vc>.trace``, tab-separated, or a ``.tar.xz`` of them):
+  ``job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor``. They
+  give steps, not seconds; without Gavel's throughput oracle a step counts ``gavel_step_s`` seconds.
+- ``generic``: ``submit_time,duration,num_gpus[,tier,project]`` with a header row.
+Tiers missing from a trace come from :func:`assign_tiers` (seeded, documented below).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import lzma
+import math
+import os
+import random
+import tarfile
+from collections.abc import Iterable, Iterator, Sequence
+from datetime import datetime
+from typing import Literal
+
+from tidal.core import Tier
+from tidal.errors import ValidationError
+
+OnBadRow = Literal["skip", "fail"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TraceJob:
+    id: str
+    submit: float
+    duration: float  # run time at full size on dedicated devices (T_ideal)
+    gpus: int
+    tier: Tier | None = None
+    project: str = "default"
+
+
+@dataclasses.dataclass
+class BadRow:
+    line: int
+    reason: str
+
+
+@dataclasses.dataclass
+class Trace:
+    jobs: list[TraceJob]
+    bad_rows: list[BadRow] = dataclasses.field(default_factory=list)
+    source: str = ""
+
+    @property
+    def window(self) -> tuple[float, float]:
+        if not self.jobs:
+            return (0.0, 0.0)
+        return (self.jobs[0].submit, self.jobs[-1].submit)
+
+
+def _open_text(path: str) -> io.TextIOBase:
+    if path.endswith(".xz"):
+        return io.TextIOWrapper(lzma.open(path, "rb"), encoding="utf-8", newline="")
+    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - returned to the caller
+
+
+def _bad(bad: list[BadRow], line: int, reason: str, on_bad_row: OnBadRow) -> None:
+    if on_bad_row == "fail":
+        raise ValidationError(f"bad trace row at line {line}: {reason}", field="trace", line=line,
+                              hint="fix the row or pass --on-bad-row skip")
+    bad.append(BadRow(line, reason))
+
+
+def _num(value: str | None, name: str, *, positive: bool = False) -> float:
+    if value is None or value.strip() == "":
+        raise ValueError(f"missing {name}")
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError(f"{name} is not a number: {value!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"{name} is not finite")
+    if x < 0:
+        raise ValueError(f"negative {name}: {value}")
+    if positive and x <= 0:
+        raise ValueError(f"{name} must be > 0: {value}")
+    return x
+
+
+def _gpus(value: str | None) -> int:
+    g = _num(value, "num_gpus", positive=True)
+    if g != int(g):
+        raise ValueError(f"num_gpus is not an integer: {value}")
+    return int(g)
+
+
+def load_philly(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
+    jobs: list[TraceJob] = []
+    bad: list[BadRow] = []
+    with _open_text(path) as f:
+        reader = csv.DictReader(f)  # type: ignore[arg-type]
+        need = {"timestamp", "duration", "num_gpus"}
+        if not need <= set(reader.fieldnames or ()):
+            raise ValidationError(f"{path}: not a Philly CSV (need columns {sorted(need)})", field="trace")
+        for row in reader:
+            line = reader.line_num
+            try:
+                ts = row.get("timestamp")
+                if not ts:
+                    raise ValueError("missing timestamp")
+                submit = datetime.strptime(ts.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+                dur = _num(row.get("duration"), "duration")
+                gpus = _gpus(row.get("num_gpus"))
+            except ValueError as exc:
+                _bad(bad, line, str(exc), on_bad_row)
+                continue
+            project = (row.get("cluster") or "").strip() or "unknown"
+            jobs.append(TraceJob(f"j{line - 1}", submit, dur, gpus, None, project))
+    return _finish(jobs, bad, path)
+
+
+def load_generic(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
+    jobs: list[TraceJob] = []
+    bad: list[BadRow] = []
+    with _open_text(path) as f:
+        reader = csv.DictReader(f)  # type: ignore[arg-type]
+        need = {"submit_time", "duration", "num_gpus"}
+        if not need <= set(reader.fieldnames or ()):
+            raise ValidationError(
+                f"{path}: a generic trace needs the columns submit_time,duration,num_gpus[,tier,project]",
+                field="trace",
+            )
+        for row in reader:
+            line = reader.line_num
+            try:
+                submit = _num(row.get("submit_time"), "submit_time")
+                dur = _num(row.get("duration"), "duration")
+                gpus = _gpus(row.get("num_gpus"))
+                tier_s = (row.get("tier") or "").strip()
+                tier = Tier.parse(tier_s) if tier_s else None
+            except (ValueError, ValidationError) as exc:
+                _bad(bad, line, getattr(exc, "message", str(exc)), on_bad_row)
+                continue
+            project = (row.get("project") or "").strip() or "default"
+            jobs.append(TraceJob(f"j{line - 1}", submit, dur, gpus, tier, project))
+    return _finish(jobs, bad, path)
+
+
+def _gavel_rows(path: str) -> Iterator[tuple[str, str, bytes]]:
+    if path.endswith((".tar.xz", ".tar")):
+        with tarfile.open(path) as tar:
+            members = sorted((m for m in tar.getmembers() if m.name.endswith(".trace")), key=lambda m: m.name)
+            for m in members:
+                f = tar.extractfile(m)
+                if f is not None:
+                    yield m.name, os.path.basename(m.name)[: -len(".trace")], f.read()
+    else:
+        with open(path, "rb") as fb:
+            yield path, os.path.basename(path).removesuffix(".trace"), fb.read()
+
+
+def load_gavel(path: str, *, on_bad_row: OnBadRow = "skip", gavel_step_s: float = 1.0,
+               seed_dir: str = "seed=0") -> Trace:
+    """Gavel VC traces; from a tarball, only the ``seed_dir`` sample (seed=0 by default)."""
+    jobs: list[TraceJob] = []
+    bad: list[BadRow] = []
+    for name, vc, data in _gavel_rows(path):
+        if path.endswith((".tar.xz", ".tar")) and f"/{seed_dir}/" not in f"/{name}":
+            continue
+        for i, raw in enumerate(data.decode("utf-8").splitlines(), start=1):
+            if not raw.strip():
+                continue
+            cols = raw.split("\t")
+            try:
+                if len(cols) != 7:
+                    raise ValueError(f"expected 7 tab-separated fields, got {len(cols)}")
+                steps = _num(cols[4], "total_steps", positive=True)
+                arrival = _num(cols[5], "arrival_time_s")
+                gpus = _gpus(cols[6])
+            except ValueError as exc:
+                _bad(bad, i, f"{name}: {exc}", on_bad_row)
+                continue
+            jobs.append(TraceJob(f"{vc}-{i}", arrival, steps * gavel_step_s, gpus, None, vc))
+    return _finish(jobs, bad, path)
+
+
+def _finish(jobs: list[TraceJob], bad: list[BadRow], path: str) -> Trace:
+    jobs.sort(key=lambda j: (j.submit, j.id))
+    if jobs:
+        t0 = jobs[0].submit
+        jobs = [dataclasses.replace(j, submit=j.submit - t0) for j in jobs]
+    return Trace(jobs, bad, path)
+
+
+def load_trace(path: str, *, fmt: str = "auto", on_bad_row: OnBadRow = "skip", gavel_step_s: float = 1.0) -> Trace:
+    if not os.path.exists(path):
+        raise ValidationError(f"trace not found: {path}", field="trace")
+    if fmt == "auto":
+        base = os.path.basename(path)
+        if base.endswith((".trace", ".tar.xz")):
+            fmt = "gavel"
+        else:
+            with _open_text(path) as f:
+                header = f.readline()
+            fmt = "philly" if header.startswith("timestamp,") else "generic"
+    if fmt == "philly":
+        return load_philly(path, on_bad_row=on_bad_row)
+    if fmt == "gavel":
+        return load_gavel(path, on_bad_row=on_bad_row, gavel_step_s=gavel_step_s)
+    if fmt == "generic":
+        return load_generic(path, on_bad_row=on_bad_row)
+    raise ValidationError(f"unknown trace format {fmt!r}", field="format", hint="philly, gavel, generic or auto")
+
+
+DEFAULT_MIX = (0.2, 0.3, 0.5)  # premium, standard, basic
+
+
+def assign_tiers(jobs: Sequence[TraceJob], *, seed: int = 0, mix: tuple[float, float, float] = DEFAULT_MIX
+                 ) -> list[TraceJob]:
+    """Give a tier to each job without one: an independent draw per job, in trace order, from
+    ``random.Random(seed)``: premium with probability mix[0], standard mix[1], else basic."""
+    if abs(sum(mix) - 1.0) > 1e-9 or min(mix) < 0:
+        raise ValidationError("tier mix must be three non-negative shares summing to 1", field="tier_mix")
+    rng = random.Random(seed)
+    out = []
+    for j in jobs:
+        u = rng.random()
+        if j.tier is not None:
+            out.append(j)
+            continue
+        tier = Tier.PREMIUM if u < mix[0] else Tier.STANDARD if u < mix[0] + mix[1] else Tier.BASIC
+        out.append(dataclasses.replace(j, tier=tier))
+    return out
+
+
+def offered_load(jobs: Iterable[TraceJob], capacity: int) -> float:
+    js = list(jobs)
+    if len(js) < 2:
+        return 0.0
+    window = js[-1].submit - js[0].submit
+    work = sum(j.duration * j.gpus for j in js)
+    return work / (capacity * window) if window > 0 else float("inf")
+
+
+def rescale_load(jobs: Sequence[TraceJob], capacity: int, load: float) -> list[TraceJob]:
+    """Scale submission times so that GPU-time demanded ÷ (capacity × submission window) = ``load``."""
+    if load <= 0:
+        raise ValidationError("--load must be > 0", field="load")
+    current = offered_load(jobs, capacity)
+    if current == 0 or not math.isfinite(current):
+        return list(jobs)
+    f = current / load
+    t0 = jobs[0].submit
+    return [dataclasses.replace(j, submit=t0 + (j.submit - t0) * f) for j in jobs]
