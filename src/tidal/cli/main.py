@@ -18,6 +18,11 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _root() -> None:
+    """Tidal: preemptible, migratable, elastically resizable deep-learning jobs."""
+
+
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
     from tidal.cli import doctor

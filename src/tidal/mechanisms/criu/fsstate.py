@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import CheckpointError
+from tidal.mechanisms.permissions import private_dir
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,7 @@ class FsTracker:
             if base is not None and base.same_content_as(entry):
                 continue
             dest = staging / path
-            dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(dest.parent)
             shutil.copyfile(self.workdir / path, dest)  # copy_file_range/sendfile: in-kernel
             os.chmod(dest, 0o600)
             captured.append(path)
@@ -133,7 +134,7 @@ class FsTracker:
                         f"cannot restore: input file {self.workdir / path} changed or vanished since the "
                         "checkpoint, and inputs are not copied into checkpoints", object=path,
                         hint="keep a job's input files unchanged while it runs")
-        scratch.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(scratch)
         fetch(snap.captured, scratch)
         # Entries created after the checkpoint go, deepest first.
         for path in sorted(current, key=lambda p: p.count("/"), reverse=True):

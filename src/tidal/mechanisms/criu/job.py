@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tidal.errors import CheckpointError, MechanismError, TidalError
+from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_boundaries
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointStore
 
 FORMAT = 1
@@ -134,7 +135,7 @@ class Job:
                 with contextlib.suppress(Exception):
                     writer.abort()
             self._thaw(frozen)
-            if isinstance(exc, CheckpointError):
+            if isinstance(exc, CheckpointError | RankExited):
                 raise
             if isinstance(exc, TidalError):
                 raise CheckpointError(f"checkpoint of job {self.job_id} failed: {exc.message}",
@@ -216,14 +217,14 @@ class Job:
             # Fetch and verify every image before touching the working directory or any log.
             pairs = [(n, staging / n) for n in reader.names() if n.startswith("ranks/") and "/images/" in n]
             for _, dest in pairs:
-                dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                private_dir(dest.parent)
             reader.extract_all(pairs)
             snap = FsSnapshot.from_json(meta["fs"])
 
             def fetch(paths: list[str], into: Path) -> None:
                 items = [(f"fs/{p}", into / p) for p in paths]
                 for _, dest in items:
-                    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                    private_dir(dest.parent)
                 reader.extract_all(items)
 
             fs.restore(snap, fetch, staging / "fs")

@@ -26,6 +26,7 @@ from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.logpump import pump
 from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.permissions import private_dir
 
 INIT = Path(__file__).with_name("rankinit.py")
 PR_SET_CHILD_SUBREAPER = 36
@@ -66,20 +67,17 @@ class Node:
     def __init__(self, name: str, root: Path) -> None:
         self.name = name
         self.root = root
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(root)
+        os.chmod(root, 0o700)
 
     def rank_dir(self, spec: RankSpec) -> Path:
-        d = self.root / "ranks" / spec.job_id / str(spec.rank)
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return d
+        return private_dir(self.root / "ranks" / spec.job_id / str(spec.rank))
 
     def log_path(self, spec: RankSpec) -> Path:
         return self.rank_dir(spec) / "output.log"
 
     def staging(self, name: str) -> Path:
-        d = self.root / "staging" / name
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
-        return d
+        return private_dir(self.root / "staging" / name)
 
 
 @dataclass(frozen=True)
@@ -273,7 +271,7 @@ class RankProcess:
             raise MechanismError("dump needs a frozen rank: call freeze() first")
         out_pipe = tasks.fd_target(self.pid, 1)
         status_pipe = self._status_pipe_key()
-        images.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(images)
         runner.dump(self.pid, images, freezer=self.freezer.path, ghost_limit=ghost_limit)
         return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe)
 

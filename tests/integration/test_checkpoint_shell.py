@@ -1,0 +1,68 @@
+"""Any process tree, not only Python: a shell loop, checkpointed and restored, also twice side by side."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from tests.integration.conftest import Cluster, reference_run, wait_for_line
+from tidal.mechanisms.criu.job import Job
+
+LOOP = ["sh", "-c", 'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo "tick $i"; sleep 0.02; done; echo done']
+
+
+def test_shell_loop_checkpoint_restore(cluster: Cluster) -> None:
+    spec = cluster.spec(LOOP)
+    ref = reference_run(LOOP, cluster.root / "ref", spec.launch_env())
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    wait_for_line(cluster.nodes[0].log_path(spec), r"^tick 10$")
+    job.checkpoint(then="kill")
+    job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[1])])
+    wait_for_line(cluster.nodes[1].log_path(spec), r"^tick 30$")
+    job.checkpoint(then="kill")
+    job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[2])])
+    assert [s.code for s in job.wait(60)] == [0]
+    assert cluster.nodes[2].log_path(spec).read_bytes() == ref
+
+
+def test_same_checkpoint_restored_twice_side_by_side(cluster: Cluster) -> None:
+    spec = cluster.spec(LOOP)
+    ref = reference_run(LOOP, cluster.root / "ref", spec.launch_env())
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    wait_for_line(cluster.nodes[0].log_path(spec), r"^tick 20$")
+    info = job.checkpoint(then="kill")
+    a = Job.restore(cluster.store, "job", [(spec, cluster.nodes[1])], checkpoint_id=info.id)
+    b = Job.restore(cluster.store, "job", [(spec, cluster.nodes[2])], checkpoint_id=info.id)
+    assert a.ranks[0].pid != b.ranks[0].pid
+    assert [s.code for s in a.wait(60) + b.wait(60)] == [0, 0]
+    assert cluster.nodes[1].log_path(spec).read_bytes() == ref
+    assert cluster.nodes[2].log_path(spec).read_bytes() == ref
+
+
+def test_exit_codes_and_signals_are_reported(cluster: Cluster) -> None:
+    job = Job.launch("job", [(cluster.spec(["sh", "-c", "echo bye; exit 7"]), cluster.nodes[0])], cluster.store)
+    [status] = job.wait(30)
+    assert (status.code, status.signal) == (7, None)
+    spec = cluster.spec(["sh", "-c", "echo started; exec sleep 600"], job_id="sleeper")
+    job = Job.launch("sleeper", [(spec, cluster.nodes[0])], cluster.store)
+    wait_for_line(cluster.nodes[0].log_path(spec), "^started$")
+    [init, child] = job.ranks[0].pids()
+    os.kill(child, 9)  # killed from outside Tidal
+    [status] = job.wait(30)
+    assert (status.code, status.signal) == (None, 9)
+
+
+def test_checkpoint_files_are_owner_only(cluster: Cluster) -> None:
+    spec = cluster.spec(LOOP)
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    wait_for_line(cluster.nodes[0].log_path(spec), r"^tick 5$")
+    job.checkpoint(then="kill")
+    checked = 0
+    for top in (cluster.root / "store", cluster.nodes[0].root):
+        for dirpath, dirnames, filenames in os.walk(top):
+            assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
+            for f in filenames:
+                mode = stat.S_IMODE(os.stat(os.path.join(dirpath, f)).st_mode)
+                assert mode == 0o600, (os.path.join(dirpath, f), oct(mode))
+                checked += 1
+    assert checked > 10
