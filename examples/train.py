@@ -17,7 +17,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--dataset-mb", type=float, default=8.0, help="size of the in-memory dataset")
-    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--hidden", type=int, default=64, help="width of the hidden layers")
+    p.add_argument("--depth", type=int, default=1, help="number of hidden layers")
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--step-time", type=float, default=0.0, help="extra seconds per step (to watch it)")
     p.add_argument("--seed", type=int, default=0)
@@ -30,8 +31,10 @@ def main() -> None:
     y = (x @ torch.randn(features, 1) + 0.1 * torch.randn(rows, 1))
     data = DataLoader(TensorDataset(x, y), batch_size=64, shuffle=True, num_workers=args.workers,
                       generator=torch.Generator().manual_seed(args.seed), persistent_workers=args.workers > 0)
-    model = torch.nn.Sequential(torch.nn.Linear(features, args.hidden), torch.nn.ReLU(),
-                                torch.nn.Linear(args.hidden, 1))
+    layers: list[torch.nn.Module] = [torch.nn.Linear(features, args.hidden), torch.nn.ReLU()]
+    for _ in range(args.depth - 1):
+        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(args.hidden, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     print(f"rows={rows} workers={args.workers}", flush=True)
     step = 0

@@ -1,0 +1,287 @@
+#!/usr/bin/env python3
+"""Checkpoint benchmark: Tidal against plain CRIU and against a plain copy, in one run.
+
+For PyTorch CPU training processes whose images are about 0.2, 1 and 4 GB (an in-memory dataset sets
+the size) and one dominated by parameters and optimizer state, it measures:
+
+* the pause of a checkpoint taken while the job keeps running, by Tidal and by plain
+  ``criu dump --leave-running``; the baseline is writing the same number of distinct bytes from memory
+  to the same file system with plain writes plus fsync (best of 3 each);
+* restore time (Tidal: fetch and verify from the store, put back, ``criu restore``);
+* the downtime of a migration between two node roots (stopped on one → running on the other, restored
+  from the committed, verified store objects) against plain ``criu dump`` + ``criu restore`` through the
+  local disk;
+* the image, changed and stored bytes of a second checkpoint taken a few seconds after the first.
+
+Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.provision import find_criu
+from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.tasks import descendants
+from tidal.mechanisms.storage import CheckpointStore
+
+TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
+GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: tuple[str, ...]
+    headline: bool = True  # part of the pause/migration targets; False: reported only
+
+
+CASES = {
+    "0.2GB": Case("0.2GB", ("--dataset-mb", "1")),
+    "1GB": Case("1GB", ("--dataset-mb", "820")),
+    "4GB": Case("4GB", ("--dataset-mb", "3890")),
+    "params": Case("params", ("--dataset-mb", "1", "--hidden", "4096", "--depth", "6"), headline=False),
+}
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def wait_for(path: Path, text: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(FileNotFoundError):
+            if text in path.read_text(errors="replace"):
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{text!r} not in {path} after {timeout}s")
+        time.sleep(0.05)
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(f.stat().st_size for f in d.iterdir() if f.is_file() and f.suffix == ".img")
+
+
+def best(xs: list[float]) -> float:
+    return min(xs)
+
+
+def copy_baseline(nbytes: int, where: Path, repeats: int = 3) -> float:
+    """Write ``nbytes`` distinct bytes (not a repeated buffer) from memory with write + fsync."""
+    buf = memoryview(bytearray(os.urandom(nbytes)))
+    times = []
+    for i in range(repeats):
+        target = where / f"copy-{i}"
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        t = time.perf_counter()
+        off = 0
+        while off < nbytes:
+            off += os.write(fd, buf[off : off + (64 << 20)])
+        os.fsync(fd)
+        times.append(time.perf_counter() - t)
+        os.close(fd)
+        target.unlink()
+    return best(times)
+
+
+class PlainProcess:
+    """The same training command under plain CRIU: ``unshare --pid --fork setsid``, output to a file."""
+
+    def __init__(self, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
+        self.log = workdir / "plain.log"
+        # Only the dumped tree may write the log: CRIU insists on its dump-time size at restore.
+        self.holder = subprocess.Popen(
+            ["unshare", "--pid", "--fork", "--kill-child", "setsid", "sh", "-c", 'exec "$@" > plain.log 2>&1',
+             "sh", *argv], cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while True:
+            kids = [p for p in descendants(self.holder.pid) if p != self.holder.pid]
+            if kids:
+                self.pid = kids[0]
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError("plain process did not start")
+            time.sleep(0.01)
+        self.restored_pid: int | None = None
+
+    def kill(self) -> None:
+        for pid in (self.restored_pid, self.pid):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            if self.restored_pid:
+                os.waitpid(self.restored_pid, 0)
+        self.holder.wait()
+
+
+def criu(*args: str, log: str = "criu.log") -> None:
+    out = subprocess.run([*find_criu().argv, *args, "-o", log], capture_output=True, text=True)
+    if out.returncode != 0:
+        images = args[args.index("-D") + 1]
+        errors = [ln for ln in Path(images, log).read_text().splitlines() if "Error" in ln]
+        raise RuntimeError(f"criu {args[0]} failed: {errors[-3:]}")
+
+
+def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
+    work = base / case.name / "work"
+    shutil.rmtree(base / case.name, ignore_errors=True)
+    work.mkdir(parents=True)
+    argv = [sys.executable, str(TRAIN), "--steps", "1000000000", "--step-time", "0.01", *case.args]
+    env = {k: v for k, v in os.environ.items()}
+    repeats = 1 if quick else 3
+    result: dict[str, Any] = {"args": list(case.args)}
+
+    # Plain CRIU first, alone on the machine.
+    say(f"{case.name}: plain CRIU")
+    plain = PlainProcess(argv, work, env)
+    try:
+        wait_for(plain.log, "step 3 ")
+        pauses = []
+        for i in range(repeats):
+            d = base / case.name / f"plain-{i}"
+            d.mkdir()
+            t = time.perf_counter()
+            criu("dump", "-t", str(plain.pid), "-D", str(d), "--leave-running", "--manage-cgroups=ignore")
+            pauses.append(time.perf_counter() - t)
+            result["image_bytes"] = dir_bytes(d)
+            shutil.rmtree(d)
+        result["plain_pause_s"] = best(pauses)
+        d = base / case.name / "plain-mig"
+        d.mkdir()
+        t = time.perf_counter()
+        criu("dump", "-t", str(plain.pid), "-D", str(d), "--manage-cgroups=ignore")
+        t_dump = time.perf_counter()
+        criu("restore", "-D", str(d), "-d", "--pidfile", str(d / "pid"), "--manage-cgroups=ignore",
+             log="restore.log")
+        t_end = time.perf_counter()
+        plain.restored_pid = int((d / "pid").read_text())
+        result["plain_migration_s"] = t_end - t
+        result["plain_restore_s"] = t_end - t_dump
+    finally:
+        plain.kill()
+        shutil.rmtree(base / case.name / "plain-mig", ignore_errors=True)
+
+    say(f"{case.name}: copy baseline of {result['image_bytes'] / GB:.2f} GiB")
+    result["copy_s"] = copy_baseline(result["image_bytes"], base / case.name, repeats)
+
+    say(f"{case.name}: Tidal")
+    store = CheckpointStore(str(base / case.name / "store"))
+    node_a = Node("node-a", base / case.name / "node-a")
+    node_b = Node("node-b", base / case.name / "node-b")
+    spec = RankSpec("bench", 0, tuple(argv), work, env)
+    job = Job.launch("bench", [(spec, node_a)], store)
+    try:
+        wait_for(node_a.log_path(spec), "step 3 ")
+        pauses, commits = [], []
+        infos = []
+        for _ in range(repeats):
+            infos.append(job.checkpoint(then="continue"))
+            assert job.last_timing is not None
+            pauses.append(job.last_timing.pause_s)
+            commits.append(job.last_timing.commit_s)
+        result["pause_s"] = best(pauses)
+        result["first_commit_s"] = commits[0]
+        result["first_stored_bytes"] = infos[0].stored_bytes
+        time.sleep(3)
+        second = job.checkpoint(then="continue")
+        prev = store.reader("bench", infos[-1].id)
+        prev_chunks = {h for n in prev.names() for h, _ in prev.entry(n).chunks}
+        cur = store.reader("bench", second.id)
+        changed = sum(size for n in cur.names() for h, size in cur.entry(n).chunks if h not in prev_chunks)
+        result["second_checkpoint"] = {
+            "image_bytes": second.logical_bytes, "changed_bytes": changed, "stored_bytes": second.stored_bytes,
+            "stored_fraction": second.stored_bytes / second.logical_bytes,
+            "commit_s": job.last_timing.commit_s if job.last_timing else None,
+        }
+        # Migration: stopped on node A → running on node B, from the committed, verified store objects.
+        t = time.perf_counter()
+        job.checkpoint(then="kill")
+        t_killed = time.perf_counter()
+        job = Job.restore(store, "bench", [(spec, node_b)])
+        t_end = time.perf_counter()
+        result["migration_s"] = t_end - t
+        result["migration_checkpoint_s"] = t_killed - t
+        result["restore_s"] = t_end - t_killed
+    finally:
+        job.kill()
+    result["pause_vs_copy"] = result["pause_s"] / result["copy_s"]
+    result["plain_criu_pause_vs_copy"] = result["plain_pause_s"] / result["copy_s"]
+    result["migration_vs_plain_criu"] = result["migration_s"] / result["plain_migration_s"]
+    shutil.rmtree(base / case.name, ignore_errors=True)
+    return result
+
+
+def machine() -> dict[str, Any]:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    mem = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
+               if ln.startswith("MemTotal"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
+            "criu": find_criu().version_str, "python": platform.python_version()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--dir", type=Path, default=Path("/var/tmp/tidal-bench"),
+                   help="work directory on the disk under test (default /var/tmp/tidal-bench)")
+    p.add_argument("--quick", action="store_true", help="one repetition instead of best of 3")
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("error: the benchmark runs ranks in PID namespaces and needs root", file=sys.stderr)
+        return 1
+    become_subreaper()
+    args.dir.mkdir(parents=True, exist_ok=True)
+    fstype = subprocess.run(["stat", "-f", "-c", "%T", str(args.dir)], capture_output=True, text=True).stdout.strip()
+    out: dict[str, Any] = {"machine": {**machine(), "bench_dir": str(args.dir), "bench_fs": fstype}, "cases": {}}
+    for name in args.cases.split(","):
+        if name not in CASES:
+            print(f"error: unknown case {name!r}; valid: {', '.join(CASES)}", file=sys.stderr)
+            return 2
+        out["cases"][name] = run_case(CASES[name], args.dir, args.quick)
+    head = out["cases"].get("1GB") or next(iter(out["cases"].values()))
+    out.update({
+        "image_bytes": {n: c["image_bytes"] for n, c in out["cases"].items()},
+        "pause_vs_copy": head["pause_vs_copy"],
+        "plain_criu_pause_vs_copy": head["plain_criu_pause_vs_copy"],
+        "migration_vs_plain_criu": head["migration_vs_plain_criu"],
+        "second_checkpoint_stored_fraction": head["second_checkpoint"]["stored_fraction"],
+        "restore_s": {n: c["restore_s"] for n, c in out["cases"].items()},
+    })
+    cols = ["image", "copy s", "plain pause", "tidal pause", "pause/copy", "plain/copy", "restore s",
+            "plain mig s", "tidal mig s", "mig ratio", "2nd stored"]
+    print(f"machine: {out['machine']['cpu']}, {out['machine']['cores']} cores, "
+          f"kernel {out['machine']['kernel']}, CRIU {out['machine']['criu']}, {fstype} at {args.dir}")
+    print(f"{'case':8}" + "".join(f"{c:>13}" for c in cols))
+    for n, c in out["cases"].items():
+        row = [f"{c['image_bytes'] / GB:.2f} GiB", f"{c['copy_s']:.3f}", f"{c['plain_pause_s']:.3f}",
+               f"{c['pause_s']:.3f}", f"{c['pause_vs_copy']:.2f}", f"{c['plain_criu_pause_vs_copy']:.2f}",
+               f"{c['restore_s']:.3f}", f"{c['plain_migration_s']:.3f}", f"{c['migration_s']:.3f}",
+               f"{c['migration_vs_plain_criu']:.2f}", f"{c['second_checkpoint']['stored_fraction']:.4f}"]
+        print(f"{n:8}" + "".join(f"{v:>13}" for v in row))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""The working directory is put back exactly as it was at the checkpoint."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tidal.errors import CheckpointError
+from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker, scan
+
+
+def _tree(root: Path) -> dict[str, bytes | str | None]:
+    out: dict[str, bytes | str | None] = {}
+    for path, entry in scan(root).items():
+        p = root / path
+        out[path] = (os.readlink(p) if entry.kind == "l" else p.read_bytes() if entry.kind == "f" else None)
+    return out
+
+
+def _roundtrip(snap: FsSnapshot) -> FsSnapshot:
+    return FsSnapshot.from_json(snap.to_json())
+
+
+def _fetch_from(staging: Path):  # type: ignore[no-untyped-def]
+    def fetch(paths: list[str], into: Path) -> None:
+        for p in paths:
+            (into / p).parent.mkdir(parents=True, exist_ok=True)
+            (into / p).write_bytes((staging / p).read_bytes())
+    return fetch
+
+
+def test_restore_rolls_back_creations_modifications_and_deletions(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / "data").mkdir(parents=True)
+    (work / "data" / "input.bin").write_bytes(b"x" * 1000)
+    (work / "notes.txt").write_text("inputs\n")
+    tracker = FsTracker.at_launch(work)
+
+    # The job runs: creates, modifies its own files, and deletes an input.
+    (work / "out").mkdir()
+    (work / "out" / "log.csv").write_text("1\n2\n")
+    (work / "ckpt.pt").write_bytes(b"weights-v1")
+    (work / "latest").symlink_to("ckpt.pt")
+    (work / "notes.txt").unlink()
+    staging = tmp_path / "staging"
+    snap = _roundtrip(tracker.capture(staging))
+    at_checkpoint = _tree(work)
+    assert sorted(snap.captured) == ["ckpt.pt", "out/log.csv"]  # inputs are never copied
+
+    # It goes on after the checkpoint.
+    (work / "out" / "log.csv").write_text("1\n2\n3\n4\n")
+    (work / "ckpt.pt").write_bytes(b"weights-v2-longer")
+    (work / "late").mkdir()
+    (work / "late" / "x").write_text("after")
+    (work / "after.txt").write_text("after")
+    (work / "latest").unlink()
+    (work / "latest").symlink_to("after.txt")
+    os.chmod(work / "out" / "log.csv", 0o640)
+
+    tracker.restore(snap, _fetch_from(staging), tmp_path / "scratch")
+    assert _tree(work) == at_checkpoint
+    assert scan(work) == snap.entries  # same modes and mtimes, too
+
+
+def test_restore_refuses_when_an_input_changed_and_changes_nothing(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "input.txt").write_text("v1")
+    tracker = FsTracker.at_launch(work)
+    (work / "made.txt").write_text("made")
+    snap = tracker.capture(tmp_path / "staging")
+    (work / "input.txt").write_text("v2, changed in place")
+    (work / "new.txt").write_text("new")
+    before = _tree(work)
+    with pytest.raises(CheckpointError, match="input file .*input.txt changed"):
+        tracker.restore(snap, _fetch_from(tmp_path / "staging"), tmp_path / "scratch")
+    assert _tree(work) == before
+
+
+def test_restore_into_missing_workdir_says_so(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    tracker = FsTracker.at_launch(work)
+    snap = tracker.capture(tmp_path / "staging")
+    work.rmdir()
+    with pytest.raises(CheckpointError, match="working directory .* does not exist"):
+        tracker.restore(snap, _fetch_from(tmp_path / "staging"), tmp_path / "scratch")
+
+
+def test_baseline_roundtrips_through_json(tmp_path: Path) -> None:
+    (tmp_path / "a").write_text("a")
+    tracker = FsTracker.at_launch(tmp_path)
+    again = FsTracker.from_json(tmp_path, tracker.baseline_json())
+    assert again.baseline == tracker.baseline
