@@ -25,9 +25,15 @@ def _root() -> None:
 
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import doctor
+    from tidal.cli import cluster, demo, doctor, jobs
 
     doctor.register(app)
+    from tidal.cli import sim
+
+    sim.register(app)
+    demo.register(app)
+    cluster.register(app)
+    jobs.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,3 @@
+from tidal.agent.main import main
+
+main()

@@ -1,0 +1,265 @@
+"""Runs the control plane's actions with the checkpoint mechanism, and reports what happens.
+
+Actions of one job run one after another in arrival order (a kill after a restore finds the restored
+ranks); an action id seen before is never run twice: its result is sent again instead. The ranks' exits
+are reported unless the agent itself stopped them (checkpoint-and-kill, kill). Log bytes are shipped
+from the start of each attempt, so that a restore, whose log starts as the checkpoint's copy, rolls the
+served log back with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tidal.agent.client import ControlClient, LeaseLostError
+from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.rank import ExitStatus, Node, RankSpec
+from tidal.mechanisms.storage import CheckpointStore
+
+log = logging.getLogger(__name__)
+CHUNK = 4 << 20
+
+
+@dataclass
+class Running:
+    job_id: str
+    attempt: int
+    job: Job
+    specs: list[RankSpec]
+    stopping: bool = False  # the agent is stopping it: its exit is not news
+    quiet_exit: list[ExitStatus] | None = None
+    shipped: dict[int, int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Outbox:
+    """Results and exit reports, delivered in order, retried until the control plane has them."""
+
+    def __init__(self, client: ControlClient, agent_id: str, on_lease_lost: Callable[[], None]) -> None:
+        self.client = client
+        self.agent_id = agent_id
+        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.on_lease_lost = on_lease_lost
+        threading.Thread(target=self._run, name="tidal-outbox", daemon=True).start()
+
+    def put(self, path: str, body: dict[str, Any]) -> None:
+        self.q.put((path, body))
+
+    def _run(self) -> None:
+        while True:
+            path, body = self.q.get()
+            try:
+                self.client.call("POST", f"/v1/agent/{self.client.node}/{path}",
+                                 json={**body, "agent_id": self.agent_id})
+            except LeaseLostError:
+                self.on_lease_lost()
+            except Exception:
+                log.exception("report %s dropped", path)
+
+
+class Executor:
+    def __init__(self, client: ControlClient, node: Node, store: CheckpointStore, agent_id: str,
+                 on_lease_lost: Callable[[], None]) -> None:
+        self.client = client
+        self.node = node
+        self.store = store
+        self.agent_id = agent_id
+        self.outbox = Outbox(client, agent_id, on_lease_lost)
+        self.jobs: dict[str, Running] = {}
+        self.results: dict[str, dict[str, Any]] = {}  # action id → its result (idempotency)
+        self.inflight: set[str] = set()
+        self.queues: dict[str, list[dict[str, Any]]] = {}
+        self.mu = threading.Lock()
+
+    # -- actions --------------------------------------------------------------------------------------------
+    def submit(self, action: dict[str, Any]) -> None:
+        aid = action["id"]
+        with self.mu:
+            if aid in self.results:
+                self.outbox.put("results", self.results[aid])
+                return
+            if aid in self.inflight:
+                return
+            self.inflight.add(aid)
+            q = self.queues.setdefault(action["job_id"], [])
+            q.append(action)
+            if len(q) == 1:
+                threading.Thread(target=self._drain, args=(action["job_id"],), daemon=True,
+                                 name=f"tidal-job-{action['job_id']}").start()
+
+    def _drain(self, job_id: str) -> None:
+        while True:
+            with self.mu:
+                q = self.queues[job_id]
+                if not q:
+                    del self.queues[job_id]
+                    return
+                action = q[0]
+            self._run(action)
+            with self.mu:
+                q.pop(0)
+
+    def _run(self, action: dict[str, Any]) -> None:
+        handler = getattr(self, f"_do_{action['kind']}")
+        try:
+            data = handler(action["payload"])
+            res = {"action_id": action["id"], "ok": True, "data": data}
+        except Exception as exc:
+            log.warning("action %s (%s of job %s) failed: %s", action["id"], action["kind"], action["job_id"],
+                        exc)
+            res = {"action_id": action["id"], "ok": False, "error": str(exc), "data": {}}
+        with self.mu:
+            self.results[action["id"]] = res
+            self.inflight.discard(action["id"])
+        self.outbox.put("results", res)
+
+    def _specs(self, p: dict[str, Any]) -> list[RankSpec]:
+        out = []
+        # torchrun's environment: scripts written for torchrun run unchanged.
+        port = 20000 + zlib.crc32(p["job_id"].encode()) % 20000
+        for r in p["ranks"]:
+            env = {**p["env"], "RANK": str(r["rank"]), "LOCAL_RANK": str(r["rank"]),
+                   "WORLD_SIZE": str(p["world_size"]), "LOCAL_WORLD_SIZE": str(p["world_size"]),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": p["job_id"],
+                   "TIDAL_NODE": self.node.name}
+            out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(p["argv"]), Path(p["workdir"]), env,
+                                tuple(r["cpus"]) if r.get("cpus") else None))
+        return out
+
+    def _started(self, p: dict[str, Any], job: Job, specs: list[RankSpec]) -> dict[str, Any]:
+        run = Running(p["job_id"], int(p["attempt"]), job, specs)
+        with self.mu:
+            self.jobs[run.job_id] = run
+        threading.Thread(target=self._watch, args=(run,), daemon=True,
+                         name=f"tidal-watch-{run.job_id}").start()
+        return {"ranks": [{"rank": r.spec.rank, "pid": r.pid} for r in job.ranks]}
+
+    def _existing(self, p: dict[str, Any]) -> dict[str, Any] | None:
+        run = self.jobs.get(p["job_id"])
+        if run is not None and run.attempt == int(p["attempt"]):
+            return {"ranks": [{"rank": r.spec.rank, "pid": r.pid} for r in run.job.ranks]}
+        if run is not None:  # an older attempt still here: it must not run beside the new one
+            self._stop(run)
+        return None
+
+    def _do_launch(self, p: dict[str, Any]) -> dict[str, Any]:
+        if (done := self._existing(p)) is not None:
+            return done
+        specs = self._specs(p)
+        job = Job.launch(p["job_id"], [(s, self.node) for s in specs], self.store)
+        return self._started(p, job, specs)
+
+    def _do_restore(self, p: dict[str, Any]) -> dict[str, Any]:
+        if (done := self._existing(p)) is not None:
+            return done
+        specs = self._specs(p)
+        job = Job.restore(self.store, p["job_id"], [(s, self.node) for s in specs])
+        return self._started(p, job, specs)
+
+    def _do_checkpoint(self, p: dict[str, Any]) -> dict[str, Any]:
+        run = self.jobs.get(p["job_id"])
+        if run is None or run.attempt != int(p["attempt"]):
+            raise RuntimeError(f"job {p['job_id']} attempt {p['attempt']} does not run on {self.node.name}")
+        kill = p["then"] == "kill"
+        if kill:
+            run.stopping = True
+        try:
+            info = run.job.checkpoint("kill" if kill else "continue")
+        except BaseException:
+            with run.lock:
+                run.stopping = False
+                quiet = run.quiet_exit
+            if quiet is not None:  # it exited on its own meanwhile: that is news after all
+                self._report_exit(run, quiet)
+            raise
+        if kill:
+            self._ship(run)
+            with self.mu:
+                if self.jobs.get(run.job_id) is run:
+                    del self.jobs[run.job_id]
+        keep = int(p.get("keep", 3))
+        kept = [c.id for c in self.store.list(p["job_id"])]
+        # Retention only when there is more than ``keep``: CheckpointStore.retain slices with a negative
+        # bound otherwise and would delete checkpoints it should keep.
+        if len(kept) > keep:
+            self.store.retain(p["job_id"], keep)
+            kept = kept[-keep:]
+        return {"checkpoint": {"id": info.id, "created_at": info.created_at, "bytes": info.logical_bytes,
+                               "stored_bytes": info.stored_bytes}, "kept": kept}
+
+    def _do_kill(self, p: dict[str, Any]) -> dict[str, Any]:
+        run = self.jobs.get(p["job_id"])
+        if run is not None:
+            self._stop(run)
+        return {}
+
+    def _stop(self, run: Running) -> None:
+        run.stopping = True
+        run.job.kill()
+        with self.mu:
+            if self.jobs.get(run.job_id) is run:
+                del self.jobs[run.job_id]
+
+    def fence(self) -> None:
+        """The lease is lost: another agent may get this node's jobs. Kill every rank now."""
+        with self.mu:
+            runs = list(self.jobs.values())
+        for run in runs:
+            with contextlib.suppress(Exception):
+                self._stop(run)
+
+    # -- exits and logs ---------------------------------------------------------------------------------
+    def _watch(self, run: Running) -> None:
+        statuses = run.job.wait()
+        with run.lock:
+            if run.stopping:
+                run.quiet_exit = statuses
+                return
+        self._ship(run)
+        self._report_exit(run, statuses)
+        with self.mu:
+            if self.jobs.get(run.job_id) is run:
+                del self.jobs[run.job_id]
+
+    def _report_exit(self, run: Running, statuses: list[ExitStatus]) -> None:
+        ranks = [{"rank": s.rank, "code": st.code, "signal": st.signal} for s, st in zip(run.specs, statuses,
+                                                                                         strict=True)]
+        self.outbox.put("exits", {"job_id": run.job_id, "attempt": run.attempt, "ranks": ranks})
+
+    def ship_all(self) -> None:
+        with self.mu:
+            runs = list(self.jobs.values())
+        for run in runs:
+            try:
+                self._ship(run)
+            except LeaseLostError:
+                raise
+            except Exception as exc:
+                log.debug("log shipping for %s: %s", run.job_id, exc)
+
+    def _ship(self, run: Running) -> None:
+        with run.lock:
+            for spec in run.specs:
+                path = self.node.log_path(spec)
+                while True:
+                    off = run.shipped.get(spec.rank)
+                    try:
+                        with path.open("rb") as f:
+                            f.seek(off or 0)
+                            data = f.read(CHUNK)
+                    except FileNotFoundError:
+                        data = b""
+                    if off is not None and not data:
+                        break
+                    self.client.call("PUT", f"/v1/agent/{self.node.name}/logs/{run.job_id}/{spec.rank}",
+                                     params={"agent_id": self.agent_id, "attempt": run.attempt,
+                                             "offset": off or 0}, content=data)
+                    run.shipped[spec.rank] = (off or 0) + len(data)

@@ -1,0 +1,143 @@
+"""The agent process: ``python -m tidal.agent --name node-1 --server URL --token-file F --root DIR``.
+
+It must be a child subreaper (restored ranks are re-parented to it), and it is the lifeline of its ranks:
+when it dies, they die (the rank's init watches it), so a node's jobs are never run twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+
+from tidal.agent.client import ControlClient, LeaseLostError
+from tidal.agent.devices import cpu_sets
+from tidal.agent.executor import Executor
+from tidal.config import load_settings
+from tidal.mechanisms.criu.rank import Node, become_subreaper
+from tidal.mechanisms.storage import CheckpointStore
+
+log = logging.getLogger("tidal.agent")
+
+
+class Agent:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.name = args.name
+        self.agent_id = uuid.uuid4().hex[:12]
+        token = Path(args.token_file).read_text().strip()
+        self.client = ControlClient(args.server, token, self.name)
+        self.cpus = cpu_sets(args.devices)
+        settings = load_settings()
+        self.store = CheckpointStore(settings.store_url)
+        self.node = Node(self.name, Path(args.root))
+        self.registered = threading.Event()
+        self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost)
+        self.lease_s = 5.0
+
+    def register(self) -> None:
+        while True:
+            try:
+                r = self.client.call("POST", "/v1/agent/register", json={
+                    "name": self.name, "agent_id": self.agent_id, "region": self.args.region,
+                    "cluster": self.args.cluster, "devices": self.args.devices, "cpus": self.cpus})
+                self.lease_s = float(r["lease_s"])
+                self.registered.set()
+                log.info("registered %s as agent %s (lease %.1fs)", self.name, self.agent_id, self.lease_s)
+                return
+            except httpx.HTTPStatusError as exc:
+                # Another agent's lease on this node has not expired yet: wait it out.
+                log.info("register: %s", exc)
+                time.sleep(0.5)
+
+    def lease_lost(self) -> None:
+        if not self.registered.is_set():
+            return
+        self.registered.clear()
+        log.warning("lease lost: fencing every rank and registering again")
+        self.executor.fence()
+        self.agent_id = uuid.uuid4().hex[:12]
+        self.executor.agent_id = self.executor.outbox.agent_id = self.agent_id
+        self.register()
+
+    def heartbeats(self) -> None:
+        while True:
+            self.registered.wait()
+            try:
+                self.client.call("POST", f"/v1/agent/{self.name}/heartbeat", json={"agent_id": self.agent_id})
+            except LeaseLostError:
+                self.lease_lost()
+            except Exception as exc:
+                log.debug("heartbeat: %s", exc)
+            time.sleep(self.lease_s / 5)
+
+    def logs(self) -> None:
+        while True:
+            self.registered.wait()
+            try:
+                self.executor.ship_all()
+            except LeaseLostError:
+                self.lease_lost()
+            time.sleep(0.2)
+
+    def poll(self) -> None:
+        while True:
+            self.registered.wait()
+            try:
+                actions = self.client.call("GET", f"/v1/agent/{self.name}/actions",
+                                           params={"agent_id": self.agent_id, "wait": 10})
+            except LeaseLostError:
+                self.lease_lost()
+                continue
+            except Exception as exc:
+                log.debug("poll: %s", exc)
+                time.sleep(0.2)
+                continue
+            for a in actions:
+                self.executor.submit(a)
+
+    def run(self) -> None:
+        self.register()
+        for target in (self.heartbeats, self.logs):
+            threading.Thread(target=target, daemon=True, name=f"tidal-{target.__name__}").start()
+        self.poll()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="tidal-agent")
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--server", required=True)
+    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--root", required=True, help="the node root: this node's private state")
+    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--region", default="local")
+    ap.add_argument("--cluster", default="local")
+    args = ap.parse_args(argv)
+    os.umask(0o077)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
+    become_subreaper()
+    agent = Agent(args)
+
+    def stop(*_: object) -> None:
+        # tidal down: stop the ranks, give the node back (its jobs are requeued at once), exit. Were we
+        # killed instead, the ranks' inits would see their lifeline close and take the ranks down.
+        agent.executor.fence()
+        with contextlib.suppress(Exception):
+            agent.client.call("POST", f"/v1/agent/{agent.name}/leave", retry=False,
+                              json={"agent_id": agent.agent_id})
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    agent.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Job commands: submit, ls, show, logs, wait, cancel, checkpoints, events, preempt, resume, migrate."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.table import Table
+
+from tidal.cli.api import Api
+from tidal.cli.output import console
+from tidal.errors import Conflict, TidalError, ValidationError
+
+STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
+TERMINAL = {"succeeded", "failed", "cancelled"}
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, field: str = "checkpoint_every") -> float:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise ValidationError(f"{field}: bad duration {text!r}", field=field, hint="e.g. 30s, 5m, 1h")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t).strftime("%H:%M:%S") if t else "-"
+
+
+def load_job_file(path: Path) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ValidationError(f"cannot read job file {path}: {exc.strerror}", field="file") from None
+    except yaml.YAMLError as exc:
+        raise ValidationError(f"job file {path} is not valid YAML: {exc}", field="file") from None
+    if not isinstance(data, dict):
+        raise ValidationError(f"job file {path} must hold a mapping of job fields", field="file")
+    if isinstance(data.get("command"), str):
+        data["command"] = ["sh", "-c", data["command"]]
+    if "checkpoint_every" in data and isinstance(data["checkpoint_every"], str):
+        data["checkpoint_every"] = parse_duration(data["checkpoint_every"])
+    return data
+
+
+def wait_stable(api: Api, job_id: str, done: Any, timeout: float, what: str) -> dict[str, Any]:
+    """Poll the job until ``done(job)``; a spinner meanwhile."""
+    deadline = time.monotonic() + timeout
+    with console.status(f"{what} {job_id}…"):
+        while True:
+            job = api.get(f"/v1/jobs/{job_id}")
+            if done(job):
+                return job
+            if time.monotonic() > deadline:
+                raise TidalError(f"job {job_id} is still {job['state']} after {timeout:.0f}s",
+                                 hint="it may still get there: `tidal show " + job_id + "`")
+            time.sleep(0.05)
+
+
+def _request(api: Api, job_id: str, verb: str, timeout: float, **kw: Any) -> dict[str, Any]:
+    """POST the request, retrying while the job is busy (another checkpoint or a start in flight)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return api.post(f"/v1/jobs/{job_id}/{verb}", **kw)  # type: ignore[no-any-return]
+        except Conflict as exc:
+            if not exc.fields.get("busy") or time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _since(job: dict[str, Any], seq: int) -> list[dict[str, Any]]:
+    return [e for e in job["events"] if e["seq"] > seq]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(context_settings={"allow_interspersed_args": False})
+    def submit(
+        command: list[str] = typer.Argument(None, help="the command, after --"),
+        name: str = typer.Option(None, "--name"),
+        tier: str = typer.Option(None, "--tier", help="premium | standard | basic (default basic)"),
+        ranks: int = typer.Option(None, "--ranks", help="world size W"),
+        min_devices: int = typer.Option(None, "--min-devices"),
+        max_devices: int = typer.Option(None, "--max-devices"),
+        checkpoint_every: str = typer.Option(None, "--checkpoint-every", help="e.g. 30s, 5m"),
+        max_restarts: int = typer.Option(None, "--max-restarts"),
+        workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
+        file: Path = typer.Option(None, "-f", "--file", help="a job.yaml"),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id"),
+    ) -> None:
+        """Submit a job: `tidal submit [options] -- CMD ...`. It runs with your environment."""
+        body: dict[str, Any] = load_job_file(file) if file else {}
+        given = {"name": name, "tier": tier, "ranks": ranks, "min_devices": min_devices,
+                 "max_devices": max_devices, "max_restarts": max_restarts}
+        body.update({k: v for k, v in given.items() if v is not None})
+        if checkpoint_every is not None:
+            body["checkpoint_every"] = parse_duration(checkpoint_every)
+        if command:
+            body["command"] = list(command)
+        if not body.get("command"):
+            raise ValidationError("command: give the command after --, "
+                                  "e.g. `tidal submit -- python train.py`",
+                                  field="command")
+        wd = workdir or Path(body.get("workdir") or os.getcwd())
+        body["workdir"] = str(wd.absolute())
+        body.setdefault("env", dict(os.environ))
+        job = Api().post("/v1/jobs", json=body)
+        if quiet:
+            print(job["id"])
+        else:
+            console.print(f"submitted job [bold]{job['id']}[/] ({job['name']})")
+
+    @app.command("ls")
+    def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)")) -> None:
+        """List your jobs."""
+        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted")
+        for j in Api().get("/v1/jobs", params={"all": all_users}):
+            state = j["state"] + (" (held)" if j["held"] and j["state"] != "held" else "")
+            t.add_row(j["id"], j["name"], j["tier"], str(j["ranks"]), state, ",".join(j["nodes"]) or "-",
+                      str(j["restarts"]), _when(j["submitted_at"]))
+        console.print(t)
+
+    @app.command()
+    def show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
+        """Show a job: state, placement, checkpoints, events."""
+        job = Api().get(f"/v1/jobs/{job_id}")
+        if as_json:
+            print(json.dumps(job, indent=1))
+            return
+        console.print(f"[bold]{job['id']}[/] {job['name']}  {job['tier']}  [bold]{job['state']}[/]"
+                      + ("  (held)" if job["held"] else "")
+                      + (f"  exit code {job['exit_code']}" if job["exit_code"] is not None else ""))
+        console.print(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}")
+        if job["error"]:
+            console.print(f"[red]error:[/] {job['error']}")
+        if job["placement"]:
+            t = Table("rank", "node", "device", "pid")
+            for p in job["placement"]:
+                t.add_row(str(p["rank"]), p["node"], str(p["device"]), str(p["pid"] or "-"))
+            console.print(t)
+        if job["checkpoints"]:
+            t = Table("checkpoint", "created", "bytes", "stored")
+            for c in job["checkpoints"]:
+                t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]))
+            console.print(t)
+        _events_table(job["events"])
+
+    @app.command()
+    def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
+             rank: int = typer.Option(0, "--rank")) -> None:
+        """Print a rank's output exactly as the program wrote it (across all its restores)."""
+        api = Api()
+        offset = 0
+        out = sys.stdout.buffer
+        while True:
+            r = api.request("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "offset": offset})
+            size = int(r.headers["X-Tidal-Log-Size"])
+            out.write(r.content)
+            out.flush()
+            offset = max(size, offset) if r.content else min(offset, size)
+            if not follow:
+                return
+            if r.headers["X-Tidal-Job-State"] in TERMINAL and not r.content:
+                return
+            time.sleep(0.2)
+
+    @app.command("wait")
+    def wait_(job_id: str, timeout: float = typer.Option(86400.0, help="seconds")) -> None:
+        """Wait until the job ends; exit with its exit code."""
+        job = wait_stable(Api(), job_id, lambda j: j["state"] in TERMINAL, timeout, "waiting for")
+        code = job["exit_code"]
+        if job["state"] == "cancelled":
+            console.print(f"job {job_id} was cancelled", style="yellow")
+            raise typer.Exit(130)
+        if code is None:
+            console.print(f"job {job_id} {job['state']}: {job['error'] or ''}", style="red")
+            raise typer.Exit(1)
+        raise typer.Exit(code if code < 256 else 1)
+
+    @app.command()
+    def cancel(job_id: str) -> None:
+        """Cancel a job (its ranks are killed)."""
+        job = Api().post(f"/v1/jobs/{job_id}/cancel")
+        console.print(f"job {job_id} {job['state']}")
+
+    @app.command()
+    def checkpoints(job_id: str) -> None:
+        """List a job's committed checkpoints."""
+        t = Table("checkpoint", "created", "bytes", "stored")
+        for c in Api().get(f"/v1/jobs/{job_id}/checkpoints"):
+            t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]))
+        console.print(t)
+
+    @app.command()
+    def events(job: str = typer.Option(None, "--job"), limit: int = typer.Option(1000, "-n")) -> None:
+        """The event log: every state change with its cause."""
+        params: dict[str, Any] = {"job": job, "limit": limit} if job else {"limit": limit}
+        _events_table(Api().get("/v1/events", params=params),
+                      with_job=job is None)
+
+    @app.command()
+    def preempt(job_id: str, no_wait: bool = typer.Option(False, "--no-wait"),
+                timeout: float = typer.Option(300.0)) -> None:
+        """Checkpoint the job, release its devices and hold it until `tidal resume`."""
+        api = Api()
+        _request(api, job_id, "preempt", timeout)
+        if no_wait:
+            return
+        job = wait_stable(api, job_id, lambda j: (not j["busy"] and j["state"] in STABLE - {"pending"})
+                          or j["state"] == "held", timeout, "preempting")
+        if job["state"] == "running":
+            raise TidalError(f"job {job_id} could not be preempted: {_last_detail(job)}",
+                             hint="it goes on running")
+        console.print(f"job {job_id} {job['state']}" + (" (held)" if job["held"] else ""))
+
+    @app.command()
+    def resume(job_id: str, no_wait: bool = typer.Option(False, "--no-wait"),
+               timeout: float = typer.Option(300.0)) -> None:
+        """Release a job's hold; it runs again where there is room."""
+        api = Api()
+        _request(api, job_id, "resume", timeout)
+        if no_wait:
+            return
+        job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in {"running", *TERMINAL},
+                          timeout, "resuming")
+        where = ",".join(sorted({p["node"] for p in job["placement"]}))
+        console.print(f"job {job_id} {job['state']}" + (f" on {where}" if where else ""))
+
+    @app.command()
+    def migrate(job_id: str, to: str = typer.Option(None, "--to", help="node (default: any other with room)"),
+                no_wait: bool = typer.Option(False, "--no-wait"),
+                timeout: float = typer.Option(300.0)) -> None:
+        """Move a running job to another node (checkpoint, stop, restore there)."""
+        api = Api()
+        before = api.get(f"/v1/jobs/{job_id}")
+        seq = before["events"][-1]["seq"] if before["events"] else 0
+        r = _request(api, job_id, "migrate", timeout, json={"to": to})
+        if no_wait:
+            return
+        job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in STABLE, timeout, "migrating")
+        nodes = {p["node"] for p in job["placement"]}
+        if job["state"] == "running" and r["to"] not in nodes:
+            evs = _since(job, seq)
+            raise TidalError(f"job {job_id} was not migrated: {evs[-1]['detail'] if evs else 'unknown'}",
+                             hint="it goes on running where it was")
+        console.print(f"job {job_id} {job['state']}" + (f" on {','.join(sorted(nodes))}" if nodes else ""))
+
+
+def _last_detail(job: dict[str, Any]) -> str:
+    return str(job["events"][-1]["detail"]) if job["events"] else "unknown"
+
+
+def _events_table(evs: list[dict[str, Any]], with_job: bool = False) -> None:
+    cols = ["time", *(["job"] if with_job else []), "kind", "node", "cause", "detail"]
+    t = Table(*cols)
+    for e in evs:
+        row = [_when(e["time"]), *([e["job"] or "-"] if with_job else []), e["kind"], e["node"] or "-",
+               e["cause"] or "-", e["detail"]]
+        t.add_row(*row)
+    console.print(t)

@@ -1,0 +1,140 @@
+"""What the control plane does for node agents: registration and leases, handing out actions, and
+taking their results, exit reports and log bytes.
+
+Fencing: a node's lease belongs to one agent process (``agent_id``). Another process may take the node
+over only once that lease has expired, and the node's jobs are requeued at that moment, never before; an
+agent whose lease was lost is told so at its next heartbeat and kills its ranks itself.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tidal.control import jobs
+from tidal.control.history import record
+from tidal.control.store.models import ActionRow, JobRow, NodeRow
+from tidal.errors import Conflict, NotFound
+
+
+class LeaseLost(Conflict):
+    """The agent no longer holds its node's lease: it must stop its ranks and register again."""
+
+
+def register(s: Session, *, name: str, region: str, cluster: str, devices: int, cpus: list[list[int]],
+             agent_id: str, lease_s: float) -> None:
+    now = time.time()
+    node = s.get(NodeRow, name)
+    if node is not None and node.agent_id != agent_id and node.up and node.lease_until > now:
+        raise Conflict(f"node {name} is held by another agent for {node.lease_until - now:.1f}s more",
+                       hint="retry once its lease has expired", retry_after=node.lease_until - now)
+    if node is None:
+        node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
+                       agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now)
+        s.add(node)
+    else:
+        if node.up and node.agent_id != agent_id:
+            expire(s, node, "its agent was replaced")
+        node.region, node.cluster, node.devices, node.cpus = region, cluster, devices, cpus
+        node.agent_id, node.lease_until, node.up, node.registered_at = agent_id, now + lease_s, True, now
+    record(s, "node_up", node=name, cause=agent_id, detail=f"{devices} device(s) in {region}/{cluster}")
+
+
+def holder(s: Session, name: str, agent_id: str) -> NodeRow:
+    node = s.get(NodeRow, name)
+    if node is None:
+        raise NotFound(f"no node {name}", node=name)
+    if node.agent_id != agent_id or not node.up:
+        raise LeaseLost(f"agent {agent_id} does not hold node {name}", node=name)
+    return node
+
+
+def heartbeat(s: Session, name: str, agent_id: str, lease_s: float) -> None:
+    node = holder(s, name, agent_id)
+    node.lease_until = time.time() + lease_s
+
+
+def expire(s: Session, node: NodeRow, why: str) -> None:
+    """The node's agent is gone (and its ranks with it): requeue its jobs."""
+    node.up = False
+    eid = record(s, "node_down", node=node.name, cause=node.agent_id, detail=why)
+    for a in s.scalars(select(ActionRow).where(ActionRow.node == node.name,
+                                              ActionRow.status.in_(("pending", "sent")))):
+        a.status = "dropped"
+    for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in jobs.ACTIVE]))):
+        here = {p["node"] for p in job.placement} | {n for n, _ in job.target or ()}
+        if node.name in here:
+            jobs.lost(s, job, eid, f"node {node.name} lost ({why})")
+
+
+def take_actions(s: Session, name: str, agent_id: str) -> list[dict[str, Any]]:
+    holder(s, name, agent_id)
+    out = []
+    for a in s.scalars(select(ActionRow).where(ActionRow.node == name, ActionRow.status == "pending")
+                       .order_by(ActionRow.created_at)):
+        a.status = "sent"
+        a.agent_id = agent_id
+        out.append({"id": a.id, "kind": a.kind, "job_id": a.job_id, "payload": a.payload})
+    return out
+
+
+def has_actions(s: Session, name: str) -> bool:
+    return s.scalar(select(ActionRow.id).where(ActionRow.node == name, ActionRow.status == "pending")
+                    .limit(1)) is not None
+
+
+def result(s: Session, name: str, agent_id: str, action_id: str, ok: bool, data: dict[str, Any],
+           error: str | None, keep: int) -> bool:
+    """Apply an action's result; False (and an event) when it is stale: unknown, already settled,
+    dropped, or sent to another agent process."""
+    a = s.get(ActionRow, action_id)
+    if a is None or a.status != "sent" or a.agent_id != agent_id or a.node != name:
+        why = ("unknown action" if a is None else f"action is {a.status}" if a.status != "sent"
+               else "wrong agent")
+        record(s, "stale_result_ignored", job_id=a.job_id if a else None, node=name, cause=action_id,
+               detail=why)
+        return False
+    a.status = "done" if ok else "failed"
+    a.done_at = time.time()
+    a.result = {"ok": ok, "error": error, **data}
+    jobs.on_result(s, a, ok, data, error, keep)
+    return True
+
+
+def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int, ranks: list[dict[str, Any]],
+           keep: int) -> bool:
+    holder(s, name, agent_id)
+    job = s.get(JobRow, job_id)
+    if job is None:
+        return False
+    eid = record(s, "ranks_exited", job_id=job_id, node=name, cause=agent_id,
+                 detail=f"attempt {attempt}: " + ", ".join(
+                     f"rank {r['rank']} " + (f"code {r['code']}" if r.get("signal") is None
+                                             else f"signal {r['signal']}") for r in ranks))
+    return jobs.on_exit(s, job, attempt, ranks, eid, keep)
+
+
+def log_path(home: Path, job_id: str, rank: int) -> Path:
+    return home / "logs" / "jobs" / job_id / f"{rank}.log"
+
+
+def write_log(s: Session, home: Path, name: str, agent_id: str, job_id: str, attempt: int, rank: int,
+              offset: int, data: bytes) -> bool:
+    """Write ``data`` at ``offset`` of the rank's log and cut it there: the agent sends each attempt's log
+    from its start, so a restore from an older checkpoint rolls the served log back with it."""
+    holder(s, name, agent_id)
+    job = s.get(JobRow, job_id)
+    if job is None or job.attempt != attempt:
+        return False
+    path = log_path(home, job_id, rank)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = path.open("r+b") if path.exists() else path.open("w+b")
+    with fd as f:
+        f.seek(offset)
+        f.write(data)
+        f.truncate(offset + len(data))
+    return True

@@ -1,0 +1,22 @@
+"""The event log: every state change and every decision lands here with its cause."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from sqlalchemy.orm import Session
+
+from tidal.control.store.models import EventRow
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(6)}"
+
+
+def record(s: Session, kind: str, *, job_id: str | None = None, node: str | None = None,
+           cause: str | None = None, detail: str = "") -> str:
+    """Append an event; returns its id, to be the cause of what follows from it."""
+    eid = new_id("e")
+    s.add(EventRow(id=eid, time=time.time(), kind=kind, job_id=job_id, node=node, cause=cause, detail=detail))
+    return eid

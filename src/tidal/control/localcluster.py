@@ -1,0 +1,168 @@
+"""A local cluster on this machine: the control plane and N agents as background processes, with their
+state (database, tokens, node roots, logs, checkpoints) under ``TIDAL_HOME``. Used by ``tidal up``,
+``tidal status`` and ``tidal down``."""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tidal.config import Settings
+from tidal.control import tokens
+from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_path, token_path
+from tidal.control.store.db import Database
+from tidal.errors import ConfigError, TidalError
+
+TOKENS = ("admin", "user", "cluster")
+
+
+def bootstrap(settings: Settings) -> None:
+    """Create the database schema and, once, the admin, user and cluster tokens (owner-only files)."""
+    home = Path(settings.home)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (home / "tokens").mkdir(exist_ok=True, mode=0o700)
+    db = Database(settings.db_url)
+    try:
+        db.migrate()
+        unix = getpass.getuser()
+        for who in TOKENS:
+            path = token_path(home, who)
+            if path.exists():
+                continue
+            name, role = {"admin": ("admin", "admin"), "user": (unix, "user"),
+                          "cluster": ("cluster", "agent")}[who]
+            with db.tx() as s:
+                from tidal.control.store.models import User
+
+                old = s.get(User, name)
+                if old is not None:  # its token file was lost: issue a new token
+                    s.delete(old)
+                    s.flush()
+                token = tokens.create_user(s, name, role, unix if role != "agent" else None)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+    finally:
+        db.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(argv: list[str], log: Path) -> Proc:
+    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log, "ab") as out:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return Proc(p.pid, argv, str(log))
+
+
+def _respawn(proc: Proc) -> Proc:
+    return _spawn(proc.argv, Path(proc.log))
+
+
+def _wait(what: str, check: Any, timeout: float, log: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.1)
+    tail = Path(log).read_text(errors="replace")[-2000:] if Path(log).exists() else ""
+    raise TidalError(f"{what} did not come up within {timeout:.0f}s", hint=f"see {log}:\n{tail}")
+
+
+def _healthy(url: str) -> bool:
+    return httpx.get(f"{url}/healthz", timeout=2).status_code == 200
+
+
+def _nodes_up(url: str, token: str, names: list[str]) -> bool:
+    r = httpx.get(f"{url}/v1/nodes", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    up = {n["name"] for n in r.json() if n["up"]}
+    return set(names) <= up
+
+
+def agent_argv(home: Path, url: str, name: str, devices: int) -> list[str]:
+    return [sys.executable, "-m", "tidal.agent", "--name", name, "--server", url,
+            "--token-file", str(token_path(home, "cluster")), "--root", str(home / "nodes" / name),
+            "--devices", str(devices)]
+
+
+def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: float = 5.0,
+       port: int | None = None) -> tuple[ClusterState, list[str]]:
+    """Start the cluster, or whatever of it is not running. Returns the state and what was started."""
+    if nodes < 1 or devices_per_node < 1:
+        raise ConfigError("a cluster needs at least one node with at least one device")
+    home = Path(settings.home)
+    bootstrap(settings)
+    st = load(home)
+    started: list[str] = []
+    if st is None:
+        port = port or _free_port()
+        url = f"http://127.0.0.1:{port}"
+        argv = [sys.executable, "-m", "tidal.control.server", "--port", str(port), "--lease", str(lease_s)]
+        st = ClusterState(url, port, Proc(0, argv, str(home / "logs" / "control.log")))
+        for i in range(1, nodes + 1):
+            name = f"node-{i}"
+            st.agents[name] = Proc(0, agent_argv(home, url, name, devices_per_node),
+                                   str(home / "logs" / f"{name}.log"))
+    if not alive(st.server.pid) if st.server.pid else True:
+        st.server = _respawn(st.server)
+        started.append("control plane")
+    state_path(home).write_text(json.dumps(st.to_json(), indent=1))
+    _wait("the control plane", lambda: _healthy(st.url), 30, st.server.log)
+    for name, proc in st.agents.items():
+        if not proc.pid or not alive(proc.pid):
+            st.agents[name] = _respawn(proc)
+            started.append(name)
+    state_path(home).write_text(json.dumps(st.to_json(), indent=1))
+    token = token_path(home, "admin").read_text().strip()
+    _wait("the agents", lambda: _nodes_up(st.url, token, list(st.agents)), 30, st.server.log)
+    return st, started
+
+
+def _stop(pid: int, timeout: float = 10.0) -> None:
+    if not pid or not alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while alive(pid) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.05)
+    if alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop the agents (their ranks die with them) and the control plane. The database stays."""
+    home = Path(settings.home)
+    st = load(home)
+    if st is None:
+        return []
+    stopped = []
+    for name, proc in st.agents.items():
+        if proc.pid and alive(proc.pid):
+            stopped.append(name)
+        _stop(proc.pid)
+    if st.server.pid and alive(st.server.pid):
+        stopped.append("control plane")
+    _stop(st.server.pid)
+    state_path(home).unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,138 @@
+"""The reconcile loop: compare desired and observed state and act.
+
+Each pass, in one transaction: expire nodes whose lease ran out (their jobs are requeued), take due
+periodic checkpoints, then snapshot the cluster into a :class:`ClusterView`, ask the policy for actions
+and turn the ones still valid into agent actions. The loop wakes on every commit (a submission, a result)
+and at least every ``interval`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tidal.control import agents, jobs
+from tidal.control.store.db import Database
+from tidal.control.store.models import JobRow, NodeRow
+from tidal.core import (
+    ActionKind,
+    Cluster,
+    ClusterView,
+    DeviceRef,
+    JobState,
+    JobView,
+    Region,
+    Tier,
+    Topology,
+)
+from tidal.core import Node as TopoNode
+from tidal.errors import TidalError
+from tidal.policy.base import Policy
+
+log = logging.getLogger(__name__)
+S = JobState
+
+
+class Reconciler:
+    def __init__(self, db: Database, policy: Policy, *, keep: int, interval: float = 0.5) -> None:
+        self.db = db
+        self.policy = policy
+        self.keep = keep
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._run = secrets.token_hex(3)  # policy action ids are unique per process: prefix them
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.db.changed:
+            self.db.changed.notify_all()
+        if self._thread:
+            self._thread.join(10)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.once()
+            except Exception:
+                log.exception("reconcile pass failed")
+            with self.db.changed:
+                # once() itself commits; wait for a commit by someone else, or the interval.
+                seen = self.db.generation
+                self.db.changed.wait_for(lambda seen=seen: self.db.generation != seen or self._stop.is_set(),
+                                         timeout=self.interval)
+
+    def once(self) -> None:
+        now = time.time()
+        with self.db.tx() as s:
+            for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True), NodeRow.lease_until < now)):
+                agents.expire(s, node, "lease expired")
+            self._periodic(s, now)
+            self._schedule(s, now)
+
+    def _periodic(self, s: Session, now: float) -> None:
+        for job in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))):
+            every = job.spec.get("checkpoint_every")
+            if not every:
+                continue
+            since = max(job.last_checkpoint_at or 0.0, job.started_at or now)
+            if now - since >= float(every):
+                jobs.checkpoint(s, job, "periodic", f"timer-{self._run}", self.keep)
+
+    def _schedule(self, s: Session, now: float) -> None:
+        view, rows = snapshot(s)
+        if not any(j.state in (S.PENDING, S.PREEMPTED) for j in view.jobs.values()):
+            return
+        for a in self.policy.decide(view, [], now):
+            job = rows.get(a.job_id)
+            if job is None:
+                continue
+            cause = f"{a.id}-{self._run}"
+            try:
+                waiting = jobs.state(job) in (S.PENDING, S.PREEMPTED) and not job.held
+                if a.kind in (ActionKind.PLACE, ActionKind.RESUME) and waiting:
+                    jobs.start(s, job, list(a.placement), cause, self.keep)
+                elif (a.kind is ActionKind.PREEMPT and not a.kill and jobs.state(job) is S.RUNNING
+                      and job.op is None):
+                    jobs.checkpoint(s, job, "preempt", cause, self.keep)
+            except TidalError as exc:
+                log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
+
+
+def snapshot(s: Session) -> tuple[ClusterView, dict[str, JobRow]]:
+    """The immutable view the policy decides over: nodes that are up, and every job that waits for or
+    holds devices (a migration's target devices count as held: they are reserved)."""
+    nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
+    tree: dict[str, dict[str, list[TopoNode]]] = {}
+    for n in nodes:
+        tree.setdefault(n.region, {}).setdefault(n.cluster, []).append(TopoNode(n.name, n.devices))
+    topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items()))
+                          for r, cs in tree.items()))
+    live = [st.value for st in (S.PENDING, S.PREEMPTED, *jobs.ACTIVE)]
+    rows = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(live)))}
+    views: dict[str, JobView] = {}
+    for j in rows.values():
+        st = jobs.state(j)
+        if j.held and st is S.PREEMPTED:
+            continue
+        if st is S.RUNNING and j.op is not None:
+            st = S.CHECKPOINTING if j.op_purpose not in ("launch", "restore") else S.RESTORING
+        placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement)
+        views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=Tier.parse(j.tier), submitted_at=j.submitted_at,
+                              state=st, min_devices=int(j.spec.get("min_devices") or 1),
+                              max_devices=int(j.spec.get("max_devices") or j.ranks), placement=placement,
+                              started_at=j.started_at, project=str(j.spec.get("project") or "default"))
+        if j.target:
+            tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
+            views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
+                                              submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
+    return ClusterView(topology=topo, jobs=views), rows

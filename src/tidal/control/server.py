@@ -1,0 +1,61 @@
+"""The control-plane process: migrate the database, recover from a restart, then serve the API and run
+the reconcile loop. ``python -m tidal.control.server --port P`` (``tidal up`` starts it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import time
+from pathlib import Path
+
+import uvicorn
+from sqlalchemy import select, update
+
+from tidal.config import load_settings
+from tidal.control.api.app import Context, create_app
+from tidal.control.history import record
+from tidal.control.reconcile import Reconciler
+from tidal.control.store.db import Database
+from tidal.control.store.models import ActionRow, NodeRow
+from tidal.policy.firstfit import FirstFitPolicy
+
+
+def recover(db: Database, lease_s: float) -> None:
+    """After a (re)start: agents kept running while we were away, so give every node a fresh lease rather
+    than declare it dead for our own downtime; and hand out again actions whose delivery we cannot be
+    sure of (agents recognise an action id they already have)."""
+    now = time.time()
+    with db.tx() as s:
+        for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True))):
+            node.lease_until = max(node.lease_until, now + lease_s)
+        s.execute(update(ActionRow).where(ActionRow.status == "sent").values(status="pending"))
+        record(s, "control_plane_started", cause=f"pid-{os.getpid()}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="tidal-control")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8470)
+    ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
+    args = ap.parse_args(argv)
+    os.umask(0o077)  # logs and the SQLite file are the owner's only
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    home = Path(settings.home)
+    home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    db = Database(settings.db_url)
+    db.migrate()
+    recover(db, args.lease)
+    rec = Reconciler(db, FirstFitPolicy(), keep=settings.keep_checkpoints)
+    rec.start()
+    app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease))
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+    finally:
+        rec.stop()
+        db.close()
+
+
+if __name__ == "__main__":
+    main()

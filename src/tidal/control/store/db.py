@@ -1,0 +1,77 @@
+"""The database: engine, schema migration (Alembic) and serialised transactions.
+
+The control plane is one process; every change runs in :meth:`Database.tx` under one lock, so SQLite
+never sees two writers and the reconcile loop and the API never interleave half-made decisions. The
+lock's condition wakes long-polling agents and the reconcile loop after each commit.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn: Any, _record: Any) -> None:
+            # WAL: readers never block the writer; NORMAL sync is durable across a process kill.
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema up to the newest revision (idempotent)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Database:
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.generation = 0  # bumped at every commit: waiters compare it
+
+    def migrate(self) -> None:
+        migrate(self.engine)
+
+    @contextmanager
+    def tx(self, *, notify: bool = True) -> Iterator[Session]:
+        """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on."""
+        with self.lock:
+            with self.sessions() as s, s.begin():
+                yield s
+            if notify:
+                self.generation += 1
+                self.changed.notify_all()
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self.lock, self.sessions() as s:
+            yield s
+
+    def close(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,106 @@
+"""Tables of the control plane. Spec, instance state and history are kept apart: ``jobs.spec`` is the
+user's request (never changed), the other job columns are the live state, ``events`` the history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    role: Mapped[str] = mapped_column(String(16))  # admin | user | agent
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    unix_user: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class NodeRow(Base):
+    __tablename__ = "nodes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    region: Mapped[str] = mapped_column(String(64))
+    cluster: Mapped[str] = mapped_column(String(64))
+    devices: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[list[list[int]]] = mapped_column(JSON)  # device index → its CPU set
+    agent_id: Mapped[str] = mapped_column(String(64))  # the agent process holding the lease
+    lease_until: Mapped[float] = mapped_column(Float)
+    up: Mapped[bool] = mapped_column(Boolean)
+    registered_at: Mapped[float] = mapped_column(Float)
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, index=True)  # submission order
+    name: Mapped[str] = mapped_column(String(256))
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    tier: Mapped[str] = mapped_column(String(16))
+    ranks: Mapped[int] = mapped_column(Integer)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    held: Mapped[bool] = mapped_column(Boolean, default=False)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    # Bumped at every launch or restore: reports from an older attempt are stale and ignored.
+    attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # [{"rank", "node", "device", "pid"}] while the job holds devices, else [].
+    placement: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    # The devices a migration will restore onto ([[node, index], ...]): reserved while it runs.
+    target: Mapped[list[list[Any]] | None] = mapped_column(JSON, nullable=True)
+    op: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the action in flight
+    op_purpose: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class ActionRow(Base):
+    __tablename__ = "actions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    kind: Mapped[str] = mapped_column(String(16))  # launch | restore | checkpoint | kill
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(16), index=True)  # pending | sent | done | failed | dropped
+    agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who it was sent to
+    cause: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    done_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class EventRow(Base):
+    __tablename__ = "events"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(32), unique=True)
+    time: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    job_id: Mapped[str | None] = mapped_column(String(32), nullable=True, index=True)
+    node: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    cause: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+class CheckpointRow(Base):
+    __tablename__ = "checkpoints"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(32), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    bytes: Mapped[int] = mapped_column(BigInteger)  # logical size of the images and files
+    stored_bytes: Mapped[int] = mapped_column(BigInteger)  # new bytes the store had to write
+    retained: Mapped[bool] = mapped_column(Boolean, default=True)

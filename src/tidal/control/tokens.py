@@ -1,0 +1,36 @@
+"""API tokens: random secrets given once to their holder; the database keeps only their sha256."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import time
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tidal.control.store.models import User
+from tidal.errors import Conflict, ValidationError
+
+ROLES = ("admin", "user", "agent")
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create_user(s: Session, name: str, role: str, unix_user: str | None = None) -> str:
+    """Create a user and return its token (shown once)."""
+    if role not in ROLES:
+        raise ValidationError(f"unknown role {role!r}", field="role", hint="one of " + ", ".join(ROLES))
+    if not name or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ValidationError(f"bad user name {name!r}", field="name")
+    if s.get(User, name) is not None:
+        raise Conflict(f"user {name} exists", field="name")
+    token = f"tdl_{secrets.token_urlsafe(32)}"
+    s.add(User(name=name, role=role, token_hash=digest(token), unix_user=unix_user, created_at=time.time()))
+    return token
+
+
+def lookup(s: Session, token: str) -> User | None:
+    return s.scalar(select(User).where(User.token_hash == digest(token)))

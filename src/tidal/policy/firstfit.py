@@ -1,0 +1,103 @@
+"""First-fit: the live cluster's first scheduling policy, behind the same ``decide`` interface as the
+full policy (DESIGN.md §4), so that it is replaced rather than rewritten.
+
+Stateless: every call reads the whole view. Waiting jobs (pending, or preempted and not held) are taken by
+tier (premium first) then submission order and placed, all ranks on one node, on the node with the
+fewest free devices that still fits them (best fit keeps whole nodes for large gangs). A premium or
+standard job that does not fit preempts running basic jobs (checkpoint, never kill), newest first, on the
+node where the fewest must go. Devices that preemptions will free are set aside for the job that asked
+for them, so nothing else takes them and no more jobs are preempted than needed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, rank_map
+
+WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
+
+
+class FirstFitPolicy:
+    name = "firstfit"
+
+    def __init__(self) -> None:
+        self._n = 0
+
+    def next_wakeup(self, now: float) -> float | None:
+        return None
+
+    def decide(self, view: ClusterView, events: Sequence[Event], now: float) -> list[Action]:
+        cause = events[-1].id if events else None
+        free: dict[str, list[int]] = {n.name: list(range(n.devices)) for n in view.topology.nodes()}
+        draining: dict[str, list[int]] = {n: [] for n in free}  # held by basic jobs being checkpointed
+        running_basic: dict[str, list[JobView]] = {n: [] for n in free}
+        for j in view.jobs.values():
+            if j.state in WAITING:
+                continue
+            for d in j.devices:
+                if d.node in free and d.index in free[d.node]:
+                    free[d.node].remove(d.index)
+                    if j.state is JobState.CHECKPOINTING and j.tier is Tier.BASIC:
+                        draining[d.node].append(d.index)
+            if j.state is JobState.RUNNING and j.tier is Tier.BASIC and j.devices:
+                running_basic[j.devices[0].node].append(j)
+        waiting = sorted((j for j in view.jobs.values() if j.state in WAITING),
+                         key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
+        out: list[Action] = []
+        for j in waiting:
+            need = j.max_d
+            node = _best_fit(free, need)
+            if node is not None:
+                devs = [DeviceRef(node, i) for i in free[node][:need]]
+                del free[node][:need]
+                kind = ActionKind.RESUME if j.state is JobState.PREEMPTED else ActionKind.PLACE
+                out.append(self._action(kind, j, devs, cause, "fits"))
+                continue
+            if j.tier is Tier.BASIC:
+                continue
+            # Room already being freed for it (an earlier decision's preemptions)? Then wait for it.
+            soon = _best_fit({n: free[n] + draining[n] for n in free}, need)
+            if soon is not None:
+                free[soon] = []
+                draining[soon] = []
+                continue
+            victims_at = _cheapest_victims(free, running_basic, need)
+            if victims_at is None:
+                continue
+            node, victims = victims_at
+            for v in victims:
+                why = f"make room for {j.tier.value} job {j.id}"
+                out.append(self._action(ActionKind.PREEMPT, v, [], cause, why))
+                running_basic[node].remove(v)
+            free[node] = []  # set aside for j
+            draining[node] = []
+        return out
+
+    def _action(self, kind: ActionKind, j: JobView, devs: list[DeviceRef], cause: str | None,
+                reason: str) -> Action:
+        self._n += 1
+        return Action(id=f"{self.name}-{self._n}", kind=kind, job_id=j.id,
+                      placement=rank_map(tuple(devs), j.ranks) if devs else (), cause=cause, reason=reason)
+
+
+def _best_fit(free: dict[str, list[int]], need: int) -> str | None:
+    fits = [(len(idx), n) for n, idx in free.items() if len(idx) >= need]
+    return min(fits)[1] if fits else None
+
+
+def _cheapest_victims(free: dict[str, list[int]], running_basic: dict[str, list[JobView]],
+                      need: int) -> tuple[str, list[JobView]] | None:
+    best: tuple[int, str, list[JobView]] | None = None
+    for node, jobs in running_basic.items():
+        have = len(free[node])
+        chosen: list[JobView] = []
+        # Newest first: they lose the least progress to the restore's cost and have had their turn least.
+        for v in sorted(jobs, key=lambda v: (-(v.started_at or 0.0), v.id)):
+            if have >= need:
+                break
+            chosen.append(v)
+            have += len(v.devices)
+        if have >= need and chosen and (best is None or len(chosen) < best[0]):
+            best = (len(chosen), node, chosen)
+    return None if best is None else (best[1], best[2])

@@ -1,0 +1,89 @@
+"""The whole life of a job on a real cluster: submit → preempt → resume → migrate → complete, with output
+byte-identical to an uninterrupted run, new pids and nodes at each step, and a growing checkpoint count."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.system.conftest import JOB, pid_alive, reference_run, wait_for
+
+pytestmark = pytest.mark.criu
+
+
+def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gate: Path,
+                                                tmp_path: Path) -> None:
+    c = make_cluster(nodes=2, devices=1)
+    expected_out, expected_progress = reference_run(tmp_path)
+    env = {"GATE": str(gate)}
+
+    job = c.cli("submit", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
+                env=env).stdout.strip()
+    j = c.wait_state(job, "running")
+    pid1, node1 = j["placement"][0]["pid"], j["placement"][0]["node"]
+    progress = workdir / "progress.txt"
+    wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 10, what="progress")
+
+    # preempt: checkpoint, release the device, hold
+    c.cli("preempt", job)
+    j = c.show(job)
+    assert j["state"] == "preempted" and j["held"] is True
+    assert j["placement"] == []
+    assert len(j["checkpoints"]) == 1
+    assert not pid_alive(pid1)
+    assert {"id", "created_at", "bytes"} <= set(j["checkpoints"][0])
+    assert j["checkpoints"][0]["bytes"] > 0
+
+    # a held job is not resumed automatically, even with free devices: it still waits after a filler job
+    # takes one node (so that the resume must land on the other one)
+    filler = c.cli("submit", "-q", "--", "sleep", "600", cwd=workdir).stdout.strip()
+    f = c.wait_state(filler, "running")
+    assert c.job(job)["state"] == "preempted"
+
+    c.cli("resume", job)
+    j = c.show(job)
+    assert j["state"] == "running"
+    pid2, node2 = j["placement"][0]["pid"], j["placement"][0]["node"]
+    assert pid2 != pid1 and pid_alive(pid2)
+    assert node2 != f["placement"][0]["node"]
+
+    # migrate (no --to: any other node with room) after the filler leaves
+    c.cli("cancel", filler)
+    c.wait_state(filler, "cancelled")
+    wait_for(lambda: any(n["free"] for n in c.api().get("/v1/nodes").json() if n["name"] != node2),
+             what="a free device on the other node")
+    out = c.cli("migrate", job).stdout
+    j = c.show(job)
+    assert j["state"] == "running", out
+    pid3, node3 = j["placement"][0]["pid"], j["placement"][0]["node"]
+    assert node3 != node2 and pid3 not in (pid1, pid2)
+    assert not pid_alive(pid2)
+    assert len(j["checkpoints"]) == 2
+
+    gate.touch()
+    done = c.cli("wait", job, check=False)
+    assert done.returncode == 0, done.stderr
+    logs = c.cli("logs", job)
+    assert logs.stdout.encode() == expected_out
+    assert (workdir / "progress.txt").read_bytes() == expected_progress
+
+    j = c.show(job)
+    assert j["state"] == "succeeded" and j["exit_code"] == 0
+    kinds = [e["kind"] for e in j["events"]]
+    for k in ("submitted", "running", "checkpointing", "preempted", "released", "restoring", "migrating",
+              "succeeded"):
+        assert k in kinds, kinds
+    assert all(e["cause"] for e in j["events"])
+    assert {"time", "kind", "cause"} <= set(j["events"][0])
+    assert node1  # placed somewhere at first
+
+
+def test_wait_exits_with_the_job_exit_code(make_cluster, workdir: Path) -> None:
+    c = make_cluster(nodes=1, devices=1)
+    job = c.cli("submit", "-q", "--", "sh", "-c", "echo out; echo err >&2; exit 7",
+                cwd=workdir).stdout.strip()
+    p = c.cli("wait", job, check=False)
+    assert p.returncode == 7
+    assert c.cli("logs", job).stdout == "out\nerr\n"
+    assert c.show(job)["state"] == "failed"
