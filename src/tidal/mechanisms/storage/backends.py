@@ -46,6 +46,10 @@ class Backend(Protocol):
         """The object's bytes; ``FileNotFoundError`` when absent."""
         ...
 
+    def get_into(self, key: str, buf: bytearray) -> bytes | memoryview:
+        """Like :meth:`get`, reading into ``buf`` when the object fits (the result may be a view of it)."""
+        ...
+
     def put_chunk(self, key: str, tag: bytes, payload: bytes | memoryview) -> int:
         """Store ``tag + payload`` atomically (not yet durable); return the bytes written."""
         ...
@@ -106,12 +110,39 @@ class LocalBackend:
         except OSError as e:
             raise storage_error(e, "reading", self._path(key)) from None
 
+    def get_into(self, key: str, buf: bytearray) -> bytes | memoryview:
+        path = self._path(key)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            raise storage_error(e, "reading", path) from None
+        try:
+            size = os.fstat(fd).st_size
+            if size > len(buf):
+                buf = bytearray(size)
+            view = memoryview(buf)[:size]
+            got = 0
+            while got < size:
+                k = os.readv(fd, [view[got:]])
+                if k == 0:
+                    break
+                got += k
+            return view[:got]
+        except OSError as e:
+            raise storage_error(e, "reading", path) from None
+        finally:
+            os.close(fd)
+
     def _ensure_dir(self, d: str) -> None:
+        # Chunk directories are never removed, so they are remembered; checkpoint directories may be.
         if d in self._dirs:
             return
         self.mkdir(d)
-        with self._dirs_lock:
-            self._dirs.add(d)
+        if d.startswith("chunks/"):
+            with self._dirs_lock:
+                self._dirs.add(d)
 
     def mkdir(self, key: str) -> bool:
         path = self._path(key)
@@ -329,6 +360,9 @@ class FsspecBackend:
             raise
         except OSError as e:
             raise storage_error(e, "reading", self._path(key)) from None
+
+    def get_into(self, key: str, buf: bytearray) -> bytes | memoryview:
+        return self.get(key)
 
     def put_chunk(self, key: str, tag: bytes, payload: bytes | memoryview) -> int:
         data = tag + bytes(payload)

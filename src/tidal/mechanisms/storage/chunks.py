@@ -20,6 +20,7 @@ ZSTD = b"Z"
 
 #: Compressed output must save at least this fraction, else the chunk is stored raw (cheaper to read).
 _MIN_SAVING = 1 / 32
+_SAMPLE = 4096
 
 
 def chunk_key(digest: str) -> str:
@@ -94,17 +95,25 @@ class Codec:
         zstd level 1 gives up on incompressible input at several GB/s, so trying is the cheap check.
         """
         n = len(data)
+        if n > 4 * _SAMPLE:
+            # Compressing a few spread samples first avoids allocating and filling a full-size output
+            # for random data (most of an image of numeric tensors).
+            step = n // 4
+            sample = b"".join(data[i * step : i * step + _SAMPLE] for i in range(4))
+            if len(self._compressor().compress(sample)) > len(sample) * (1 - _MIN_SAVING):
+                return RAW, data
         packed = self._compressor().compress(data)
         if len(packed) < n - n * _MIN_SAVING:
             return ZSTD, packed
         return RAW, data
 
-    def decode(self, obj: bytes, size: int) -> bytes | memoryview:
+    def decode(self, obj: bytes | memoryview, size: int) -> bytes | memoryview:
         """Payload of a stored chunk object; raises ``ValueError`` saying what is wrong with it."""
-        if not obj:
-            raise ValueError("empty object (truncated)")
-        tag = obj[:1]
-        body = memoryview(obj)[1:]
+        if not len(obj):
+            raise ValueError("truncated: empty object")
+        body = memoryview(obj)
+        tag = bytes(body[:1])
+        body = body[1:]
         if tag == RAW:
             if len(body) != size:
                 raise ValueError(f"truncated: {len(body)} bytes instead of {size}")

@@ -146,11 +146,13 @@ class CheckpointReader:
     def _run(self, items: list[tuple[Entry, _Sink]], *, fetch_zero: bool) -> None:
         """Fetch, check and deliver chunks with a bounded window of work in the pool.
 
-        The whole-file sha256 is computed here, in file order, while pool threads verify chunks.
+        The whole-file sha256 is computed here, in file order, while pool threads verify chunks. Each
+        task reads its chunk object into a buffer from a small pool owned by this call (fresh memory
+        is costly to fault in, and pool threads must never wait for a buffer).
         """
         store = self._store
-        limit = 4 * store.workers
-        window: deque[tuple[_State, Future[bytes | memoryview | None] | None, int]] = deque()
+        free = [bytearray(store.chunk_size + 1) for _ in range(2 * store.workers + 2)]
+        window: deque[_Slot] = deque()
         opened: list[_State] = []
         try:
             for entry, sink in items:
@@ -161,19 +163,20 @@ class CheckpointReader:
                     st.hash.update((entry.target or "").encode())
                 off = 0
                 for digest, n in entry.chunks:
-                    fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero)
-                    window.append((st, fut, n))
+                    while not free:
+                        _drain_one(window, free)
+                    buf = free.pop()
+                    fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero, buf)
+                    window.append((st, fut, n, buf))
                     off += n
-                    while len(window) > limit:
-                        _drain_one(window)
-                window.append((st, None, 0))
+                window.append((st, None, 0, None))
             while window:
-                _drain_one(window)
+                _drain_one(window, free)
         except BaseException:
-            for _, f, _ in window:
+            for _, f, _, _ in window:
                 if f is not None:
                     f.cancel()
-            for _, f, _ in window:
+            for _, f, _, _ in window:
                 if f is not None and not f.cancelled():
                     f.exception()
             for st in opened:
@@ -182,7 +185,7 @@ class CheckpointReader:
             raise
 
     def _fetch(
-        self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool
+        self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool, buf: bytearray
     ) -> bytes | memoryview | None:
         if not fetch_zero and digest == zero_digest(n):
             return None  # content is known from the digest; the sink already holds zeros
@@ -190,7 +193,7 @@ class CheckpointReader:
         key = chunk_key(digest)
         where = f"{self.info.job_id}/{self.info.id}"
         try:
-            raw = store.backend.get(key)
+            raw = store.backend.get_into(key, buf)
         except FileNotFoundError:
             raise CheckpointError(
                 f"checkpoint {where}: file {entry.name!r}: chunk {digest} is missing from the store ({key})",
@@ -226,8 +229,12 @@ class _State:
         self.done = False
 
 
-def _drain_one(window: deque[tuple[_State, Future[bytes | memoryview | None] | None, int]]) -> None:
-    st, fut, n = window.popleft()
+_Slot = tuple[_State, "Future[bytes | memoryview | None] | None", int, "bytearray | None"]
+
+
+def _drain_one(window: deque[_Slot], free: list[bytearray]) -> None:
+    """Finish the oldest slot: hash its chunk into the file digest, or check and close the file."""
+    st, fut, n, buf = window.popleft()
     if fut is None:
         if st.hash.hexdigest() != st.entry.sha256:
             raise CheckpointError(
@@ -238,5 +245,9 @@ def _drain_one(window: deque[tuple[_State, Future[bytes | memoryview | None] | N
         st.sink.finish()
         st.done = True
         return
-    data = fut.result()
-    st.hash.update(zeros(n) if data is None else data)
+    try:
+        data = fut.result()
+        st.hash.update(zeros(n) if data is None else data)
+    finally:
+        if buf is not None:
+            free.append(buf)
