@@ -100,8 +100,12 @@ class BasePolicy:
                 if rec0 is None:
                     continue
                 was_running = rec0.running
+                sharers = self._sharers(rec0)
                 self.on_gone(rec0, now)
                 st.forget(e.job_id)
+                for h in sharers:
+                    h.shared = any(st.load[d.node][d.index] > 1 for d in h.devices)
+                    self.on_changed(h)
                 freed = freed or was_running
             elif k is EventKind.NODE_DOWN and e.node:
                 st.node_down(e.node)

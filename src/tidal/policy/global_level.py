@@ -15,9 +15,9 @@ from tidal.policy.state import JobRec, SchedState
 def candidate_clusters(st: SchedState, rec: JobRec) -> list[str]:
     if rec.home is not None:
         return [rec.home] if rec.home in st.cluster_free else []
+    if len(st.cluster_free) == 1:
+        return st.cluster_names
     clusters = list(st.cluster_free)
-    if len(clusters) == 1:
-        return clusters
     home_region = st.cluster_region.get(rec.last_cluster) if rec.last_cluster else None
 
     def score(c: str) -> tuple[int, int, int, str]:

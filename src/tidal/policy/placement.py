@@ -7,6 +7,7 @@ whole free nodes plus one best-fit node for the remainder — as Philly and the 
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from tidal.core import DeviceRef
@@ -50,7 +51,8 @@ def nodes_needed(st: SchedState, cluster: str, n: int) -> int:
     return -(-n // m)
 
 
-def useful_sizes(w: int, lo: int, hi: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def useful_sizes(w: int, lo: int, hi: int) -> tuple[int, ...]:
     """Device counts worth running a W-rank job on, largest first: D = ceil(W/k) (replica splicing runs
     at 1/ceil(W/D) speed, so any D between two of these only wastes devices)."""
     out: list[int] = []
@@ -64,4 +66,4 @@ def useful_sizes(w: int, lo: int, hi: int) -> list[int]:
         if d == 1:
             break
         k += 1
-    return out
+    return tuple(out)

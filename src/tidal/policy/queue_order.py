@@ -86,11 +86,19 @@ class TieredFairQueue:
             self._n += 1
         q.add(rec)
 
-    def remove(self, rec: JobRec) -> None:
+    def remove(self, rec: JobRec) -> bool:
         q = self._q[rec.tier].get(rec.project if self._fair else "")
         if q is not None and rec.id in q:
             q.remove(rec.id)
             self._n -= 1
+            return True
+        return False
+
+    def __contains__(self, rec: object) -> bool:
+        if not isinstance(rec, JobRec):
+            return False
+        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        return q is not None and rec.id in q
 
     def has_tier(self, tier: int) -> bool:
         return any(len(q) for q in self._q[tier].values())

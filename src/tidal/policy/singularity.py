@@ -13,7 +13,9 @@ Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+from collections import Counter
 from collections.abc import Iterator, Mapping
 
 from tidal.core import ActionKind
@@ -55,6 +57,13 @@ class Singularity(BasePolicy):
         self.shrunk: dict[str, None] = {}
         self.sharable: dict[int, dict[str, None]] = {}
         self.guests: dict[str, None] = {}
+        self._preempted_now: set[str] = set()
+        self._ts_failed: set[int] = set()
+        self._ts_budget = 16
+        # Pending jobs per tier by (smallest useful size, W), and those looked at in this decision.
+        self._kinds: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
+        self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
+        self._visited_ids: set[str] = set()
 
     # ---- indexes ------------------------------------------------------------------------------------
     def on_rebuild(self, now: float) -> None:
@@ -62,19 +71,42 @@ class Singularity(BasePolicy):
         assert st is not None
         self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share)
         self.shrunk, self.sharable, self.guests = {}, {}, {}
+        self._kinds = [Counter(), Counter(), Counter()]
         for rec in st.pending.values():
-            self.queue.add(rec)
+            self.on_pending(rec, now)
         for rec in st.running.values():
             self.on_changed(rec)
             if rec.shared:
                 self.guests[rec.id] = None  # after a rebuild the guest/host roles are unknown: both may move
 
     def on_pending(self, rec: JobRec, now: float) -> None:
+        if rec not in self.queue:
+            self._kinds[rec.tier][self._kind(rec)] += 1
         self.queue.add(rec)
 
     def on_gone(self, rec: JobRec, now: float) -> None:
-        self.queue.remove(rec)
+        if self.queue.remove(rec):
+            k = self._kind(rec)
+            self._kinds[rec.tier][k] -= 1
+            if self._visited[rec.tier][k] > 0 and rec.id in self._visited_ids:
+                self._visited[rec.tier][k] -= 1
         self._unindex(rec)
+
+    def _kind(self, rec: JobRec) -> tuple[int, int]:
+        return (_smallest(rec.W, rec.lo, rec.hi, self.cfg.elastic_start_fraction), rec.W)
+
+    def _tier_exhausted(self, tier: int, fmin: int, sharing: bool) -> bool:
+        """True when no job of ``tier`` not yet looked at in this decision could start: all are at least
+        as large as one that just failed, and none can be time-sliced. Avoids O(queue) scans per event."""
+        seen = self._visited[tier]
+        for (small, w), n in self._kinds[tier].items():
+            if n - seen[(small, w)] <= 0:
+                continue
+            if small < fmin:
+                return False
+            if sharing and w not in self._ts_failed and self.sharable.get(w):
+                return False
+        return True
 
     def _unindex(self, rec: JobRec) -> None:
         self.shrunk.pop(rec.id, None)
@@ -98,14 +130,17 @@ class Singularity(BasePolicy):
             self.sharable.setdefault(rec.W, {})[rec.id] = None
 
     # ---- the decision -------------------------------------------------------------------------------
-    def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[JobRec]:
+    def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[Iterator[JobRec]]:
+        """Per tier, highest first, the jobs to consider: all waiting ones after devices were freed,
+        else only the new arrivals (nothing else changed for the others)."""
         st = self.st
         assert st is not None
         if not freed:
-            yield from sorted(new, key=lambda r: (-r.tier, r.seq))
+            for tier in (2, 1, 0):
+                yield iter(sorted((r for r in new if r.tier == tier), key=lambda r: r.seq))
             return
         for tier in (2, 1, 0):
-            yield from self.queue.iter_tier(tier, st.usage)
+            yield self.queue.iter_tier(tier, st.usage)
 
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
         st = self.st
@@ -113,27 +148,60 @@ class Singularity(BasePolicy):
         cfg = self.cfg
         failed: dict[tuple[int, tuple[str, ...]], int] = {}  # (tier, clusters) → smallest size that failed
         wake: list[float] = []
-        for rec in self._candidates(new, freed):
-            if rec.id not in st.pending:
-                continue
-            lower_busy = sum(st.tier_devices[: rec.tier]) > 0
-            if st.free_total == 0 and not lower_busy and not (cfg.time_slice and rec.tier == 0):
-                if freed:
-                    break  # tiers come in descending order: nothing below can do better
-                continue
-            clusters = candidate_clusters(st, rec)
-            memo = (rec.tier, tuple(clusters))
-            smallest = min(useful_sizes(rec.W, max(rec.lo, 1), rec.hi) or [rec.W])
-            if failed.get(memo, 1 << 30) <= smallest and not (cfg.time_slice and rec.tier == 0):
-                continue
-            if not self._try(rec, clusters, now, wake):
-                failed[memo] = min(failed.get(memo, 1 << 30), smallest)
+        self._preempted_now = set()
+        self._ts_failed = set()
+        self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
+        self._visited = [Counter(), Counter(), Counter()]
+        self._visited_ids = set()
+        everywhere = tuple(st.cluster_names)
+        for tier_jobs in self._candidates(new, freed):
+            for rec in tier_jobs:
+                if not self._consider(rec, now, failed, wake, everywhere):
+                    break
         if cfg.grow:
             grow(self, now)
         if cfg.time_slice:
             unshare(self, now)
         if wake:
             self._wakeup = min(wake)
+
+    def _consider(self, rec: JobRec, now: float, failed: dict[tuple[int, tuple[str, ...]], int],
+                  wake: list[float], everywhere: tuple[str, ...]) -> bool:
+        """Try one waiting job; False when no later job of the same tier can start either."""
+        st = self.st
+        assert st is not None
+        cfg = self.cfg
+        if rec.id not in st.pending or rec.id in self._preempted_now:
+            return True  # a job preempted in this decision waits for the next one: no churn
+        self._visited[rec.tier][self._kind(rec)] += 1
+        self._visited_ids.add(rec.id)
+        sharing = cfg.time_slice and rec.tier == 0
+        if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
+            return False  # even a 1-device job of this tier could not start
+        if st.free_total == 0:
+            if rec.tier > 0:
+                if not (cfg.preempt and sum(st.tier_devices[: rec.tier]) > 0):
+                    return False
+            elif not sharing:
+                return False
+            else:
+                self._ts_budget -= 1
+                if self._ts_budget < 0:
+                    return False
+                if rec.W in self._ts_failed:
+                    return True
+        clusters = candidate_clusters(st, rec)
+        memo = (rec.tier, tuple(clusters))
+        smallest = self._kind(rec)[0]
+        if failed.get(memo, 1 << 30) > smallest:
+            if self._try(rec, clusters, now, wake):
+                return True
+            failed[memo] = min(failed.get(memo, 1 << 30), smallest)
+        elif sharing:
+            self._share_step(rec, now)
+        if memo[1] == everywhere:
+            return not self._tier_exhausted(rec.tier, failed.get(memo, 1 << 30), sharing)
+        return True
 
     def _try(self, rec: JobRec, clusters: list[str], now: float, wake: list[float]) -> bool:
         st = self.st
@@ -156,6 +224,7 @@ class Singularity(BasePolicy):
                     self.move(victim, keep, now, kind=ActionKind.RESIZE,
                               reason=f"shrink {len(victim.devices)}->{len(keep)} for {rec.id}")
                 for victim in out.plan.victims:
+                    self._preempted_now.add(victim.id)
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
                 devs = place(st, rec, rec.hi)
                 if devs is not None:
@@ -176,10 +245,22 @@ class Singularity(BasePolicy):
                 if devs is not None:
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
-        if cfg.time_slice and rec.tier == 0:
-            host = find_host(self, rec, now)
-            if host is not None:
-                self.share(rec, host, now)
-                self.guests[rec.id] = None
-                return True
-        return False
+        return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _share_step(self, rec: JobRec, now: float) -> bool:
+        if rec.W in self._ts_failed:
+            return False
+        host = find_host(self, rec, now)
+        if host is None:
+            self._ts_failed.add(rec.W)
+            return False
+        self.share(rec, host, now)
+        self.guests[rec.id] = None
+        return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _smallest(w: int, lo: int, hi: int, fraction: float) -> int:
+    """The fewest devices the job may start on (elastic start), or its full size."""
+    sizes = useful_sizes(w, max(lo, math.ceil(w * fraction)), hi)
+    return sizes[-1] if sizes else hi

@@ -106,6 +106,7 @@ class SchedState:
         self.running: dict[str, JobRec] = {}
         self.usage: dict[str, int] = {}  # devices held per project
         self._seq = 0
+        self.cluster_names = [c.name for c in topo.clusters()]
         for region in topo.regions:
             for c in region.clusters:
                 m = c.devices_per_node

@@ -1,0 +1,93 @@
+"""``tidal sim``: replay a job trace through the scheduling policies on a virtual clock."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Literal, cast
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from tidal.errors import ValidationError
+
+DEFAULT_POLICIES = "fifo,priority-requeue,tiresias,gandiva,singularity"
+
+
+def sim(
+    trace: Annotated[Path, typer.Option(help="Trace: Philly CSV(.xz), Gavel .trace/.tar.xz, or generic CSV.")],
+    cluster: Annotated[str, typer.Option(help="NxM (N nodes of M devices), a YAML file, or a VC CSV.")],
+    load: Annotated[float | None, typer.Option(help="Rescale submissions to this offered load.")] = None,
+    policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = DEFAULT_POLICIES,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
+    plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the tier assignment rule.")] = 0,
+    tier_mix: Annotated[str, typer.Option(help="premium,standard,basic shares for traces without tiers.")] = "0.2,0.3,0.5",
+    on_bad_row: Annotated[str, typer.Option(help="skip or fail on a malformed trace row.")] = "skip",
+    trace_format: Annotated[str, typer.Option("--format", help="auto, philly, gavel or generic.")] = "auto",
+    limit: Annotated[int | None, typer.Option(help="Only the first N jobs of the trace.")] = None,
+    workers: Annotated[int | None, typer.Option(help="Parallel processes (default: one a core).")] = None,
+) -> None:
+    """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
+    from tidal.sim.experiment import check_policies, prepare, run_policies
+    from tidal.sim.report import to_json, write_json, write_plots
+
+    if on_bad_row not in ("skip", "fail"):
+        raise ValidationError(f"--on-bad-row must be skip or fail, not {on_bad_row!r}", field="on_bad_row")
+    try:
+        mix = tuple(float(x) for x in tier_mix.split(","))
+    except ValueError:
+        raise ValidationError(f"bad --tier-mix {tier_mix!r}", field="tier_mix") from None
+    if len(mix) != 3:
+        raise ValidationError("--tier-mix needs three shares", field="tier_mix")
+    names = check_policies(policies.split(","))
+    console = Console(stderr=True)
+    t0 = time.monotonic()
+    p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=cast(tuple[float, float, float], mix),
+                on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit)
+    for line, reason in p.bad_rows[:20]:
+        console.print(f"[yellow]skipped bad row[/] line {line}: {reason}", highlight=False)
+    if len(p.bad_rows) > 20:
+        console.print(f"[yellow]... {len(p.bad_rows) - 20} more bad rows skipped[/]")
+    if p.excluded_too_large:
+        console.print(f"[yellow]{len(p.excluded_too_large)} jobs larger than their cluster were not simulated[/]"
+                      f" (e.g. {', '.join(p.excluded_too_large[:5])})", highlight=False)
+    for vc, n in sorted(p.excluded_unknown_vc.items()):
+        console.print(f"[yellow]{n} jobs of virtual cluster {vc!r} (not in the cluster file) were not simulated[/]",
+                      highlight=False)
+    console.print(f"{len(p.jobs)} jobs on {p.cluster.topology.devices} devices, offered load "
+                  f"{p.offered_load:.3f} (trace: {p.offered_load_before:.3f})", highlight=False)
+    with Progress(TextColumn("{task.description:>18}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as bar:
+        tasks = {n: bar.add_task(n, total=len(p.jobs)) for n in names}
+        summaries, series = run_policies(
+            p, names, workers=workers, progress=lambda n, d: bar.update(tasks[n], completed=d))
+        for n in names:
+            bar.update(tasks[n], completed=len(p.jobs))
+    elapsed = time.monotonic() - t0
+    out = Console()
+    table = Table(title=f"{len(p.jobs)} jobs, {p.cluster.topology.devices} devices, load {p.offered_load:.2f}")
+    for col in ("policy", "avg JCT (s)", "p99 JCT (s)", "avg queue (s)", "goodput", "alloc", "lost dev-h",
+                "preempt", "migr", "resize", "premium", "standard", "basic"):
+        table.add_column(col, justify="right")
+    for n, s in summaries.items():
+        sla = s["sla"]
+        table.add_row(n, f"{s['avg_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}", f"{s['avg_queue_s']:.0f}",
+                      f"{s['goodput']:.3f}", f"{s['allocation']:.3f}", f"{s['lost_device_hours']:.1f}",
+                      str(s["preemptions"]), str(s["migrations"]), str(s["resizes"]),
+                      *(f"{sla[t]['attainment']:.3f}" if t in sla else "-" for t in ("premium", "standard", "basic")))
+    out.print(table)
+    out.print(f"simulated in {elapsed:.1f} s", highlight=False)
+    if json_out is not None:
+        meta = {"trace": str(trace), "cluster": cluster, "load": load, "seed": seed, "tier_mix": list(mix),
+                "wall_s": elapsed}
+        write_json(str(json_out), to_json(p, summaries, meta))
+    if plots is not None:
+        for path in write_plots(str(plots), summaries, series):
+            out.print(f"wrote {path}", highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("sim")(sim)

@@ -1,0 +1,161 @@
+"""One simulation experiment: load a trace, fit it to a cluster, run policies, summarise.
+
+Jobs that cannot run at all are reported, never silently dropped: jobs larger than the whole cluster
+(or than their pinned virtual cluster), and jobs of virtual clusters missing from the cluster file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import queue as queue_mod
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidal.errors import ValidationError
+from tidal.policy.registry import POLICIES, make_policy
+from tidal.sim.cluster_spec import ClusterSpec, parse_cluster
+from tidal.sim.cost import CostModel
+from tidal.sim.engine import SimResult, Simulator
+from tidal.sim.metrics import summarize
+from tidal.sim.trace import OnBadRow, TraceJob, assign_tiers, load_trace, offered_load, rescale_load
+
+
+@dataclasses.dataclass
+class Prepared:
+    jobs: list[TraceJob]
+    cluster: ClusterSpec
+    excluded_too_large: list[str]
+    excluded_unknown_vc: dict[str, int]
+    bad_rows: list[tuple[int, str]]
+    offered_load_before: float
+    offered_load: float
+    trace_jobs: int
+
+
+def prepare(
+    trace: str,
+    cluster: str,
+    *,
+    load: float | None = None,
+    seed: int = 0,
+    tier_mix: tuple[float, float, float] = (0.2, 0.3, 0.5),
+    on_bad_row: OnBadRow = "skip",
+    fmt: str = "auto",
+    limit: int | None = None,
+    gavel_step_s: float = 1.0,
+) -> Prepared:
+    tr = load_trace(trace, fmt=fmt, on_bad_row=on_bad_row, gavel_step_s=gavel_step_s)
+    spec = parse_cluster(cluster)
+    jobs = tr.jobs[:limit] if limit else tr.jobs
+    jobs = assign_tiers(jobs, seed=seed, mix=tier_mix)
+    sizes = {c.name: c.devices for c in spec.topology.clusters()}
+    biggest = max(sizes.values())
+    kept: list[TraceJob] = []
+    too_large: list[str] = []
+    unknown: dict[str, int] = {}
+    for j in jobs:
+        if spec.pinned:
+            if j.project not in sizes:
+                unknown[j.project] = unknown.get(j.project, 0) + 1
+                continue
+            if j.gpus > sizes[j.project]:
+                too_large.append(j.id)
+                continue
+        elif j.gpus > biggest:
+            too_large.append(j.id)
+            continue
+        kept.append(j)
+    if not kept:
+        raise ValidationError("no job of the trace can run on this cluster", field="cluster")
+    cap = spec.topology.devices
+    before = offered_load(kept, cap)
+    if load is not None:
+        kept = rescale_load(kept, cap, load)
+    return Prepared(kept, spec, too_large, unknown, [(b.line, b.reason) for b in tr.bad_rows], before,
+                    offered_load(kept, cap), len(tr.jobs))
+
+
+def check_policies(names: Sequence[str]) -> list[str]:
+    out = []
+    for n in names:
+        n = n.strip()
+        if not n:
+            continue
+        make_policy(n)  # raises with the list of valid names
+        out.append(n)
+    if not out:
+        raise ValidationError("no policy given", field="policies", hint="valid policies: " + ", ".join(POLICIES))
+    return out
+
+
+def run_one(p: Prepared, name: str, cost: CostModel | None = None,
+            progress: Callable[[int], None] | None = None) -> SimResult:
+    sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned)
+    return sim.run(progress)
+
+
+def _series(r: SimResult) -> dict[str, Any]:
+    jct = sorted(j.finish - j.submit for j in r.jobs if j.finish is not None)  # type: ignore[operator]
+    return {"t": r.series_t, "goodput": r.series_good, "allocation": r.series_alloc, "jct_sorted": jct}
+
+
+def _worker(p: Prepared, name: str, cost: CostModel | None, q: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    last = [0]
+
+    def tick(done: int) -> None:
+        if done - last[0] >= 500:
+            q.put((name, done))
+            last[0] = done
+
+    r = run_one(p, name, cost, tick)
+    q.put((name, len(r.jobs)))
+    return name, summarize(r), _series(r)
+
+
+def run_policies(
+    p: Prepared,
+    names: Sequence[str],
+    *,
+    cost: CostModel | None = None,
+    workers: int | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """Run each policy on the same jobs; in parallel processes (one a core) when there are several."""
+    workers = workers or min(len(names), os.cpu_count() or 1)
+    summaries: dict[str, dict[str, Any]] = {}
+    series: dict[str, dict[str, Any]] = {}
+    if workers <= 1 or len(names) == 1:
+        for n in names:
+            r = run_one(p, n, cost, (lambda d, n=n: progress(n, d)) if progress else None)  # type: ignore[misc]
+            summaries[n], series[n] = summarize(r), _series(r)
+        return summaries, series
+    ctx = multiprocessing.get_context("fork")
+    mgr = ctx.Manager()
+    q = mgr.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set():
+            try:
+                name, done = q.get(timeout=0.2)
+            except queue_mod.Empty:
+                continue
+            if progress is not None:
+                progress(name, done)
+
+    th = threading.Thread(target=pump, daemon=True)
+    th.start()
+    try:
+        with ctx.Pool(workers) as pool:
+            results = [pool.apply_async(_worker, (p, n, cost, q)) for n in names]
+            for res in results:
+                name, summ, ser = res.get()
+                summaries[name], series[name] = summ, ser
+    finally:
+        stop.set()
+        th.join()
+        mgr.shutdown()
+    return {n: summaries[n] for n in names}, {n: series[n] for n in names}

@@ -1,0 +1,190 @@
+"""Every policy step on small hand-made views, with the exact actions expected."""
+
+from __future__ import annotations
+
+from tidal.core import (
+    ActionKind,
+    ClusterView,
+    DeviceRef,
+    Event,
+    EventKind,
+    JobState,
+    JobView,
+    Tier,
+    Topology,
+    rank_map,
+)
+from tidal.policy import Singularity, SingularityConfig, make_policy
+from tidal.policy.baselines.priority_requeue import PriorityRequeue
+from tidal.policy.baselines.tiresias import Tiresias
+
+P, S, B = Tier.PREMIUM, Tier.STANDARD, Tier.BASIC
+NOW = 10_000.0
+
+
+def run(jid: str, w: int, tier: Tier, devs: list[tuple[int, int]], *, started: float = 0.0,
+        project: str = "default", attained: float = 0.0, submitted: float = 0.0) -> JobView:
+    d = tuple(DeviceRef(f"c0-n{n}", i) for n, i in devs)
+    return JobView(jid, w, tier, submitted, JobState.RUNNING, project=project, placement=rank_map(d, w),
+                   started_at=started, attained_device_s=attained)
+
+
+def pend(jid: str, w: int, tier: Tier, *, submitted: float = 1.0, project: str = "default") -> JobView:
+    return JobView(jid, w, tier, submitted, project=project)
+
+
+def view(nodes: int, per: int, *jobs: JobView) -> ClusterView:
+    return ClusterView(Topology.uniform(nodes, per), {j.id: j for j in jobs})
+
+
+def summary(actions: list) -> list[tuple[str, str, list[tuple[str, int]]]]:  # type: ignore[type-arg]
+    return [(a.kind.value, a.job_id, [(d.node, d.index) for d in a.devices]) for a in actions]
+
+
+def test_placement_is_best_fit_on_one_node() -> None:
+    v = view(2, 4, run("r", 3, B, [(0, 0), (0, 1), (0, 2)]), pend("a", 1, B), pend("b", 4, B, submitted=2))
+    assert summary(Singularity().decide(v, [], NOW)) == [
+        ("place", "a", [("c0-n0", 3)]),
+        ("place", "b", [("c0-n1", i) for i in range(4)]),
+    ]
+
+
+def test_large_gang_takes_whole_nodes_plus_best_fit_remainder() -> None:
+    v = view(3, 4, run("r", 1, B, [(2, 0)]), pend("g", 6, B))
+    (a,) = Singularity().decide(v, [], NOW)
+    assert a.kind is ActionKind.PLACE
+    assert [(d.node, d.index) for d in a.devices] == [("c0-n0", i) for i in range(4)] + [("c0-n2", 1), ("c0-n2", 2)]
+
+
+def test_preemption_takes_lowest_tier_most_recent_first() -> None:
+    v = view(1, 3,
+             run("std", 1, S, [(0, 0)], started=0.0),
+             run("old", 1, B, [(0, 1)], started=0.0),
+             run("new", 1, B, [(0, 2)], started=100.0),
+             pend("p", 1, P))
+    assert summary(Singularity().decide(v, [], NOW)) == [
+        ("preempt", "new", []),
+        ("place", "p", [("c0-n0", 2)]),
+    ]
+
+
+def test_shrink_before_preempt() -> None:
+    v = view(1, 4, run("b", 4, B, [(0, 0), (0, 1), (0, 2), (0, 3)]), pend("p", 2, P))
+    acts = Singularity().decide(v, [], NOW)
+    assert summary(acts) == [
+        ("resize", "b", [("c0-n0", 0), ("c0-n0", 1)]),
+        ("place", "p", [("c0-n0", 2), ("c0-n0", 3)]),
+    ]
+    assert not acts[0].live_executable and acts[1].live_executable
+
+
+def test_minimum_run_time_protects_and_asks_for_a_wakeup() -> None:
+    v = view(1, 1, run("b", 1, B, [(0, 0)], started=NOW - 10), pend("p", 1, P))
+    pol = Singularity(SingularityConfig(time_slice=False))
+    assert pol.decide(v, [], NOW) == []
+    assert pol.next_wakeup(NOW) == NOW - 10 + 300
+
+
+def test_never_preempts_a_higher_or_equal_tier() -> None:
+    v = view(1, 2, run("p1", 1, P, [(0, 0)]), run("s1", 1, S, [(0, 1)]), pend("s2", 1, S), pend("b", 1, B))
+    acts = Singularity(SingularityConfig(time_slice=False)).decide(v, [], NOW)
+    assert acts == []
+
+
+def test_growth_into_idle_devices() -> None:
+    v = view(1, 4, run("b", 4, B, [(0, 0), (0, 1)]))
+    assert summary(Singularity().decide(v, [], NOW)) == [
+        ("resize", "b", [("c0-n0", i) for i in range(4)]),
+    ]
+
+
+def test_defragmentation_migrates_a_small_job_so_a_gang_fits() -> None:
+    v = view(2, 2, run("x", 1, B, [(0, 0)]), run("y", 1, B, [(1, 0)]), pend("g", 2, B))
+    acts = summary(Singularity(SingularityConfig(elastic_start_fraction=1.0)).decide(v, [], NOW))
+    assert acts == [
+        ("migrate", "x", [("c0-n1", 1)]),
+        ("place", "g", [("c0-n0", 0), ("c0-n0", 1)]),
+    ]
+
+
+def test_time_slice_when_oversubscribed_then_unshare_when_free() -> None:
+    v = view(1, 1, run("a", 1, B, [(0, 0)]), pend("b", 1, B))
+    pol = Singularity()
+    assert summary(pol.decide(v, [], NOW)) == [("time_slice", "b", [("c0-n0", 0)])]
+    # Job a finishes: b keeps its device alone (no action needed), and is no longer shared.
+    done = Event("e1", NOW + 50, EventKind.JOB_FINISHED, job_id="a")
+    v2 = ClusterView(v.topology, {"b": run("b", 1, B, [(0, 0)], started=NOW)})
+    assert pol.decide(v2, [done], NOW + 50) == []
+    assert pol.st is not None and not pol.st.jobs["b"].shared
+
+
+def test_fair_share_between_projects_within_a_tier() -> None:
+    v = view(1, 3,
+             run("r1", 1, S, [(0, 0)], project="p1"), run("r2", 1, S, [(0, 1)], project="p1"),
+             pend("a", 1, S, submitted=1.0, project="p1"), pend("b", 1, S, submitted=2.0, project="p2"))
+    acts = summary(Singularity(SingularityConfig(time_slice=False)).decide(v, [], NOW))
+    assert acts == [("place", "b", [("c0-n0", 2)])]
+
+
+def test_quota_limits_preemption_by_guaranteed_tiers() -> None:
+    v = view(1, 2, run("g", 1, P, [(0, 0)], project="q"), run("b", 1, B, [(0, 1)]), pend("p", 1, P, project="q"))
+    limited = Singularity(SingularityConfig(quotas={"q": 0.5}, time_slice=False))
+    assert limited.decide(v, [], NOW) == []
+    free = Singularity(SingularityConfig(quotas={"q": 1.0}, time_slice=False))
+    assert [a.kind for a in free.decide(v, [], NOW)] == [ActionKind.PREEMPT, ActionKind.PLACE]
+
+
+def test_incremental_arrival_matches_exact_actions() -> None:
+    pol = Singularity()
+    v0 = view(1, 2, run("b", 1, B, [(0, 0)]))
+    assert pol.decide(v0, [], NOW) == []
+    v1 = view(1, 2, run("b", 1, B, [(0, 0)]), pend("p", 2, P, submitted=NOW))
+    acts = pol.decide(v1, [Event("e7", NOW, EventKind.JOB_SUBMITTED, job_id="p")], NOW)
+    assert summary(acts) == [("preempt", "b", []), ("place", "p", [("c0-n0", 0), ("c0-n0", 1)])]
+    assert all(a.cause == "e7" for a in acts)
+    assert len({a.id for a in acts}) == 2
+
+
+def test_fifo_blocks_at_the_head_of_the_line() -> None:
+    v = view(1, 2, run("r", 1, B, [(0, 0)]), pend("big", 2, B, submitted=1), pend("small", 1, B, submitted=2))
+    assert make_policy("fifo").decide(v, [], NOW) == []
+
+
+def test_sjf_orders_by_oracle_duration() -> None:
+    a = JobView("long", 1, B, 1.0, duration_hint=100.0)
+    b = JobView("short", 1, B, 2.0, duration_hint=10.0)
+    v = view(1, 1, a, b)
+    assert summary(make_policy("sjf").decide(v, [], NOW)) == [("place", "short", [("c0-n0", 0)])]
+
+
+def test_priority_requeue_kills_lowest_priority_without_protection() -> None:
+    v = view(1, 1, run("b", 1, B, [(0, 0)], started=NOW - 1), pend("p", 1, P))
+    acts = PriorityRequeue().decide(v, [], NOW)
+    assert [(a.kind, a.job_id, a.kill) for a in acts] == [
+        (ActionKind.PREEMPT, "b", True), (ActionKind.PLACE, "p", False)]
+    assert not acts[0].live_executable
+
+
+def test_tiresias_top_queue_preempts_lower_queue() -> None:
+    v = view(1, 1, run("old", 1, B, [(0, 0)], started=0.0, attained=5000.0), pend("new", 1, B, submitted=5))
+    acts = Tiresias().decide(v, [], NOW)
+    assert summary(acts) == [("preempt", "old", []), ("place", "new", [("c0-n0", 0)])]
+
+
+def test_tiresias_same_queue_does_not_preempt() -> None:
+    v = view(1, 1, run("a", 1, B, [(0, 0)], started=NOW - 10), pend("b", 1, B, submitted=5))
+    assert Tiresias().decide(v, [], NOW) == []
+
+
+def test_gandiva_time_slices_regardless_of_tier() -> None:
+    v = view(1, 1, run("a", 1, P, [(0, 0)]), pend("b", 1, B))
+    assert summary(make_policy("gandiva").decide(v, [], NOW)) == [("time_slice", "b", [("c0-n0", 0)])]
+
+
+def test_srtf_preempts_the_longest_remaining() -> None:
+    long = JobView("long", 1, B, 0.0, JobState.RUNNING, placement=(DeviceRef("c0-n0", 0),), started_at=NOW,
+                   duration_hint=1000.0, remaining_hint=1000.0)
+    short = JobView("short", 1, B, 5.0, duration_hint=10.0, remaining_hint=10.0)
+    v = view(1, 1, long, short)
+    assert summary(make_policy("srtf").decide(v, [], NOW)) == [
+        ("preempt", "long", []), ("place", "short", [("c0-n0", 0)])]
