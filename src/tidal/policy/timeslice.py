@@ -27,9 +27,7 @@ def find_host(pol: Singularity, rec: JobRec, now: float) -> JobRec | None:
             continue
         if rec.home is not None and st.node_cluster[h.devices[0].node] != rec.home:
             continue
-        if now - h.last_change < pol.cfg.min_run_s:
-            continue
-        return h
+        return h  # sharing only slows the host down: no minimum run time needed
     return None
 
 

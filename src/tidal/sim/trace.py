@@ -21,7 +21,7 @@ import os
 import random
 import tarfile
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 from tidal.core import Tier
@@ -51,6 +51,7 @@ class Trace:
     jobs: list[TraceJob]
     bad_rows: list[BadRow] = dataclasses.field(default_factory=list)
     source: str = ""
+    origin: float = 0.0  # absolute time (epoch seconds for Philly) of submit time 0
 
     @property
     def window(self) -> tuple[float, float]:
@@ -109,7 +110,7 @@ def load_philly(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
                 ts = row.get("timestamp")
                 if not ts:
                     raise ValueError("missing timestamp")
-                submit = datetime.strptime(ts.strip(), "%Y-%m-%d %H:%M:%S").timestamp()
+                submit = datetime.strptime(ts.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
                 dur = _num(row.get("duration"), "duration")
                 gpus = _gpus(row.get("num_gpus"))
             except ValueError as exc:
@@ -187,10 +188,10 @@ def load_gavel(path: str, *, on_bad_row: OnBadRow = "skip", gavel_step_s: float 
 
 def _finish(jobs: list[TraceJob], bad: list[BadRow], path: str) -> Trace:
     jobs.sort(key=lambda j: (j.submit, j.id))
+    t0 = jobs[0].submit if jobs else 0.0
     if jobs:
-        t0 = jobs[0].submit
         jobs = [dataclasses.replace(j, submit=j.submit - t0) for j in jobs]
-    return Trace(jobs, bad, path)
+    return Trace(jobs, bad, path, t0)
 
 
 def load_trace(path: str, *, fmt: str = "auto", on_bad_row: OnBadRow = "skip", gavel_step_s: float = 1.0) -> Trace:

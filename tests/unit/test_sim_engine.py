@@ -1,0 +1,95 @@
+"""Hand-made traces whose schedules were computed by hand, for every policy."""
+
+from __future__ import annotations
+
+import pytest
+
+from tidal.core import Tier, Topology
+from tidal.policy import Singularity, SingularityConfig, make_policy
+from tidal.policy.base import BasePolicy
+from tidal.policy.baselines.tiresias import Tiresias
+from tidal.sim.cost import CostModel
+from tidal.sim.engine import SimJob, Simulator
+from tidal.sim.metrics import summarize
+from tidal.sim.trace import TraceJob
+
+B, S, P = Tier.BASIC, Tier.STANDARD, Tier.PREMIUM
+# Checkpoint and restore each take exactly 1 s; no network time; time-slicing is free.
+UNIT = CostModel(mem_per_rank_gb=1.0, dump_gbps=1.0, restore_gbps=1.0, net_gbps_per_node=1e12,
+                 cross_region_gbps=1e12, fixed_s=0.0, timeslice_efficiency=1.0, user_checkpoint_s=60.0,
+                 restart_s=30.0)
+
+
+def sim(policy: BasePolicy, nodes: int, per: int, *jobs: tuple[float, float, int, Tier]) -> dict[str, SimJob]:
+    trace = [TraceJob(f"j{i}", t, d, w, tier) for i, (t, d, w, tier) in enumerate(jobs)]
+    r = Simulator(Topology.uniform(nodes, per), trace, policy, cost=UNIT).run()
+    return {j.id: j for j in r.jobs}
+
+
+def times(js: dict[str, SimJob]) -> dict[str, tuple[float | None, float | None]]:
+    def r(x: float | None) -> float | None:
+        return None if x is None else round(x, 6)
+
+    return {k: (r(j.first_start), r(j.finish)) for k, j in js.items()}
+
+
+def test_fifo_head_of_line_blocking() -> None:
+    js = sim(make_policy("fifo"), 1, 2, (0, 100, 2, B), (10, 50, 1, B), (20, 10, 1, B))
+    assert times(js) == {"j0": (0, 100), "j1": (100, 150), "j2": (100, 110)}
+
+
+def test_sjf_reorders_by_duration() -> None:
+    js = sim(make_policy("sjf"), 1, 1, (0, 100, 1, B), (10, 50, 1, B), (20, 10, 1, B))
+    assert times(js) == {"j0": (0, 100), "j2": (100, 110), "j1": (110, 160)}
+
+
+def test_priority_requeue_kills_and_loses_work_since_the_user_checkpoint() -> None:
+    js = sim(make_policy("priority-requeue"), 1, 1, (0, 1000, 1, B), (100, 50, 1, P))
+    # b killed at 100: 100 s done, last user checkpoint at 60 s, 40 s lost; restarts at 150 (+30 s).
+    assert times(js) == {"j0": (0, 150 + 30 + 940), "j1": (100, 150)}
+    assert js["j0"].lost_device_s == pytest.approx(40.0) and js["j0"].preemptions == 1
+
+
+def test_singularity_preempts_by_checkpoint_and_resumes_without_loss() -> None:
+    js = sim(Singularity(SingularityConfig(time_slice=False)), 1, 1, (0, 1000, 1, B), (400, 50, 1, P))
+    # b checkpoints 400→401; p starts on the device at 401, ends 451; b restores 451→452, ends 1052.
+    assert times(js) == {"j0": (0, 1052), "j1": (400, 451)}
+    assert js["j0"].lost_device_s == 0 and js["j0"].preemptions == 1
+
+
+def test_singularity_minimum_run_time_delays_preemption() -> None:
+    js = sim(Singularity(SingularityConfig(time_slice=False)), 1, 1, (0, 1000, 1, B), (100, 50, 1, P))
+    # b is protected until 300: checkpoint 300→301, p runs 301→351; b restores 351→352, ends 1052.
+    assert times(js) == {"j0": (0, 1052), "j1": (300, 351)}
+
+
+def test_singularity_shrinks_a_basic_gang_for_premium() -> None:
+    js = sim(Singularity(SingularityConfig(time_slice=False, grow=False)), 1, 2, (0, 1000, 2, B), (400, 100, 1, P))
+    # At 400 b (W=2) shrinks to 1 device: checkpoint 1 s, restore (2 ranks on one device) 2 s, so it
+    # computes again from 403 at half speed; 600 s of work left takes 1200 s → 1603. p starts at 401.
+    assert times(js) == {"j0": (0, 1603), "j1": (400, 501)}
+    assert js["j0"].resizes == 1
+
+
+def test_tiresias_demotes_and_preempts_by_attained_service() -> None:
+    js = sim(Tiresias(threshold_device_s=100.0), 1, 1, (0, 300, 1, B), (150, 50, 1, B))
+    # j0 passes 100 device-s at 100 (queue 1); j1 (queue 0) arrives at 150 and preempts it: checkpoint
+    # 150→151, j1 runs 151→201; j0 restores 201→202 and has 150 s left → 352.
+    assert times(js) == {"j0": (0, 352), "j1": (150, 201)}
+
+
+def test_gandiva_time_slices_then_runs_alone() -> None:
+    js = sim(make_policy("gandiva"), 1, 1, (0, 100, 1, B), (0, 50, 1, B))
+    # Both share the device at half speed: j1 ends at 100, then j0 (50 s left) runs alone → 150.
+    assert times(js) == {"j0": (0, 150), "j1": (0, 100)}
+
+
+def test_metrics_of_a_tiny_run() -> None:
+    trace = [TraceJob("a", 0, 100, 1, P), TraceJob("b", 0, 100, 1, B), TraceJob("c", 100, 100, 2, S)]
+    r = Simulator(Topology.uniform(1, 2), trace, make_policy("fifo"), cost=UNIT).run()
+    s = summarize(r)
+    assert s["avg_jct_s"] == pytest.approx(100.0)
+    assert s["makespan_s"] == pytest.approx(200.0)
+    # Window [0, 100]: 2 devices busy all along → goodput 1.
+    assert s["goodput"] == pytest.approx(1.0) and s["allocation"] == pytest.approx(1.0)
+    assert s["sla"]["premium"]["attainment"] == 1.0 and s["sla"]["premium"]["met_fraction"] == 1.0

@@ -1,0 +1,107 @@
+"""Trace loaders, bad rows, the tier rule, load rescaling and --cluster parsing."""
+
+from __future__ import annotations
+
+import lzma
+from pathlib import Path
+
+import pytest
+
+from tidal.core import Tier
+from tidal.errors import ValidationError
+from tidal.sim.cluster_spec import parse_cluster
+from tidal.sim.experiment import check_policies, prepare
+from tidal.sim.trace import assign_tiers, load_trace, offered_load, rescale_load
+
+
+def write(tmp_path: Path, name: str, text: str) -> str:
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_generic_csv_with_tiers_and_projects(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "submit_time,duration,num_gpus,tier,project\n10,100,2,premium,a\n0,50,1,,b\n")
+    tr = load_trace(path)
+    assert [(j.submit, j.duration, j.gpus, j.tier, j.project) for j in tr.jobs] == [
+        (0.0, 50.0, 1, None, "b"), (10.0, 100.0, 2, Tier.PREMIUM, "a")]
+
+
+@pytest.mark.parametrize(
+    ("row", "reason"),
+    [("5,,1", "missing duration"), ("5,-3,1", "negative duration"), ("5,10,0", "num_gpus must be > 0"),
+     ("5,10,1.5", "not an integer"), ("x,10,1", "not a number")],
+)
+def test_bad_rows_are_reported_with_line_numbers(tmp_path: Path, row: str, reason: str) -> None:
+    path = write(tmp_path, "t.csv", f"submit_time,duration,num_gpus\n0,1,1\n{row}\n")
+    tr = load_trace(path, on_bad_row="skip")
+    assert len(tr.jobs) == 1 and tr.bad_rows[0].line == 3 and reason in tr.bad_rows[0].reason
+    with pytest.raises(ValidationError) as e:
+        load_trace(path, on_bad_row="fail")
+    assert e.value.fields["line"] == 3 and "line 3" in e.value.message
+
+
+def test_philly_loader_reads_xz_and_uses_the_vc_as_project(tmp_path: Path) -> None:
+    p = tmp_path / "philly.csv.xz"
+    p.write_bytes(lzma.compress(
+        b"timestamp,duration,num_gpus,gpu_time,cluster\n2017-10-01 00:00:10,60.0,1,60.0,aa\n"
+        b"2017-10-01 00:00:00,30.0,2,60.0,bb\n2017-10-01 00:00:20,-1,1,0,aa\n"))
+    tr = load_trace(str(p))
+    assert [(j.submit, j.duration, j.gpus, j.project) for j in tr.jobs] == [(0.0, 30.0, 2, "bb"), (10.0, 60.0, 1, "aa")]
+    assert tr.bad_rows[0].line == 4
+
+
+def test_gavel_trace(tmp_path: Path) -> None:
+    line = "ResNet-18\tcd x && python3 main.py\t--num_steps\t1\t500\t{t}\t{g}\n"
+    path = write(tmp_path, "vc1.trace", line.format(t="0.0", g=2) + line.format(t="7.5", g=1) + "bad\tline\n")
+    tr = load_trace(path, gavel_step_s=2.0)
+    assert [(j.submit, j.duration, j.gpus, j.project) for j in tr.jobs] == [(0.0, 1000.0, 2, "vc1"), (7.5, 1000.0, 1, "vc1")]
+    assert tr.bad_rows[0].line == 3
+
+
+def test_tier_rule_is_seeded_and_close_to_the_mix(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "submit_time,duration,num_gpus\n" + "".join(f"{i},10,1\n" for i in range(5000)))
+    jobs = load_trace(path).jobs
+    a, b = assign_tiers(jobs, seed=1), assign_tiers(jobs, seed=1)
+    assert [j.tier for j in a] == [j.tier for j in b]
+    assert [j.tier for j in a] != [j.tier for j in assign_tiers(jobs, seed=2)]
+    share = {t: sum(j.tier is t for j in a) / len(a) for t in Tier}
+    assert abs(share[Tier.PREMIUM] - 0.2) < 0.02 and abs(share[Tier.STANDARD] - 0.3) < 0.02
+
+
+def test_load_rescaling_hits_the_target(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "submit_time,duration,num_gpus\n0,100,1\n10,100,2\n100,300,1\n")
+    jobs = load_trace(path).jobs
+    assert offered_load(jobs, 4) == pytest.approx(600 / (4 * 100))
+    scaled = rescale_load(jobs, 4, 0.75)
+    assert offered_load(scaled, 4) == pytest.approx(0.75)
+    assert [j.submit for j in scaled] == pytest.approx([0.0, 20.0, 200.0])
+
+
+def test_cluster_specs(tmp_path: Path) -> None:
+    c = parse_cluster("4x8")
+    assert c.topology.devices == 32 and not c.pinned
+    y = write(tmp_path, "c.yaml", "regions:\n- name: w\n  clusters:\n  - {name: a, nodes: 2, devices_per_node: 4}\n"
+              "- name: e\n  clusters:\n  - {name: b, nodes: 1, devices_per_node: 8}\n")
+    t = parse_cluster(y).topology
+    assert t.devices == 16 and t.region_of("b") == "e"
+    v = parse_cluster(write(tmp_path, "vc.csv", "vc,node num\nx,2\ny,1\n"))
+    assert v.pinned and v.topology.cluster("x").devices == 16
+    with pytest.raises(ValidationError):
+        parse_cluster("nonsense")
+
+
+def test_jobs_too_large_or_of_unknown_vcs_are_reported(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "submit_time,duration,num_gpus,tier,project\n0,10,1,basic,x\n1,10,64,basic,x\n"
+                 "2,10,1,basic,zz\n3,10,1,basic,y\n")
+    vc = write(tmp_path, "vc.csv", "vc,node num\nx,2\ny,1\n")
+    p = prepare(path, vc)
+    assert len(p.jobs) == 2 and p.excluded_too_large == ["j2"] and p.excluded_unknown_vc == {"zz": 1}
+    p2 = prepare(path, "1x8")
+    assert p2.excluded_too_large == ["j2"] and len(p2.jobs) == 3
+
+
+def test_unknown_policy_lists_the_valid_ones() -> None:
+    with pytest.raises(ValidationError) as e:
+        check_policies(["fifo", "magic"])
+    assert "magic" in e.value.message and "singularity" in (e.value.hint or "") and "tiresias" in (e.value.hint or "")
