@@ -213,8 +213,14 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
         t = time.perf_counter()
         job.checkpoint(then="kill")
         t_killed = time.perf_counter()
+        ck = job.last_timing
         job = Job.restore(store, "bench", [(spec, node_b)])
         t_end = time.perf_counter()
+        rt = job.restore_timing
+        if ck is not None and rt is not None:
+            result["migration_breakdown_s"] = {
+                "dump": ck.dump_s, "fs_capture": ck.fs_s, "commit": ck.commit_s, "fetch_verify": rt.fetch_s,
+                "fs_restore": rt.fs_s, "criu_restore": rt.criu_s}
         result["migration_s"] = t_end - t
         result["migration_checkpoint_s"] = t_killed - t
         result["restore_s"] = t_end - t_killed

@@ -46,7 +46,7 @@ def test_exit_codes_and_signals_are_reported(cluster: Cluster) -> None:
     spec = cluster.spec(["sh", "-c", "echo started; exec sleep 600"], job_id="sleeper")
     job = Job.launch("sleeper", [(spec, cluster.nodes[0])], cluster.store)
     wait_for_line(cluster.nodes[0].log_path(spec), "^started$")
-    [init, child] = job.ranks[0].pids()
+    [_init, child] = job.ranks[0].pids()
     os.kill(child, 9)  # killed from outside Tidal
     [status] = job.wait(30)
     assert (status.code, status.signal) == (None, 9)
@@ -59,10 +59,28 @@ def test_checkpoint_files_are_owner_only(cluster: Cluster) -> None:
     job.checkpoint(then="kill")
     checked = 0
     for top in (cluster.root / "store", cluster.nodes[0].root):
-        for dirpath, dirnames, filenames in os.walk(top):
+        for dirpath, _dirnames, filenames in os.walk(top):
             assert stat.S_IMODE(os.stat(dirpath).st_mode) == 0o700, dirpath
             for f in filenames:
                 mode = stat.S_IMODE(os.stat(os.path.join(dirpath, f)).st_mode)
                 assert mode == 0o600, (os.path.join(dirpath, f), oct(mode))
                 checked += 1
     assert checked > 10
+
+
+FLOOD = ["python3", "-c",
+         "import sys, time\nfor i in range(200000):\n    sys.stdout.write(f'line {i} ' + 'x' * 60 + '\\n')\n"
+         "    if i % 4000 == 0:\n        sys.stdout.flush(); time.sleep(0.02)\n"]
+
+
+def test_heavy_output_is_exact_across_checkpoints(cluster: Cluster) -> None:
+    """Output written as fast as the pipe takes it: nothing lost or repeated across five restores."""
+    spec = cluster.spec(FLOOD)
+    ref = reference_run(FLOOD, cluster.root / "ref", spec.launch_env())
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    for i, line in enumerate((20000, 60000, 100000, 140000, 180000)):
+        wait_for_line(job.ranks[0].node.log_path(spec), rf"^line {line} ")
+        job.checkpoint(then="kill")
+        job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[(i + 1) % 3])])
+    assert [s.code for s in job.wait(120)] == [0]
+    assert job.ranks[0].node.log_path(spec).read_bytes() == ref

@@ -48,7 +48,7 @@ def test_dataloader_workers_identical(cluster: Cluster) -> None:
     argv = train_argv("--steps", "50", "--workers", "2", "--step-time", "0.02")
     spec = cluster.spec(argv)
     ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
-    out, job = _run_with_checkpoints(cluster, argv, [12, 31])
+    out, _job = _run_with_checkpoints(cluster, argv, [12, 31])
     assert out == ref
     assert (cluster.workdir / "params.bin").read_bytes() == (cluster.root / "ref" / "params.bin").read_bytes()
 

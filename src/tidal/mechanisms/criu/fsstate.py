@@ -153,15 +153,17 @@ class FsTracker:
             if want.kind == "d":
                 target.mkdir(exist_ok=True)
                 os.chmod(target, want.mode)
-            elif want.kind == "l":
-                if not target.is_symlink() or os.readlink(target) != want.target:
-                    with contextlib.suppress(FileNotFoundError):
-                        target.unlink()
-                    os.symlink(want.target, target)
+            elif want.kind == "l" and (not target.is_symlink() or os.readlink(target) != want.target):
+                with contextlib.suppress(FileNotFoundError):
+                    target.unlink()
+                os.symlink(want.target, target)
         for path in snap.captured:
             want = snap.entries[path]
             target = self.workdir / path
-            os.replace(scratch / path, target)
-            os.chmod(target, want.mode)
-            os.utime(target, ns=(want.mtime_ns, want.mtime_ns))
+            # Next to the target, then renamed: atomic per file, whatever file system scratch is on.
+            tmp = target.with_name(f".{target.name}.tidal-restore")
+            shutil.copyfile(scratch / path, tmp)
+            os.chmod(tmp, want.mode)
+            os.utime(tmp, ns=(want.mtime_ns, want.mtime_ns))
+            os.replace(tmp, target)
         shutil.rmtree(scratch, ignore_errors=True)

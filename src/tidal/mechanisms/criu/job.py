@@ -31,6 +31,16 @@ Then = Literal["continue", "kill"]
 
 
 @dataclass(frozen=True)
+class RestoreTiming:
+    """Where the time of one restore went (seconds)."""
+
+    fetch_s: float  # images fetched from the store and verified
+    fs_s: float  # working directory and logs put back
+    criu_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
 class CheckpointTiming:
     """Where the time of one checkpoint went (seconds)."""
 
@@ -44,9 +54,10 @@ class CheckpointTiming:
 def _copy_prefix(src: Path, dest: Path, length: int) -> None:
     with open(src, "rb") as fi, open(dest, "wb") as fo:
         os.fchmod(fo.fileno(), 0o600)
-        left = length
+        left, off = length, 0
         while left:
-            n = os.copy_file_range(fi.fileno(), fo.fileno(), left)
+            n = os.sendfile(fo.fileno(), fi.fileno(), off, left)  # in-kernel, also across file systems
+            off += n
             if n == 0:
                 raise CheckpointError(f"log {src} is shorter than {length} bytes", object=str(src))
             left -= n
@@ -64,6 +75,7 @@ class Job:
         self.runner = runner or CriuRunner()
         self.ghost_limit = ghost_limit
         self.last_timing: CheckpointTiming | None = None
+        self.restore_timing: RestoreTiming | None = None
 
     @classmethod
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
@@ -101,7 +113,8 @@ class Job:
         if then not in ("continue", "kill"):
             raise ValueError(f"then must be 'continue' or 'kill', not {then!r}")
         node = self.ranks[0].node
-        staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}")
+        need = sum(r.image_estimate() for r in self.ranks)
+        staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}", need)
         frozen: list[RankProcess] = []
         t0 = time.perf_counter()
         writer = None
@@ -211,14 +224,17 @@ class Job:
                                   "on this node", object=str(workdir),
                                   hint="the working directory must exist at the same path on every node")
         node0 = placement[0][1]
-        staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}")
+        need = sum(reader.entry(n).size for n in reader.names() if "/images/" in n)
+        staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need)
         ranks: list[RankProcess] = []
+        t0 = time.perf_counter()
         try:
             # Fetch and verify every image before touching the working directory or any log.
             pairs = [(n, staging / n) for n in reader.names() if n.startswith("ranks/") and "/images/" in n]
             for _, dest in pairs:
                 private_dir(dest.parent)
             reader.extract_all(pairs)
+            t_fetch = time.perf_counter()
             snap = FsSnapshot.from_json(meta["fs"])
 
             def fetch(paths: list[str], into: Path) -> None:
@@ -228,9 +244,12 @@ class Job:
                 reader.extract_all(items)
 
             fs.restore(snap, fetch, staging / "fs")
-            for r, info in sorted(meta["ranks"].items(), key=lambda kv: int(kv[0])):
+            for r in meta["ranks"]:
                 spec, node = by_rank[int(r)]
                 reader.extract(f"ranks/{r}/output.log", node.log_path(spec))
+            t_fs = time.perf_counter()
+            for r, info in sorted(meta["ranks"].items(), key=lambda kv: int(kv[0])):
+                spec, node = by_rank[int(r)]
                 dump = RankDump(int(r), staging / "ranks" / r / "images", int(info["log_bytes"]),
                                 info["out_pipe"], info["status_pipe"])
                 runner = kw.get("runner") or CriuRunner()
@@ -242,4 +261,7 @@ class Job:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return cls(job_id, ranks, fs, store, **kw)
+        job = cls(job_id, ranks, fs, store, **kw)
+        end = time.perf_counter()
+        job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0)
+        return job

@@ -7,6 +7,7 @@ log size it returns is exactly what the rank had written when it was frozen.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import threading
@@ -94,10 +95,8 @@ class LogPump:
         while True:
             for key, _ in self._sel.select():
                 if key.fd == self._wake_r:
-                    try:
+                    with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                    except BlockingIOError:
-                        pass
                     continue
                 with self._lock:
                     stream = self._streams.get(int(key.fd))

@@ -30,11 +30,12 @@ from tidal.errors import ProvisionError
 
 MIN_VERSION = (4, 0)
 SUITE = "trixie"
-PACKAGES = (
-    "criu libcompel1 libc6 libgnutls30t64 libnftables1 libnl-3-200 libprotobuf-c1 libbsd0 libnet1 "
-    "libuuid1 libmd0 libnftnl11 libmnl0 libjansson4 libxtables12 libidn2-0 libunistring5 libtasn1-6 "
-    "libnettle8t64 libhogweed6t64 libgmp10 libp11-kit0 libffi8 libedit2 libtinfo6"
-).split()
+PACKAGES = [
+    "criu", "libcompel1", "libc6", "libgnutls30t64", "libnftables1", "libnl-3-200",
+    "libprotobuf-c1", "libbsd0", "libnet1", "libuuid1", "libmd0", "libnftnl11", "libmnl0",
+    "libjansson4", "libxtables12", "libidn2-0", "libunistring5", "libtasn1-6", "libnettle8t64",
+    "libhogweed6t64", "libgmp10", "libp11-kit0", "libffi8", "libedit2", "libtinfo6",
+]
 LIBDIR = "usr/lib/x86_64-linux-gnu"
 
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +27,7 @@ from tidal.errors import MechanismError, RankExited
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.logpump import pump
-from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.criu.runner import CriuRunner, TransientDumpError
 from tidal.mechanisms.permissions import private_dir
 
 INIT = Path(__file__).with_name("rankinit.py")
@@ -60,15 +62,24 @@ class RankSpec:
         return env
 
 
+FAST_STAGING = Path(os.environ.get("TIDAL_FAST_STAGING", "/dev/shm"))
+
+
 class Node:
     """A node root: Tidal's private state for one node (rank logs, staging images). Several node roots on
-    one machine make migration between them real."""
+    one machine make migration between them real.
+
+    CRIU images are staged in memory (``/dev/shm``, or ``TIDAL_FAST_STAGING``) when it has room for them:
+    they are written once and read once, and on the store's disk they would only add to what the
+    commit has to flush."""
 
     def __init__(self, name: str, root: Path) -> None:
         self.name = name
         self.root = root
         private_dir(root)
         os.chmod(root, 0o700)
+        digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
+        self._fast = FAST_STAGING / "tidal" / f"{name}-{digest}"
 
     def rank_dir(self, spec: RankSpec) -> Path:
         return private_dir(self.root / "ranks" / spec.job_id / str(spec.rank))
@@ -76,7 +87,15 @@ class Node:
     def log_path(self, spec: RankSpec) -> Path:
         return self.rank_dir(spec) / "output.log"
 
-    def staging(self, name: str) -> Path:
+    def staging(self, name: str, need_bytes: int = 0) -> Path:
+        """A private scratch directory for ``need_bytes`` of images: in memory when there is room."""
+        if need_bytes and FAST_STAGING.is_dir():
+            try:
+                free = shutil.disk_usage(FAST_STAGING).free
+            except OSError:
+                free = 0
+            if free >= need_bytes * 1.25 + (256 << 20):
+                return private_dir(self._fast / name, below=FAST_STAGING)
         return private_dir(self.root / "staging" / name)
 
 
@@ -261,6 +280,9 @@ class RankProcess:
             self.freezer.thaw()
             self._frozen = False
 
+    def image_estimate(self) -> int:
+        return tasks.rss_bytes(self.pids())
+
     def log_bytes(self) -> int:
         return self.node.log_path(self.spec).stat().st_size
 
@@ -272,7 +294,22 @@ class RankProcess:
         out_pipe = tasks.fd_target(self.pid, 1)
         status_pipe = self._status_pipe_key()
         private_dir(images)
-        runner.dump(self.pid, images, freezer=self.freezer.path, ghost_limit=ghost_limit)
+        for attempt in range(3):
+            try:
+                runner.dump(self.pid, images, freezer=self.freezer.path, ghost_limit=ghost_limit)
+                break
+            except TransientDumpError:
+                if attempt == 2:
+                    raise
+                # Let the exiting task finish, then freeze again.
+                self.freezer.thaw()
+                time.sleep(0.05)
+                self.freezer.freeze()
+                for f in images.iterdir():
+                    f.unlink()
+        # CRIU thaws the cgroup for a moment while it seizes the tasks, and puts pipe contents back only
+        # into pipes it creates itself: what was written meanwhile must be in the log before the offset.
+        pump().drain(self._out_r)
         return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe)
 
     def _status_pipe_key(self) -> str:

@@ -12,6 +12,7 @@ It is dumped and restored with the rank, so it must hold nothing tied to one nod
 Usage: rankinit.py CTL_OUT_FD GO_IN_FD status_fd -- ARGV...
 """
 
+import contextlib
 import ctypes
 import os
 import select
@@ -23,7 +24,7 @@ FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signa
              signal.SIGWINCH, signal.SIGCONT)
 
 
-def _unshare_pidns():
+def _unshare_pidns() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.unshare(CLONE_NEWPID) != 0:
         err = ctypes.get_errno()
@@ -31,7 +32,7 @@ def _unshare_pidns():
         os._exit(125)
 
 
-def _spawn(argv):
+def _spawn(argv: list[str]) -> int:
     pid = os.fork()
     if pid == 0:
         try:
@@ -46,25 +47,21 @@ def _spawn(argv):
     return pid
 
 
-def _report(status_fd, text):
-    try:
+def _report(status_fd: int, text: str) -> None:
+    with contextlib.suppress(OSError):
         os.write(status_fd, text.encode())
-    except OSError:
-        pass
 
 
-def _init(argv, status_fd):
+def _init(argv: list[str], status_fd: int) -> None:
     os.setsid()
     os.set_inheritable(status_fd, False)  # the command must not hold the owner's lifeline
     rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wfd)
     child = _spawn(argv)
 
-    def forward(signum, _frame):
-        try:
+    def forward(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(child, signum)
-        except ProcessLookupError:
-            pass
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
@@ -92,15 +89,15 @@ def _init(argv, status_fd):
                 break
             if pid == child:
                 if os.WIFSIGNALED(status):
-                    sig = os.WTERMSIG(status)
-                    _report(status_fd, f"signaled {sig}\n")
-                    os._exit(128 + sig)
+                    signum = os.WTERMSIG(status)
+                    _report(status_fd, f"signaled {signum}\n")
+                    os._exit(128 + signum)
                 code = os.waitstatus_to_exitcode(status)
                 _report(status_fd, f"exited {code}\n")
                 os._exit(code)
 
 
-def main():
+def main() -> None:
     args = sys.argv[1:]
     ctl_out, go_in, status_fd = int(args[0]), int(args[1]), int(args[2])
     argv = args[4:] if args[3] == "--" else args[3:]

@@ -10,6 +10,13 @@ from tidal.errors import CheckpointError, Unsupported
 from tidal.mechanisms.criu.provision import Criu, find_criu
 
 HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+# A task caught in the middle of exiting cannot be seized until it has exited (CRIU says so itself):
+# these dump failures are worth one more try after letting the rank run for a moment.
+TRANSIENT = ("Unseizable non-zombie", "zombie found while seizing", "Timeout reached")
+
+
+class TransientDumpError(CheckpointError):
+    """CRIU could not seize every task this time; a retry is likely to work."""
 
 
 def _log_errors(log: Path, limit: int = 6) -> str:
@@ -34,12 +41,13 @@ class CriuRunner:
         except subprocess.TimeoutExpired as exc:
             raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent)) from exc
         if out.returncode != 0:
-            raise CheckpointError(f"{what} failed: {_log_errors(log)}", object=str(log.parent),
-                                  hint=f"full CRIU log: {log}")
+            errors = _log_errors(log)
+            cls = TransientDumpError if any(t in errors for t in TRANSIENT) else CheckpointError
+            raise cls(f"{what} failed: {errors}", object=str(log.parent), hint=f"full CRIU log: {log}")
 
     def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int,
              parent: Path | None = None, leave_running: bool = True) -> None:
-        args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore",
+        args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore", "--timeout=5",
                 f"--ghost-limit={ghost_limit}", "--file-locks", "--link-remap"]
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]

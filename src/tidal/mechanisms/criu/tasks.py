@@ -58,3 +58,17 @@ def alive(pid: int) -> bool:
 
 def fd_target(pid: int, fd: int) -> str:
     return os.readlink(PROC / str(pid) / "fd" / str(fd))
+
+
+def rss_bytes(pids: Iterable[int]) -> int:
+    """Resident memory of the processes: about the size of their CRIU image."""
+    total = 0
+    for p in pids:
+        try:
+            for line in (PROC / str(p) / "status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total

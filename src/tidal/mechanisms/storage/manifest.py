@@ -10,6 +10,7 @@ import hashlib
 import json
 import re
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,7 +53,11 @@ def sort_key(checkpoint_id: str) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class Entry:
-    """One file or symlink of a checkpoint. ``chunks`` lists ``(sha256, length)`` in file order."""
+    """One file or symlink of a checkpoint. ``chunks`` lists ``(sha256, length)`` in file order.
+
+    ``sha256`` of a file is :func:`file_digest` of its size and chunk list (a hash tree: every chunk is
+    checked against its own sha256, so a file's bytes are hashed once, not twice); of a symlink, the
+    sha256 of its target."""
 
     name: str
     kind: Literal["file", "symlink"]
@@ -185,3 +190,12 @@ def normalise_meta(meta: dict[str, Any]) -> dict[str, Any]:
 
 def _digest(body: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def file_digest(size: int, chunks: Sequence[tuple[str, int]]) -> str:
+    """The sha256 that names a file: over its size and the digests and lengths of its chunks."""
+    h = hashlib.sha256(size.to_bytes(8, "little"))
+    for digest, n in chunks:
+        h.update(bytes.fromhex(digest))
+        h.update(n.to_bytes(8, "little"))
+    return h.hexdigest()

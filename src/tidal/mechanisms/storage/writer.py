@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tidal.errors import CheckpointError, StorageError
 
 from .chunks import chunk_key, is_zero, plan, zero_digest
-from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, normalise_meta
+from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, file_digest, normalise_meta
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
@@ -72,7 +72,8 @@ class CheckpointWriter:
             if not stat.S_ISREG(st.st_mode):
                 raise CheckpointError(f"{path} is not a regular file", object=str(path))
             segments = plan(st.st_size, boundaries, self._store.chunk_size)
-            digest, chunks = self._ingest_file(fd, str(path), segments)
+            chunks = self._ingest_file(fd, str(path), segments)
+            digest = file_digest(st.st_size, chunks)
         finally:
             os.close(fd)
         return self._add_entry(
@@ -94,8 +95,8 @@ class CheckpointWriter:
         with self._store.backend.lock(exclusive=False):
             claimed: set[str] = set()
             futures = [self._store.pool.submit(self._put_chunk, data, off, n, claimed) for off, n in segments]
-            digest = hashlib.sha256(data).hexdigest()
             chunks = self._collect(futures, claimed)
+            digest = file_digest(len(data), chunks)
         return self._add_entry(
             Entry(name=name, kind="file", size=len(data), mode=mode, sha256=digest, chunks=chunks)
         )
@@ -128,9 +129,8 @@ class CheckpointWriter:
 
     def _ingest_file(
         self, fd: int, where: str, segments: list[tuple[int, int]]
-    ) -> tuple[str, tuple[tuple[str, int], ...]]:
+    ) -> tuple[tuple[str, int], ...]:
         store = self._store
-        file_hash = hashlib.sha256()
         claimed: set[str] = set()
         futures: list[Future[tuple[str, int]]] = []
         failed = threading.Event()
@@ -146,18 +146,14 @@ class CheckpointWriter:
                     except BaseException:
                         store.give_buffer(buf)
                         raise
-                    fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
-                    # The file digest is taken here, in order, while a worker hashes the chunk: both
-                    # hashlib calls release the GIL on big buffers, so they run on two cores.
-                    file_hash.update(view)
                     view.release()
+                    fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
                     fut.add_done_callback(_releaser(store, buf, failed))
                     futures.append(fut)
             except BaseException:
                 _settle(futures)
                 raise
-            chunks = self._collect(futures, claimed)
-        return file_hash.hexdigest(), chunks
+            return self._collect(futures, claimed)
 
     def _collect(
         self, futures: list[Future[tuple[str, int]]], claimed: set[str]
