@@ -80,7 +80,7 @@ class LiveCluster:
     def cli(self, *args: str, check: bool = True, cwd: Path | None = None, timeout: float = 120,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         p = subprocess.run([sys.executable, "-m", "tidal.cli.main", *args], capture_output=True, text=True,
-                           cwd=cwd, env={**self.env, **(env or {})}, timeout=timeout)
+                           cwd=cwd, env={**self.env, "COLUMNS": "250", **(env or {})}, timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"tidal {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
         return p
@@ -122,15 +122,7 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         if database_url:
             env["TIDAL_DATABASE_URL"] = database_url
         settings = Settings(home=home, database_url=database_url)
-        old = dict(os.environ)
-        os.environ["TIDAL_HOME"] = str(home)
-        if database_url:
-            os.environ["TIDAL_DATABASE_URL"] = database_url
-        try:
-            st, _ = up(settings, nodes=nodes, devices_per_node=devices, lease_s=lease)
-        finally:
-            os.environ.clear()
-            os.environ.update(old)
+        st, _ = up(settings, nodes=nodes, devices_per_node=devices, lease_s=lease)
         c = LiveCluster(home, env, st, settings)
         made.append(c)
         return c

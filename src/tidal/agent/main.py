@@ -123,19 +123,21 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     become_subreaper()
     agent = Agent(args)
 
-    def stop(*_: object) -> None:
+    def leave() -> None:
         # tidal down: stop the ranks, give the node back (its jobs are requeued at once), exit. Were we
         # killed instead, the ranks' inits would see their lifeline close and take the ranks down.
         agent.executor.fence()
-        with contextlib.suppress(Exception):
-            agent.client.call("POST", f"/v1/agent/{agent.name}/leave", retry=False,
-                              json={"agent_id": agent.agent_id})
+        with contextlib.suppress(Exception), httpx.Client(base_url=args.server, timeout=5) as http:
+            http.post(f"/v1/agent/{agent.name}/leave", json={"agent_id": agent.agent_id},
+                      headers=dict(agent.client.http.headers))
         os._exit(0)
 
-    signal.signal(signal.SIGTERM, stop)
+    # Not in the handler itself: the main thread may be inside a request on the shared client.
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=leave, daemon=True).start())
     agent.run()
 
 

@@ -248,9 +248,13 @@ def on_result(s: Session, a: ActionRow, ok: bool, data: dict[str, Any], error: s
     job.op = None
     purpose, job.op_purpose = job.op_purpose, None
     if a.kind in ("launch", "restore"):
+        if not ok and a.kind == "restore":
+            # Possibly transient (a node's disk, the store): try again, from the same checkpoint, as a restart.
+            lost(s, job, cause, f"restore on {a.node} failed: {error}")
+            return
         if not ok:
-            transition(s, job, S.FAILED, cause, f"{a.kind} failed: {error}")
             job.error = error
+            transition(s, job, S.FAILED, cause, f"{a.kind} failed: {error}")
             return
         pids = {int(r["rank"]): r["pid"] for r in data.get("ranks", [])}
         job.placement = [{**p, "pid": pids.get(int(p["rank"]))} for p in job.placement]

@@ -63,16 +63,26 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _spawn(argv: list[str], log: Path) -> Proc:
+def _env(settings: Settings) -> dict[str, str]:
+    """The cluster's processes share these settings whatever the caller's environment says."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIDAL_HOME": str(settings.home)}
+    for key, value in (("TIDAL_DATABASE_URL", settings.database_url),
+                       ("TIDAL_CHECKPOINT_STORE", settings.checkpoint_store),
+                       ("TIDAL_KEEP_CHECKPOINTS", str(settings.keep_checkpoints))):
+        if value:
+            env[key] = value
+        else:
+            env.pop(key, None)
+    return env
+
+
+def _respawn(proc: Proc, settings: Settings) -> Proc:
+    log = Path(proc.log)
     log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     with open(log, "ab") as out:
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    return Proc(p.pid, argv, str(log))
-
-
-def _respawn(proc: Proc) -> Proc:
-    return _spawn(proc.argv, Path(proc.log))
+        p = subprocess.Popen(proc.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                             start_new_session=True, env=_env(settings))
+    return Proc(p.pid, proc.argv, str(log))
 
 
 def _wait(what: str, check: Any, timeout: float, log: str) -> None:
@@ -121,13 +131,13 @@ def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: f
             st.agents[name] = Proc(0, agent_argv(home, url, name, devices_per_node),
                                    str(home / "logs" / f"{name}.log"))
     if not alive(st.server.pid) if st.server.pid else True:
-        st.server = _respawn(st.server)
+        st.server = _respawn(st.server, settings)
         started.append("control plane")
     state_path(home).write_text(json.dumps(st.to_json(), indent=1))
     _wait("the control plane", lambda: _healthy(st.url), 30, st.server.log)
     for name, proc in st.agents.items():
         if not proc.pid or not alive(proc.pid):
-            st.agents[name] = _respawn(proc)
+            st.agents[name] = _respawn(proc, settings)
             started.append(name)
     state_path(home).write_text(json.dumps(st.to_json(), indent=1))
     token = token_path(home, "admin").read_text().strip()

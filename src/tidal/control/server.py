@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = load_settings()
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -51,7 +52,9 @@ def main(argv: list[str] | None = None) -> None:
     rec.start()
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease))
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False)
+        # Long-polling agents must not hold a shutdown up: give open requests one second.
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=1)
     finally:
         rec.stop()
         db.close()
