@@ -21,10 +21,11 @@ from typing import Any, Literal
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_boundaries
+from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.permissions import private_dir
-from tidal.mechanisms.storage import CheckpointInfo, CheckpointStore
+from tidal.mechanisms.storage import CheckpointInfo, CheckpointStore, Entry
 
 FORMAT = 1
 Then = Literal["continue", "kill"]
@@ -63,6 +64,12 @@ def _copy_prefix(src: Path, dest: Path, length: int) -> None:
             left -= n
 
 
+def _remove_staging(staging: Path) -> None:
+    shutil.rmtree(staging, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        staging.parent.rmdir()  # the node's staging area, once nothing of it is left
+
+
 class Job:
     """The ranks of one job placed on nodes of this machine."""
 
@@ -76,6 +83,7 @@ class Job:
         self.ghost_limit = ghost_limit
         self.last_timing: CheckpointTiming | None = None
         self.restore_timing: RestoreTiming | None = None
+        self._last: dict[int, LastDump] = {r.spec.rank: LastDump() for r in self.ranks}
 
     @classmethod
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
@@ -100,11 +108,21 @@ class Job:
     # -- state ------------------------------------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> list[ExitStatus]:
         deadline = None if timeout is None else time.monotonic() + timeout
-        return [r.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for r in self.ranks]
+        done = [r.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for r in self.ranks]
+        self._drop_last()
+        return done
 
     def kill(self) -> None:
         for r in self.ranks:
             r.kill()
+        self._drop_last()
+
+    def _drop_last(self) -> None:
+        for last in self._last.values():
+            last.drop()
+
+    def _keep_last(self, rank: int, images: Path, entries: dict[str, Entry]) -> None:
+        self._last[rank].keep(images, entries, images.parent.parent / f"{self.job_id}-last-r{rank}")
 
     # -- checkpoint -------------------------------------------------------------------------------------
     def checkpoint(self, then: Then = "continue", keep: int | None = None) -> CheckpointInfo:
@@ -132,17 +150,24 @@ class Job:
                 self._thaw(frozen)
             t_pause = time.perf_counter()
             writer = self.store.writer(self.job_id)
+            entries: dict[int, dict[str, Entry]] = {}
             for d in dumps:
                 bounds = page_file_boundaries(d.images)
-                for f in sorted(d.images.iterdir()):
-                    if f.suffix == ".img":
-                        writer.add_file(f"ranks/{d.rank}/images/{f.name}", f, boundaries=bounds.get(f.name, ()))
+                last = self._last[d.rank]
+                entries[d.rank] = {
+                    f.name: writer.add_file(f"ranks/{d.rank}/images/{f.name}", f, boundaries=bounds.get(f.name, ()),
+                                            previous=last.previous(f.name))
+                    for f in sorted(d.images.iterdir()) if f.suffix == ".img"
+                }
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
             for path in snap.captured:
                 writer.add_file(f"fs/{path}", staging / "fs" / path)
             info = writer.commit(self._meta(dumps, snap))
             writer = None
             t_commit = time.perf_counter()
+            if then == "continue":
+                for d in dumps:
+                    self._keep_last(d.rank, d.images, entries[d.rank])
         except BaseException as exc:
             if writer is not None:
                 with contextlib.suppress(Exception):
@@ -159,7 +184,7 @@ class Job:
                                       hint="the job goes on; its last good checkpoint is untouched") from exc
             raise
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
+            _remove_staging(staging)
         if then == "kill":
             self.kill()
             t_pause = time.perf_counter()
@@ -254,14 +279,21 @@ class Job:
                                 info["out_pipe"], info["status_pipe"])
                 runner = kw.get("runner") or CriuRunner()
                 ranks.append(RankProcess.restore(spec, node, dump, runner))
+            job = cls(job_id, ranks, fs, store, **kw)
+            # The verified images just restored are exactly the committed ones: the next checkpoint of
+            # this job can compare against them.
+            for r in meta["ranks"]:
+                images = staging / "ranks" / r / "images"
+                names = [n for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
+                job._last[int(r)].keep(images, {n.rsplit("/", 1)[1]: reader.entry(n) for n in names},
+                                       staging.parent / f"{job_id}-last-r{r}")
         except BaseException:
             for rp in ranks:
                 with contextlib.suppress(Exception):
                     rp.kill()
             raise
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        job = cls(job_id, ranks, fs, store, **kw)
+            _remove_staging(staging)
         end = time.perf_counter()
         job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0)
         return job

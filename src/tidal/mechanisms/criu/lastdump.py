@@ -1,0 +1,68 @@
+"""The images of a rank's last committed dump, kept beside the staging area.
+
+The next checkpoint of the same process compares its new images with these, chunk by chunk: a chunk
+whose bytes are unchanged takes its committed digest instead of being hashed again (a memcmp instead
+of a sha256 over memory that did not change). The files are Tidal's own private copies; a file whose
+stat changed since it was committed is not used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.mechanisms.storage import Entry
+
+
+def _sig(path: Path) -> tuple[int, int, int]:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    entry: Entry
+    sig: tuple[int, int, int]
+
+
+class LastDump:
+    def __init__(self) -> None:
+        self.dir: Path | None = None
+        self._files: dict[str, _Kept] = {}
+
+    def previous(self, name: str) -> tuple[Path, Entry] | None:
+        kept = self._files.get(name)
+        if self.dir is None or kept is None:
+            return None
+        path = self.dir / name
+        try:
+            if _sig(path) != kept.sig:
+                return None
+        except OSError:
+            return None
+        return path, kept.entry
+
+    def keep(self, images: Path, entries: dict[str, Entry], where: Path) -> None:
+        """Take over ``images`` (committed as ``entries``) by renaming it to ``where``."""
+        self.drop()
+        try:
+            shutil.rmtree(where, ignore_errors=True)
+            images.rename(where)
+        except OSError:
+            return  # another file system: simply no reuse next time
+        self.dir = where
+        self._files = {}
+        for name, entry in entries.items():
+            with contextlib.suppress(OSError):
+                self._files[name] = _Kept(entry, _sig(where / name))
+
+    def drop(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.dir.parent.rmdir()
+        self.dir = None
+        self._files = {}
