@@ -218,11 +218,15 @@ class Executor:
 
     # -- exits and logs ---------------------------------------------------------------------------------
     def _watch(self, run: Running) -> None:
-        statuses = run.job.wait()
+        # Rank by rank, not Job.wait(): that also drops the job's kept images, which Job.kill() (run by
+        # a checkpoint-and-kill in the action thread) does too, and the two must not race.
+        statuses = [r.wait() for r in run.job.ranks]
         with run.lock:
             if run.stopping:
                 run.quiet_exit = statuses
                 return
+        with contextlib.suppress(Exception):
+            run.job.wait(5)  # every rank is gone: this only releases what the job kept for later dumps
         self._ship(run)
         self._report_exit(run, statuses)
         with self.mu:

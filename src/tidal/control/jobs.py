@@ -117,6 +117,7 @@ def new_action(s: Session, job: JobRow, node: str, kind: str, payload: dict[str,
     a = ActionRow(id=new_id("a"), job_id=job.id, node=node, kind=kind, payload=payload, status="pending",
                   cause=cause, created_at=time.time())
     s.add(a)
+    s.info["new_actions"] = True  # wakes the agents' long-polls at commit
     if track:
         job.op = a.id
     return a

@@ -39,11 +39,13 @@ S = JobState
 
 
 class Reconciler:
-    def __init__(self, db: Database, policy: Policy, *, keep: int, interval: float = 0.5) -> None:
+    def __init__(self, db: Database, policy: Policy, *, keep: int, interval: float = 0.5,
+                 min_gap: float = 0.05) -> None:
         self.db = db
         self.policy = policy
         self.keep = keep
         self.interval = interval
+        self.min_gap = min_gap
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._run = secrets.token_hex(3)  # policy action ids are unique per process: prefix them
@@ -61,10 +63,14 @@ class Reconciler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
+            t0 = time.monotonic()
             try:
                 self.once()
             except Exception:
                 log.exception("reconcile pass failed")
+            # Coalesce bursts (a thousand submissions): a pass reads every live job, so running one per
+            # commit would make a burst quadratic.
+            self._stop.wait(max(0.0, self.min_gap - (time.monotonic() - t0)))
             with self.db.changed:
                 # once() itself commits; wait for a commit by someone else, or the interval.
                 seen = self.db.generation
@@ -89,9 +95,9 @@ class Reconciler:
                 jobs.checkpoint(s, job, "periodic", f"timer-{self._run}", self.keep)
 
     def _schedule(self, s: Session, now: float) -> None:
-        view, rows = snapshot(s)
-        if not any(j.state in (S.PENDING, S.PREEMPTED) for j in view.jobs.values()):
+        if not self._worth_deciding(s):
             return
+        view, rows = snapshot(s)
         for a in self.policy.decide(view, [], now):
             job = rows.get(a.job_id)
             if job is None:
@@ -106,6 +112,18 @@ class Reconciler:
                     jobs.checkpoint(s, job, "preempt", cause, self.keep)
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
+
+
+    def _worth_deciding(self, s: Session) -> bool:
+        """Cheap pre-check (it reads only the jobs holding devices): the policy can only act when a job
+        waits and either a device is free or a waiting job outranks basic (it may preempt)."""
+        waiting = (JobRow.state == S.PENDING.value) | ((JobRow.state == S.PREEMPTED.value) & ~JobRow.held)
+        if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
+            return False
+        if any(jobs.free_devices(s).values()):
+            return True
+        urgent = waiting & (JobRow.tier != Tier.BASIC.value)
+        return s.scalar(select(JobRow.id).where(urgent).limit(1)) is not None
 
 
 def snapshot(s: Session) -> tuple[ClusterView, dict[str, JobRow]]:

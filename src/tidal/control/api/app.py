@@ -50,7 +50,7 @@ class Principal:
         return None if self.role == "admin" else self.name
 
 
-def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+async def principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
     if not authorization or not authorization.startswith("Bearer "):
         raise Unauthorized("missing API token", hint="send 'Authorization: Bearer TOKEN'")
     token = authorization.removeprefix("Bearer ").strip()
@@ -67,19 +67,19 @@ def principal(request: Request, authorization: Annotated[str | None, Header()] =
     return p
 
 
-def _user(p: Annotated[Principal, Depends(principal)]) -> Principal:
+async def _user(p: Annotated[Principal, Depends(principal)]) -> Principal:
     if p.role not in ("user", "admin"):
         raise Forbidden("this token may not manage jobs")
     return p
 
 
-def _admin(p: Annotated[Principal, Depends(principal)]) -> Principal:
+async def _admin(p: Annotated[Principal, Depends(principal)]) -> Principal:
     if p.role != "admin":
         raise Forbidden("this needs an admin token")
     return p
 
 
-def _agent(p: Annotated[Principal, Depends(principal)]) -> Principal:
+async def _agent(p: Annotated[Principal, Depends(principal)]) -> Principal:
     if p.role != "agent":
         raise Forbidden("this needs the cluster (agent) token")
     return p
@@ -126,7 +126,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     # -- jobs ------------------------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=201)
-    def submit(body: JobSubmit, p: User) -> dict[str, Any]:
+    async def submit(body: JobSubmit, p: User) -> dict[str, Any]:
         spec = JobSpec(name=body.name or (Path(body.command[0]).name if body.command else "job"),
                        command=tuple(body.command), workdir=body.workdir, ranks=body.ranks,
                        tier=body.tier, min_devices=body.min_devices,  # type: ignore[arg-type]
@@ -244,11 +244,15 @@ def create_app(ctx: Context) -> FastAPI:
         deadline = time.monotonic() + min(wait, 30.0)
         with ctx.db.changed:
             while True:
+                seen = ctx.db.action_generation
                 with ctx.db.read() as s:
                     ready = agents.has_actions(s, node)
-                if ready or time.monotonic() >= deadline:
+                if ready:
                     break
-                ctx.db.changed.wait(deadline - time.monotonic())
+                # Sleep until some commit creates actions (not on every commit: submissions are many).
+                if not ctx.db.changed.wait_for(lambda seen=seen: ctx.db.action_generation != seen,
+                                               timeout=max(0.0, deadline - time.monotonic())):
+                    break
             with ctx.db.tx(notify=False) as s:
                 return agents.take_actions(s, node, agent_id)
 

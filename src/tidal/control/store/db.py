@@ -54,6 +54,7 @@ class Database:
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
         self.generation = 0  # bumped at every commit: waiters compare it
+        self.action_generation = 0  # bumped at commits that created agent actions (long-polls wait on it)
 
     def migrate(self) -> None:
         migrate(self.engine)
@@ -64,7 +65,10 @@ class Database:
         with self.lock:
             with self.sessions() as s, s.begin():
                 yield s
-            if notify:
+                new_actions = bool(s.info.get("new_actions"))
+            if new_actions:
+                self.action_generation += 1
+            if notify or new_actions:
                 self.generation += 1
                 self.changed.notify_all()
 

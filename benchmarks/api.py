@@ -1,0 +1,127 @@
+"""Live-cluster API benchmark: submissions per second, and how long a single-rank job of about 250 MB
+takes from a preempt (then resume) or a migrate request to running again, end to end through the API on a
+local 2-node cluster with real CRIU.
+
+    python benchmarks/api.py [--json FILE] [--submissions N] [--mb 250] [--repeat 3]
+
+Prints the figures and writes them as JSON. Timings are never asserted in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tidal.config import Settings
+from tidal.control.localcluster import down, up
+
+# Holds ``MB`` of random (incompressible) bytes and keeps printing: a CPU job whose image is about that big.
+HOLDER = """
+import os, sys, time
+blob = bytearray(os.urandom({mb} << 20))
+i = 0
+while True:
+    i += 1
+    print("tick", i, blob[i % len(blob)], flush=True)
+    time.sleep(0.05)
+"""
+
+
+def _wait(api: httpx.Client, job: str, cond: Any, timeout: float = 120.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        j = api.get(f"/v1/jobs/{job}").raise_for_status().json()
+        if cond(j):
+            return j  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job} stuck in {j['state']}")
+        time.sleep(0.005)
+
+
+def _running(j: dict[str, Any]) -> bool:
+    return j["state"] == "running" and not j["busy"] and all(p["pid"] for p in j["placement"])
+
+
+def submissions(api: httpx.Client, workdir: Path, n: int, threads: int) -> float:
+    body = {"command": ["true"], "workdir": str(workdir), "tier": "basic", "env": {}}
+    ids: list[str] = []
+
+    def one(_: int) -> None:
+        ids.append(api.post("/v1/jobs", json=body).raise_for_status().json()["id"])
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(one, range(n)))
+    dt = time.perf_counter() - t0
+    for job in ids:  # leave the cluster empty for the latency runs
+        api.post(f"/v1/jobs/{job}/cancel")
+    return n / dt
+
+
+def latencies(api: httpx.Client, workdir: Path, mb: int, repeat: int) -> dict[str, Any]:
+    job = api.post("/v1/jobs", json={"command": [sys.executable, "-c", HOLDER.format(mb=mb)],
+                                     "workdir": str(workdir), "env": {}}).raise_for_status().json()["id"]
+    _wait(api, job, _running)
+    time.sleep(3)  # let it fill its memory
+    preempt, migrate, image = [], [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        api.post(f"/v1/jobs/{job}/preempt").raise_for_status()
+        _wait(api, job, lambda j: j["state"] == "preempted" and not j["busy"])
+        api.post(f"/v1/jobs/{job}/resume").raise_for_status()
+        _wait(api, job, _running)
+        preempt.append(time.perf_counter() - t0)
+        node = _wait(api, job, _running)["placement"][0]["node"]
+        t0 = time.perf_counter()
+        api.post(f"/v1/jobs/{job}/migrate", json={}).raise_for_status()
+        j = _wait(api, job, lambda j, node=node: _running(j) and j["placement"][0]["node"] != node)
+        migrate.append(time.perf_counter() - t0)
+        image = j["checkpoints"][-1]["bytes"]
+    api.post(f"/v1/jobs/{job}/cancel")
+    return {"preempt_to_running_s": statistics.median(preempt), "preempt_to_running_all_s": preempt,
+            "migrate_to_running_s": statistics.median(migrate), "migrate_to_running_all_s": migrate,
+            "image_bytes": image}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--submissions", type=int, default=1000)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--mb", type=int, default=250)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
+        home = Path(tmp) / "home"
+        workdir = Path(tmp) / "work"
+        workdir.mkdir()
+        settings = Settings(home=home)
+        st, _ = up(settings, nodes=2, devices_per_node=1)
+        try:
+            token = (home / "tokens" / "user.token").read_text().strip()
+            with httpx.Client(base_url=st.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+                out: dict[str, Any] = {"database": "sqlite", "submissions": args.submissions,
+                                       "threads": args.threads}
+                out["submissions_per_s"] = submissions(api, workdir, args.submissions, args.threads)
+                out.update(latencies(api, workdir, args.mb, args.repeat))
+                out["job_mb"] = args.mb
+        finally:
+            down(settings)
+    for k, v in out.items():
+        print(f"{k:28s} {v if not isinstance(v, float) else round(v, 3)}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
