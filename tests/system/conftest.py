@@ -155,3 +155,20 @@ def reference_run(tmp_path: Path) -> tuple[bytes, bytes]:
     out = subprocess.run(["sh", "-c", JOB], cwd=ref, env={**os.environ, "GATE": str(gate)},
                          capture_output=True, check=True, timeout=120).stdout
     return out, (ref / "progress.txt").read_bytes()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[Any]:
+    from tests.system.postgres import PostgresServer
+
+    server = PostgresServer()  # no skip: the server binaries are part of the test environment
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: Any, request: pytest.FixtureRequest) -> str:
+    import re
+
+    name = "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower()
+    return postgres_server.create_database(name)  # type: ignore[no-any-return]
