@@ -1,0 +1,250 @@
+"""The control plane against a scripted fake agent (no CRIU): actions with ids handed out once, results
+applied once, stale reports ignored, leases and fencing, and the job lifecycle they drive."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tidal.control import tokens
+from tidal.control.api.app import Context, create_app
+from tidal.control.reconcile import Reconciler
+from tidal.control.store.db import Database
+from tidal.policy.firstfit import FirstFitPolicy
+
+
+class Plane:
+    def __init__(self, tmp: Path, lease_s: float = 30.0) -> None:
+        self.db = Database(f"sqlite:///{tmp / 'tidal.db'}")
+        self.db.migrate()
+        with self.db.tx() as s:
+            self.user = tokens.create_user(s, "alice", "user")
+            self.agent = tokens.create_user(s, "cluster", "agent")
+        self.rec = Reconciler(self.db, FirstFitPolicy(), keep=3)
+        self.http = TestClient(create_app(Context(db=self.db, home=tmp, lease_s=lease_s)))
+        self.workdir = tmp
+
+    def as_user(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.user}"}
+
+    def as_agent(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.agent}"}
+
+    def submit(self, **kw: Any) -> str:
+        r = self.http.post("/v1/jobs", headers=self.as_user(),
+                           json={"command": ["train"], "workdir": str(self.workdir), **kw})
+        assert r.status_code == 201, r.text
+        return str(r.json()["id"])
+
+    def job(self, jid: str) -> dict[str, Any]:
+        return self.http.get(f"/v1/jobs/{jid}", headers=self.as_user()).json()  # type: ignore[no-any-return]
+
+
+class FakeAgent:
+    def __init__(self, plane: Plane, name: str, agent_id: str) -> None:
+        self.p, self.name, self.id = plane, name, agent_id
+
+    def register(self) -> int:
+        r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
+            "name": self.name, "agent_id": self.id, "devices": 1, "cpus": [[0]]})
+        return r.status_code
+
+    def actions(self) -> list[dict[str, Any]]:
+        r = self.p.http.get(f"/v1/agent/{self.name}/actions", headers=self.p.as_agent(),
+                            params={"agent_id": self.id, "wait": 0})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    def result(self, action: dict[str, Any], ok: bool = True, **data: Any) -> bool:
+        r = self.p.http.post(f"/v1/agent/{self.name}/results", headers=self.p.as_agent(), json={
+            "agent_id": self.id, "action_id": action["id"], "ok": ok, "data": data,
+            "error": None if ok else "boom"})
+        return bool(r.json()["applied"])
+
+    def exit(self, job: str, attempt: int, code: int | None = 0, signal: int | None = None) -> bool:
+        r = self.p.http.post(f"/v1/agent/{self.name}/exits", headers=self.p.as_agent(), json={
+            "agent_id": self.id, "job_id": job, "attempt": attempt,
+            "ranks": [{"rank": 0, "code": code, "signal": signal}]})
+        return bool(r.json()["applied"])
+
+
+def ckpt(n: int) -> dict[str, Any]:
+    return {"checkpoint": {"id": f"00000{n}-x", "created_at": time.time(), "bytes": 100, "stored_bytes": 10},
+            "kept": [f"00000{i}-x" for i in range(1, n + 1)]}
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[Plane]:
+    p = Plane(tmp_path)
+    yield p
+    p.db.close()
+
+
+def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
+    p.rec.once()
+    (act,) = a.actions()
+    assert act["job_id"] == jid
+    assert a.result(act, ranks=[{"rank": 0, "pid": 4242}])
+    return act
+
+
+def test_launch_run_and_finish_with_idempotent_results(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    assert a.register() == 200
+    jid = plane.submit(name="j")
+    plane.rec.once()
+    (act,) = a.actions()
+    assert act["kind"] == "launch" and act["payload"]["attempt"] == 1
+    assert a.actions() == []  # handed out once
+    assert a.result(act, ranks=[{"rank": 0, "pid": 4242}])
+    assert not a.result(act, ranks=[{"rank": 0, "pid": 1}])  # a retried result: stale
+    j = plane.job(jid)
+    assert j["state"] == "running"
+    assert j["placement"] == [{"rank": 0, "node": "node-1", "device": 0, "pid": 4242}]
+    assert not a.exit(jid, attempt=7)  # another attempt's exit: stale
+    assert a.exit(jid, attempt=1, code=0)
+    j = plane.job(jid)
+    assert j["state"] == "succeeded" and j["exit_code"] == 0
+    assert [e["kind"] for e in j["events"]] == ["submitted", "running", "started", "stale_result_ignored",
+                                                "ranks_exited", "ranks_exited", "succeeded"]
+
+
+def test_preempt_hold_resume_and_migrate(plane: Plane) -> None:
+    a, b = FakeAgent(plane, "node-1", "A"), FakeAgent(plane, "node-2", "B")
+    a.register()
+    jid = plane.submit()
+    start(plane, a, jid)
+    b.register()
+    assert plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user()).status_code == 200
+    (act,) = a.actions()
+    assert act["kind"] == "checkpoint" and act["payload"]["then"] == "kill"
+    # busy: a second request is refused with a retryable conflict
+    r = plane.http.post(f"/v1/jobs/{jid}/migrate", headers=plane.as_user(), json={})
+    assert r.status_code == 409 and r.json()["busy"] is True
+    assert a.result(act, **ckpt(1))
+    j = plane.job(jid)
+    assert j["state"] == "preempted" and j["held"] and j["placement"] == []
+    plane.rec.once()
+    assert a.actions() == [] and b.actions() == []  # held: not resumed
+    plane.http.post(f"/v1/jobs/{jid}/resume", headers=plane.as_user())
+    plane.rec.once()
+    acts = a.actions() + b.actions()
+    assert [x["kind"] for x in acts] == ["restore"] and acts[0]["payload"]["attempt"] == 2
+    agent = a if plane.job(jid)["placement"][0]["node"] == "node-1" else b
+    assert agent.result(acts[0], ranks=[{"rank": 0, "pid": 5}])
+    here = plane.job(jid)["placement"][0]["node"]
+    other = b if here == "node-1" else a
+    r = plane.http.post(f"/v1/jobs/{jid}/migrate", headers=plane.as_user(), json={"to": other.name})
+    assert r.status_code == 200 and r.json()["to"] == other.name
+    (act,) = agent.actions()
+    assert agent.result(act, **ckpt(2))
+    (restore,) = other.actions()
+    assert restore["kind"] == "restore" and restore["payload"]["attempt"] == 3
+    assert other.result(restore, ranks=[{"rank": 0, "pid": 6}])
+    j = plane.job(jid)
+    assert j["state"] == "running" and j["placement"][0]["node"] == other.name
+    assert len(j["checkpoints"]) == 2
+    kinds = [e["kind"] for e in j["events"]]
+    assert kinds.count("checkpointing") == 2 and "migrating" in kinds and "held" not in kinds
+
+
+def test_checkpoint_failure_keeps_the_job_running(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit()
+    start(plane, a, jid)
+    plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user())
+    (act,) = a.actions()
+    assert a.result(act, ok=False)
+    j = plane.job(jid)
+    assert j["state"] == "running" and not j["held"] and j["placement"][0]["pid"] == 4242
+
+
+def test_lease_expiry_requeues_and_fences(tmp_path: Path) -> None:
+    p = Plane(tmp_path, lease_s=0.3)
+    a = FakeAgent(p, "node-1", "A")
+    a.register()
+    jid = p.submit()
+    start(p, a, jid)
+    assert FakeAgent(p, "node-1", "A2").register() == 409  # the lease is A's until it expires
+    time.sleep(0.4)
+    p.rec.once()
+    j = p.job(jid)
+    assert j["state"] == "pending" and j["restarts"] == 1 and j["placement"] == []
+    # the old agent is told it lost the node: its reports are refused, it must fence its ranks
+    r = p.http.post("/v1/agent/node-1/heartbeat", headers=p.as_agent(), json={"agent_id": "A"})
+    assert r.status_code == 409 and r.json()["error"] == "LeaseLost"
+    assert p.http.post("/v1/agent/node-1/exits", headers=p.as_agent(), json={
+        "agent_id": "A", "job_id": jid, "attempt": 1, "ranks": [{"rank": 0, "code": 0}]}).status_code == 409
+    a2 = FakeAgent(p, "node-1", "A2")
+    assert a2.register() == 200
+    p.rec.once()
+    (act,) = a2.actions()
+    assert act["kind"] == "launch" and act["payload"]["attempt"] == 2  # no checkpoint: from scratch
+    p.db.close()
+
+
+def test_signal_from_outside_restores_up_to_max_restarts(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit(max_restarts=1, checkpoint_every=3600)
+    start(plane, a, jid)
+    assert a.exit(jid, attempt=1, code=None, signal=9)
+    plane.rec.once()
+    (act,) = a.actions()
+    assert act["kind"] == "launch"
+    a.result(act, ranks=[{"rank": 0, "pid": 7}])
+    assert a.exit(jid, attempt=2, code=None, signal=9)
+    j = plane.job(jid)
+    assert j["state"] == "failed" and "no restarts left" in j["events"][-1]["detail"]
+
+
+def test_nonzero_exit_fails_without_retry(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit()
+    start(plane, a, jid)
+    assert a.exit(jid, attempt=1, code=3)
+    j = plane.job(jid)
+    assert j["state"] == "failed" and j["exit_code"] == 3 and j["restarts"] == 0
+    r = plane.http.post(f"/v1/jobs/{jid}/cancel", headers=plane.as_user())
+    assert r.status_code == 409
+
+
+def test_logs_follow_the_current_attempt(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit()
+    start(plane, a, jid)
+
+    def put(attempt: int, offset: int, data: bytes) -> bool:
+        r = plane.http.put(f"/v1/agent/node-1/logs/{jid}/0", headers=plane.as_agent(), content=data,
+                           params={"agent_id": "A", "attempt": attempt, "offset": offset})
+        return bool(r.json()["applied"])
+
+    assert put(1, 0, b"one\ntwo\n") and put(1, 8, b"three\n")
+    assert not put(0, 0, b"stale\n")
+    assert put(1, 4, b"TWO\n")  # an attempt's log starts again from a checkpoint's copy: cut there
+    r = plane.http.get(f"/v1/jobs/{jid}/logs", headers=plane.as_user())
+    assert r.content == b"one\nTWO\n" and r.headers["X-Tidal-Log-Size"] == "8"
+    r = plane.http.get(f"/v1/jobs/{jid}/logs", headers=plane.as_user(), params={"offset": 4})
+    assert r.content == b"TWO\n"
+
+
+def test_periodic_checkpoints_are_dispatched(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit(checkpoint_every=0.01)
+    start(plane, a, jid)
+    time.sleep(0.02)
+    plane.rec.once()
+    (act,) = a.actions()
+    assert act["kind"] == "checkpoint" and act["payload"]["then"] == "continue"
+    assert a.result(act, **ckpt(1))
+    j = plane.job(jid)
+    assert j["state"] == "running" and len(j["checkpoints"]) == 1 and j["placement"][0]["pid"] == 4242
