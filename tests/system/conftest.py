@@ -113,9 +113,9 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
     find_criu()  # no skip: `make test` provisions CRIU
     made: list[LiveCluster] = []
 
-    def make(nodes: int = 2, devices: int = 1, lease: float = 3.0,
-             database_url: str | None = None) -> LiveCluster:
-        home = tmp_path_factory.mktemp("tidal-home")
+    def make(nodes: int = 2, devices: int = 1, lease: float = 3.0, database_url: str | None = None,
+             home: Path | None = None) -> LiveCluster:
+        home = home or tmp_path_factory.mktemp("tidal-home")
         env = {**os.environ, "TIDAL_HOME": str(home)}
         env.pop("TIDAL_URL", None)
         env.pop("TIDAL_TOKEN", None)

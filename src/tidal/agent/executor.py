@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import pwd
 import queue
 import threading
 import zlib
@@ -26,6 +28,20 @@ from tidal.mechanisms.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+
+
+def as_account(unix_user: str | None, argv: list[str]) -> list[str]:
+    """Run ``argv`` under ``unix_user``: the rank's init stays root (CRIU needs it), the command below it
+    drops to the account with its groups, so a job reads only what its owner may read."""
+    if not unix_user:
+        return argv
+    try:
+        pw = pwd.getpwnam(unix_user)
+    except KeyError:
+        raise RuntimeError(f"no Unix account {unix_user!r} on this node") from None
+    if pw.pw_uid == os.getuid():
+        return argv
+    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--", *argv]
 
 
 @dataclass
@@ -123,6 +139,7 @@ class Executor:
 
     def _specs(self, p: dict[str, Any]) -> list[RankSpec]:
         out = []
+        argv = as_account(p.get("unix_user"), list(p["argv"]))
         # torchrun's environment: scripts written for torchrun run unchanged.
         port = 20000 + zlib.crc32(p["job_id"].encode()) % 20000
         for r in p["ranks"]:
@@ -130,7 +147,7 @@ class Executor:
                    "WORLD_SIZE": str(p["world_size"]), "LOCAL_WORLD_SIZE": str(p["world_size"]),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": p["job_id"],
                    "TIDAL_NODE": self.node.name}
-            out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(p["argv"]), Path(p["workdir"]), env,
+            out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(argv), Path(p["workdir"]), env,
                                 tuple(r["cpus"]) if r.get("cpus") else None))
         return out
 

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tidal.control.history import new_id, record
-from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow
+from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow, User
 from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
 from tidal.errors import Conflict, NotFound, ValidationError
 
@@ -141,9 +141,12 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None, 
     noderow = s.get(NodeRow, node)
     cpus = noderow.cpus if noderow else []
     spec = job.spec
+    owner = s.get(User, job.owner)
     payload = {
         "job_id": job.id, "attempt": job.attempt, "argv": spec["command"], "workdir": spec["workdir"],
         "env": spec["env"], "world_size": job.ranks, "keep": keep,
+        # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
+        "unix_user": owner.unix_user if owner else None,
         "ranks": [{"rank": r, "device": d.index, "cpus": cpus[d.index] if d.index < len(cpus) else None}
                   for r, d in enumerate(devices)],
     }

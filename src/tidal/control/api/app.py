@@ -4,6 +4,7 @@ offending ``field`` for bad input), never a traceback."""
 
 from __future__ import annotations
 
+import pwd
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +29,7 @@ from tidal.control.api.schemas import (
 from tidal.control.store.db import Database
 from tidal.control.store.models import EventRow, JobRow, NodeRow
 from tidal.core import TERMINAL, JobSpec, JobState
-from tidal.errors import Forbidden, TidalError, Unauthorized
+from tidal.errors import Forbidden, TidalError, Unauthorized, ValidationError
 
 
 @dataclass
@@ -120,6 +121,11 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.post("/v1/users", status_code=201)
     def create_user(body: UserCreate, p: Admin) -> dict[str, str]:
+        if body.unix_user is not None:
+            try:
+                pwd.getpwnam(body.unix_user)
+            except KeyError:
+                raise ValidationError(f"no Unix account {body.unix_user!r}", field="unix_user") from None
         with ctx.db.tx() as s:
             token = tokens.create_user(s, body.name, body.role, body.unix_user)
         return {"name": body.name, "role": body.role, "token": token}

@@ -1,0 +1,62 @@
+"""Ranks run under their owner's Unix account: a job of one user cannot read another user's checkpoint
+images or the API tokens, even where the state directory itself can be traversed."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.system.conftest import wait_for
+from tidal.config import Settings
+from tidal.control.localcluster import down
+
+pytestmark = pytest.mark.criu
+
+
+def test_a_job_cannot_read_other_users_checkpoints_or_tokens(make_cluster) -> None:
+    nobody = pwd.getpwnam("nobody")
+    base = Path(tempfile.mkdtemp(prefix="tidal-sec-", dir="/tmp"))
+    try:
+        base.chmod(0o755)
+        home = base / "home"
+        home.mkdir(mode=0o755)  # deliberately traversable: the files themselves must protect themselves
+        c = make_cluster(nodes=1, devices=1, home=home)
+        alice_wd = base / "alice"
+        alice_wd.mkdir(mode=0o700)
+        alice = c.cli("submit", "-q", "--", "sh", "-c", "echo secret > notes.txt; sleep 300",
+                      cwd=alice_wd).stdout.strip()
+        c.wait_state(alice, "running")
+        wait_for(lambda: (alice_wd / "notes.txt").exists(), what="alice's file")
+        c.cli("preempt", alice)
+        manifests = list((home / "checkpoints").rglob("manifest.json"))
+        chunks = [p for p in (home / "checkpoints").rglob("*") if p.is_file() and "chunks" in p.parts]
+        assert manifests and chunks
+
+        with c.api("admin") as api:
+            r = api.post("/v1/users", json={"name": "bob", "role": "user", "unix_user": "nobody"})
+            assert r.status_code == 201, r.text
+            bob = r.json()["token"]
+            bad = api.post("/v1/users", json={"name": "eve", "unix_user": "no-such-account"})
+            assert bad.status_code == 422 and bad.json()["field"] == "unix_user"
+        bob_wd = base / "bob"
+        bob_wd.mkdir()
+        os.chown(bob_wd, nobody.pw_uid, nobody.pw_gid)
+        targets = [home / "tokens" / "user.token", home / "tokens" / "admin.token",
+                   home / "tokens" / "cluster.token", manifests[0], chunks[0], alice_wd / "notes.txt"]
+        script = "id -u; " + " ".join(f"if cat {t} >/dev/null 2>&1; then echo READ {t}; else echo denied; fi;"
+                                       for t in targets)
+        job = c.cli("submit", "-q", "--", "sh", "-c", script, cwd=bob_wd,
+                    env={"TIDAL_TOKEN": bob}).stdout.strip()
+        assert c.cli("wait", job, check=False, env={"TIDAL_TOKEN": bob}).returncode == 0
+        out = c.cli("logs", job, env={"TIDAL_TOKEN": bob}).stdout.split()
+        assert out[0] == str(nobody.pw_uid)
+        assert out[1:] == ["denied"] * len(targets), out
+        c.cli("cancel", alice)
+    finally:
+        down(Settings(home=base / "home"))  # before its state directory goes
+        shutil.rmtree(base, ignore_errors=True)
