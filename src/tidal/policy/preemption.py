@@ -9,7 +9,7 @@ fewest preempted jobs of the lowest tiers, shrinking before preempting.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from tidal.core import DeviceRef
 from tidal.policy.placement import useful_sizes
@@ -60,10 +60,18 @@ def make_room(
     return Outcome(best, min(wake) if best is None and wake else None)
 
 
-def _quick_reject(st: SchedState, node: str, n: int, below_tier: int | None) -> bool:
-    if below_tier is None:
-        return False
-    return len(st.free_idx[node]) + sum(st.node_tier[node][:below_tier]) < n
+SAMPLE = 4  # feasible nodes scored per attempt (like Kubernetes' percentageOfNodesToScore)
+EXAMINE = 16  # nodes looked at per attempt at most: bounded work on a 10,000-node cluster
+
+
+def _nodes_with_room(st: SchedState, cluster: str, n: int, below_tier: int | None) -> Iterator[str]:
+    if below_tier is None or below_tier == 0:
+        for b in st.buckets[cluster]:
+            yield from b
+        return
+    room = st.room[below_tier][cluster]
+    for v in range(n, len(room)):
+        yield from list(room[v])
 
 
 def _room_on_node(
@@ -71,15 +79,22 @@ def _room_on_node(
     order: Callable[[JobRec], tuple[float, ...]], shrink: bool, below_tier: int | None,
 ) -> Plan | None:
     best: Plan | None = None
-    for b in st.buckets[cluster]:
-        for node in b:
-            if _quick_reject(st, node, n, below_tier):
-                continue
-            plan = _plan_node(st, node, n, usable, order, shrink)
-            if plan is not None and (best is None or plan.cost < best.cost):
-                best = plan
-                if not plan.victims and len(plan.shrinks) <= 1:
-                    return best
+    found = 0
+    for looked, node in enumerate(_nodes_with_room(st, cluster, n, below_tier)):
+        if looked >= EXAMINE and best is not None:
+            break
+        if looked >= 4 * EXAMINE:
+            break
+        plan = _plan_node(st, node, n, usable, order, shrink)
+        if plan is None:
+            continue
+        found += 1
+        if best is None or plan.cost < best.cost:
+            best = plan
+            if not plan.victims and len(plan.shrinks) <= 1:
+                return best
+        if found >= SAMPLE:
+            break
     return best
 
 
@@ -91,8 +106,7 @@ def _plan_node(
     free = sum(1 for x in load if x == 0)
     if free >= n:
         return Plan([], [], (-1.0,))
-    cands = sorted((st.jobs[j] for j in st.node_jobs[node]), key=order)
-    cands = [j for j in cands if usable(j)]
+    cands = sorted((j for j in (st.jobs[k] for k in st.node_jobs[node]) if usable(j)), key=order)
     if not cands:
         return None
 
@@ -153,17 +167,20 @@ def _room_on_nodes(
         if len(scored) >= k:
             break
     if len(scored) < k:
-        for f in range(m - 1, -1, -1):
-            for node in st.buckets[cluster][f]:
-                if st.node_size[node] < m:
-                    continue
-                if below_tier is not None and f + sum(st.node_tier[node][:below_tier]) < m:
-                    continue
-                occ = [st.jobs[j] for j in st.node_jobs[node]]
-                if not all(usable(j) for j in occ):
-                    continue
-                worst = max(order(j) for j in occ) if occ else (-1.0,)
-                scored.append(((*worst, float(len(occ))), node, occ))
+        cands = (st.room[below_tier][cluster][m] if below_tier in (1, 2)
+                 else (x for f in range(m - 1, -1, -1) for x in st.buckets[cluster][f]))
+        extra = 0
+        for node in list(cands):
+            if st.node_size[node] < m or len(st.free_idx[node]) == m:
+                continue
+            occ = [st.jobs[j] for j in st.node_jobs[node]]
+            if not all(usable(j) for j in occ):
+                continue
+            worst = max(order(j) for j in occ) if occ else (-1.0,)
+            scored.append(((*worst, float(len(occ))), node, occ))
+            extra += 1
+            if len(scored) >= k and extra >= k + SAMPLE:
+                break
     if len(scored) < k:
         return None
     scored.sort(key=lambda s: s[0])

@@ -98,6 +98,10 @@ class SchedState:
         self.node_jobs: dict[str, dict[str, None]] = {}
         self.node_tier: dict[str, list[int]] = {}  # devices held per tier on the node (shared counted twice)
         self.tier_devices = [0, 0, 0]
+        # room[t][cluster][v]: nodes where free devices plus those held by tiers below t number v
+        # (t = 1, 2): where a standard or premium job could make room by preemption, found in O(1).
+        self.room: list[dict[str, list[dict[str, None]]]] = [{}, {}, {}]
+        self._room_of: list[dict[str, int]] = [{}, {}, {}]
         self.free_total = 0
         self.capacity = 0
         self.down: set[str] = set()
@@ -113,6 +117,8 @@ class SchedState:
                 self.cluster_m[c.name] = m
                 self.cluster_region[c.name] = region.name
                 self.buckets[c.name] = [{} for _ in range(m + 1)]
+                for t in (1, 2):
+                    self.room[t][c.name] = [{} for _ in range(m + 1)]
                 self.cluster_free[c.name] = 0
                 for n in c.nodes:
                     self.node_cluster[n.name] = c.name
@@ -123,6 +129,9 @@ class SchedState:
                     self.cluster_free[c.name] += n.devices
                     self.node_jobs[n.name] = {}
                     self.node_tier[n.name] = [0, 0, 0]
+                    for t in (1, 2):
+                        self.room[t][c.name][min(n.devices, m)][n.name] = None
+                        self._room_of[t][n.name] = min(n.devices, m)
                     self.free_total += n.devices
                     self.capacity += n.devices
         # Jobs in arrival order, so that rebuilding gives the same order as incremental updates.
@@ -189,6 +198,7 @@ class SchedState:
                     self.free_total -= got
             self.node_jobs[node][rec.id] = None
             self.node_tier[node][t] += len(idxs)
+            self._touch(node)
         self.tier_devices[t] += len(devices)
         self.usage[rec.project] = self.usage.get(rec.project, 0) + len(devices)
         if not rec.running:
@@ -233,6 +243,7 @@ class SchedState:
                     self.cluster_free[self.node_cluster[node]] += after - before
                     self.free_total += after - before
             self.node_tier[node][t] -= len(idxs)
+            self._touch(node)
         rec.devices = [d for d in rec.devices if d not in gone]
         still = {d.node for d in rec.devices}
         for node in by_node:
@@ -245,6 +256,22 @@ class SchedState:
             rec.shared = False
             self.running.pop(rec.id, None)
 
+    def _touch(self, node: str) -> None:
+        if node in self.down:
+            return
+        c = self.node_cluster[node]
+        free = len(self.free_idx[node])
+        size = self.node_size[node]
+        nt = self.node_tier[node]
+        for t in (1, 2):
+            v = min(size, free + (nt[0] if t == 1 else nt[0] + nt[1]))
+            old = self._room_of[t][node]
+            if v != old:
+                b = self.room[t][c]
+                del b[old][node]
+                b[v][node] = None
+                self._room_of[t][node] = v
+
     def node_down(self, node: str) -> None:
         if node in self.down:
             return
@@ -254,6 +281,8 @@ class SchedState:
         self.cluster_free[c] -= free
         self.free_total -= free
         self.capacity -= self.node_size[node]
+        for t in (1, 2):
+            del self.room[t][c][self._room_of[t][node]][node]
         self.down.add(node)
 
     def node_up(self, node: str) -> None:
@@ -262,6 +291,9 @@ class SchedState:
         self.down.discard(node)
         free = len(self.free_idx[node])
         c = self.node_cluster[node]
+        for t in (1, 2):
+            self.room[t][c][self._room_of[t][node]][node] = None
+        self._touch(node)
         self.buckets[c][free][node] = None
         self.cluster_free[c] += free
         self.free_total += free
