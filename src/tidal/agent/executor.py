@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.agent.client import ControlClient, LeaseLostError
+from tidal.agent.devices import CpuQuota
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankSpec
 from tidal.mechanisms.storage import CheckpointStore
@@ -83,8 +84,9 @@ class Outbox:
 
 class Executor:
     def __init__(self, client: ControlClient, node: Node, store: CheckpointStore, agent_id: str,
-                 on_lease_lost: Callable[[], None]) -> None:
+                 on_lease_lost: Callable[[], None], quota: CpuQuota | None = None) -> None:
         self.client = client
+        self.quota = quota
         self.node = node
         self.store = store
         self.agent_id = agent_id
@@ -152,6 +154,10 @@ class Executor:
         return out
 
     def _started(self, p: dict[str, Any], job: Job, specs: list[RankSpec]) -> dict[str, Any]:
+        if self.quota is not None:
+            device = {int(r["rank"]): int(r["device"]) for r in p["ranks"]}
+            for rp in job.ranks:
+                self.quota.place(device[rp.spec.rank], rp.pid)
         run = Running(p["job_id"], int(p["attempt"]), job, specs)
         with self.mu:
             self.jobs[run.job_id] = run

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 
 from tidal.agent.client import ControlClient, LeaseLostError
-from tidal.agent.devices import cpu_sets
+from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.config import load_settings
 from tidal.mechanisms.criu.rank import Node, become_subreaper
@@ -40,7 +40,9 @@ class Agent:
         self.store = CheckpointStore(settings.store_url)
         self.node = Node(self.name, Path(args.root))
         self.registered = threading.Event()
-        self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost)
+        quota = CpuQuota(self.name, args.devices)
+        self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost,
+                                 quota if quota.enabled else None)
         self.lease_s = 5.0
 
     def register(self) -> None:

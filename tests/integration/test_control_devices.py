@@ -1,0 +1,64 @@
+"""Virtual devices: CPU sets when cores suffice, else a cgroup CPU quota per device that a rank keeps
+across checkpoint and restore on another node root."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tidal.agent.devices import CpuQuota, cpu_sets
+from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.storage import CheckpointStore
+
+
+def test_cpu_sets() -> None:
+    assert cpu_sets(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
+    assert cpu_sets(1, [0, 1]) == [[0, 1]]
+    assert cpu_sets(4, [0, 1]) == [[0], [1], [0], [1]]
+    with pytest.raises(ValueError):
+        cpu_sets(0)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.criu
+def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
+    become_subreaper()
+    quota = CpuQuota(f"qtest-{os.getpid()}", devices=4, cores=1)  # a quarter of a CPU per device
+    if not quota.enabled:
+        pytest.skip("no cgroup v1 cpu controller")
+    work = tmp_path / "work"
+    work.mkdir()
+    store = CheckpointStore(str(tmp_path / "store"))
+    spec = RankSpec("q", 0, ("sh", "-c", "while :; do :; done"), work, dict(os.environ), cpus=(0,))
+    job = Job.launch("q", [(spec, Node("a", tmp_path / "a"))], store)
+    try:
+        quota.place(2, job.ranks[0].pid)
+        busy = next(p for p in job.ranks[0].pids() if p != job.ranks[0].pid)
+        assert "tidal-devices" in Path(f"/proc/{busy}/cgroup").read_text()
+        c0, t0 = _cpu_seconds(busy), time.monotonic()
+        time.sleep(1.0)
+        share = (_cpu_seconds(busy) - c0) / (time.monotonic() - t0)
+        assert share < 0.4, share  # ≈ 0.25 of a CPU, not a whole one
+        job.checkpoint("kill")
+        job = Job.restore(store, "q", [(spec, Node("b", tmp_path / "b"))])
+        quota.place(2, job.ranks[0].pid)
+        busy = next(p for p in job.ranks[0].pids() if p != job.ranks[0].pid)
+        assert "dev2" in Path(f"/proc/{busy}/cgroup").read_text()
+    finally:
+        job.kill()
+        for i in range(4):
+            for _ in range(50):
+                try:
+                    quota.path(i).rmdir()
+                    break
+                except OSError:
+                    time.sleep(0.05)
+        quota.base.rmdir()
