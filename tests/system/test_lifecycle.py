@@ -3,6 +3,8 @@ byte-identical to an uninterrupted run, new pids and nodes at each step, and a g
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
 
     job = c.cli("submit", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
                 env=env).stdout.strip()
+    follow = subprocess.Popen([sys.executable, "-m", "tidal.cli.main", "logs", "-f", job], env=c.env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     j = c.wait_state(job, "running")
     pid1, node1 = j["placement"][0]["pid"], j["placement"][0]["node"]
     progress = workdir / "progress.txt"
@@ -66,6 +70,8 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     assert done.returncode == 0, done.stderr
     logs = c.cli("logs", job)
     assert logs.stdout.encode() == expected_out
+    followed, _ = follow.communicate(timeout=30)  # `logs -f` saw it all live, across every move
+    assert followed == expected_out
     assert (workdir / "progress.txt").read_bytes() == expected_progress
 
     j = c.show(job)
