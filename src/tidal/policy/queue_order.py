@@ -48,9 +48,16 @@ class PendingQueue:
         del self._recs[job_id]
 
     def __iter__(self) -> Iterator[JobRec]:
-        # A copy: callers start jobs (removing them) while iterating.
-        recs = self._recs
-        return iter([recs[i[2]] for i in self._items])
+        # No copy (queues hold thousands): resume after the last item yielded, found by bisection, so
+        # that callers may start (remove) or preempt (insert) jobs while iterating.
+        items = self._items
+        last: tuple[Key, int, str] | None = None
+        while True:
+            i = 0 if last is None else bisect.bisect_right(items, last)
+            if i >= len(items):
+                return
+            last = items[i]
+            yield self._recs[last[2]]
 
     def first(self) -> JobRec | None:
         return self._recs[self._items[0][2]] if self._items else None
@@ -130,3 +137,57 @@ class TieredFairQueue:
 
     def _share(self, project: str, usage: Mapping[str, int]) -> float:
         return usage.get(project, 0) / self._weights.get(project, 1.0)
+
+
+class TierQueues:
+    """One sorted queue per rank (2 = served first), with counts of waiting jobs by size, so that a
+    scan can stop as soon as no job left in a rank is smaller than one that just failed to start."""
+
+    def __init__(self, key: Callable[[JobRec], Key], ranks: int = 3) -> None:
+        self._qs = [PendingQueue(key) for _ in range(ranks)]
+        self._sizes: list[dict[int, int]] = [{} for _ in range(ranks)]
+        self._seen: list[dict[int, int]] = [{} for _ in range(ranks)]
+        self._seen_ids: set[str] = set()
+        self._where: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def add(self, rec: JobRec) -> None:
+        self.remove(rec.id)
+        self._qs[rec.tier].add(rec)
+        self._where[rec.id] = rec.tier
+        self._sizes[rec.tier][rec.W] = self._sizes[rec.tier].get(rec.W, 0) + 1
+
+    def remove(self, job_id: str) -> None:
+        t = self._where.pop(job_id, None)
+        if t is None:
+            return
+        q = self._qs[t]
+        rec = q._recs[job_id]
+        q.remove(job_id)
+        self._sizes[t][rec.W] -= 1
+        if job_id in self._seen_ids:
+            self._seen_ids.discard(job_id)
+            self._seen[t][rec.W] -= 1
+
+    def begin_scan(self) -> None:
+        self._seen = [{} for _ in self._qs]
+        self._seen_ids = set()
+
+    def seen(self, rec: JobRec) -> None:
+        if rec.id in self._where and rec.id not in self._seen_ids:
+            self._seen_ids.add(rec.id)
+            t = self._where[rec.id]
+            self._seen[t][rec.W] = self._seen[t].get(rec.W, 0) + 1
+
+    def exhausted(self, tier: int, failed_size: int) -> bool:
+        seen = self._seen[tier]
+        return all(w >= failed_size for w, n in self._sizes[tier].items() if n - seen.get(w, 0) > 0)
+
+    def tier(self, tier: int) -> Iterator[JobRec]:
+        return iter(self._qs[tier])
+
+    def __iter__(self) -> Iterator[JobRec]:
+        for t in range(len(self._qs) - 1, -1, -1):
+            yield from self._qs[t]

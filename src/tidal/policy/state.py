@@ -272,6 +272,23 @@ class SchedState:
                 b[v][node] = None
                 self._room_of[t][node] = v
 
+    def retier(self, rec: JobRec, tier: int) -> None:
+        """Change the rank a job is served and preempted at (Tiresias: its queue), keeping the
+        per-tier device counts right."""
+        if tier == rec.tier:
+            return
+        if rec.running:
+            nodes: dict[str, int] = {}
+            for d in rec.devices:
+                nodes[d.node] = nodes.get(d.node, 0) + 1
+            for node, k in nodes.items():
+                self.node_tier[node][rec.tier] -= k
+                self.node_tier[node][tier] += k
+                self._touch(node)
+            self.tier_devices[rec.tier] -= len(rec.devices)
+            self.tier_devices[tier] += len(rec.devices)
+        rec.tier = tier
+
     def node_down(self, node: str) -> None:
         if node in self.down:
             return
