@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 import time
 
+from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
 from tidal.control.store.models import EventRow
@@ -18,5 +19,7 @@ def record(s: Session, kind: str, *, job_id: str | None = None, node: str | None
            cause: str | None = None, detail: str = "") -> str:
     """Append an event; returns its id, to be the cause of what follows from it."""
     eid = new_id("e")
-    s.add(EventRow(id=eid, time=time.time(), kind=kind, job_id=job_id, node=node, cause=cause, detail=detail))
+    # A Core insert: events are written often and never read back in the same transaction.
+    s.execute(insert(EventRow).values(id=eid, time=time.time(), kind=kind, job_id=job_id, node=node,
+                                      cause=cause, detail=detail))
     return eid

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from tidal.control.history import new_id, record
@@ -60,15 +60,14 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str) -> JobRow:
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
     seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
-    job = JobRow(
-        id=secrets.token_hex(4), seq=seq, name=spec.name, owner=owner, spec=spec_to_json(spec),
-        tier=spec.tier.value, ranks=spec.ranks, state=S.PENDING.value, held=False, submitted_at=time.time(),
-        restarts=0, attempt=0, placement=[],
-    )
-    s.add(job)
-    record(s, "submitted", job_id=job.id, cause=cause,
+    values = dict(id=secrets.token_hex(4), seq=seq, name=spec.name, owner=owner, spec=spec_to_json(spec),
+                  tier=spec.tier.value, ranks=spec.ranks, state=S.PENDING.value, held=False,
+                  submitted_at=time.time(), restarts=0, attempt=0, placement=[])
+    # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API.
+    s.execute(insert(JobRow).values(**values))
+    record(s, "submitted", job_id=values["id"], cause=cause,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}")
-    return job
+    return JobRow(**values)
 
 
 def spec_to_json(spec: JobSpec) -> dict[str, Any]:
