@@ -19,11 +19,11 @@ import sys
 import time
 from datetime import UTC, datetime
 
+from tidal.policy import make_policy
 from tidal.sim.cluster_spec import parse_cluster
 from tidal.sim.engine import Simulator
 from tidal.sim.metrics import summarize
 from tidal.sim.trace import assign_tiers, load_trace
-from tidal.policy import make_policy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRACES = os.path.join(HERE, "..", "..", "shared", "traces")
@@ -54,7 +54,8 @@ def main() -> int:
     }
     print(f"{len(window)} jobs submitted 2017-10-01..11-30; {len(jobs)} simulated, {unknown} of VCs not in "
           f"{os.path.basename(args.vc)}, {too_big} larger than their VC")
-    print(f"{'policy':8} {'avg JCT (s)':>12} {'avg queue (s)':>14} {'Helios JCT':>11} {'Helios queue':>13} {'wall (s)':>9}")
+    print(f"{'policy':8} {'avg JCT (s)':>12} {'avg queue (s)':>14} {'Helios JCT':>11} {'Helios queue':>13}"
+          f" {'wall (s)':>9}")
     for name in args.policies.split(","):
         t = time.monotonic()
         r = Simulator(spec.topology, jobs, make_policy(name), pinned=True).run()
@@ -64,7 +65,8 @@ def main() -> int:
         out["policies"][name] = {"avg_jct_s": s["avg_jct_s"], "avg_queue_s": s["avg_queue_s"],  # type: ignore[index]
                                  "helios_avg_jct_s": pub[0], "helios_avg_queue_s": pub[1], "wall_s": wall,
                                  "preemptions": s["preemptions"]}
-        print(f"{name:8} {s['avg_jct_s']:12,.0f} {s['avg_queue_s']:14,.0f} {pub[0] or 0:11,} {pub[1] or 0:13,} {wall:9.1f}")
+        print(f"{name:8} {s['avg_jct_s']:12,.0f} {s['avg_queue_s']:14,.0f} {pub[0] or 0:11,} {pub[1] or 0:13,}"
+              f" {wall:9.1f}")
         sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as f:

@@ -55,7 +55,8 @@ def test_gavel_trace(tmp_path: Path) -> None:
     line = "ResNet-18\tcd x && python3 main.py\t--num_steps\t1\t500\t{t}\t{g}\n"
     path = write(tmp_path, "vc1.trace", line.format(t="0.0", g=2) + line.format(t="7.5", g=1) + "bad\tline\n")
     tr = load_trace(path, gavel_step_s=2.0)
-    assert [(j.submit, j.duration, j.gpus, j.project) for j in tr.jobs] == [(0.0, 1000.0, 2, "vc1"), (7.5, 1000.0, 1, "vc1")]
+    got = [(j.submit, j.duration, j.gpus, j.project) for j in tr.jobs]
+    assert got == [(0.0, 1000.0, 2, "vc1"), (7.5, 1000.0, 1, "vc1")]
     assert tr.bad_rows[0].line == 3
 
 

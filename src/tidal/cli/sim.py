@@ -24,7 +24,9 @@ def sim(
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tier assignment rule.")] = 0,
-    tier_mix: Annotated[str, typer.Option(help="premium,standard,basic shares for traces without tiers.")] = "0.2,0.3,0.5",
+    tier_mix: Annotated[
+        str, typer.Option(help="premium,standard,basic shares for traces without tiers.")
+    ] = "0.2,0.3,0.5",
     on_bad_row: Annotated[str, typer.Option(help="skip or fail on a malformed trace row.")] = "skip",
     trace_format: Annotated[str, typer.Option("--format", help="auto, philly, gavel or generic.")] = "auto",
     limit: Annotated[int | None, typer.Option(help="Only the first N jobs of the trace.")] = None,

@@ -13,7 +13,7 @@ class DeviceRef(NamedTuple):
     """One device: ``index`` on ``node`` (node names are unique across the topology)."""
 
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index on purpose: the device's index on its node
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ class JobRec:
     """The policy's record of one live job (pending or holding devices)."""
 
     __slots__ = (
+        "W",
         "attained",
         "devices",
         "duration",
@@ -39,7 +40,6 @@ class JobRec:
         "submit",
         "tier",
         "tier_obj",
-        "W",
     )
 
     def __init__(self, jv: JobView, seq: int, tierless: bool = False) -> None:

@@ -97,8 +97,14 @@ def run_one(p: Prepared, name: str, cost: CostModel | None = None,
     return sim.run(progress)
 
 
+def _bind(progress: Callable[[str, int], None] | None, name: str) -> Callable[[int], None] | None:
+    if progress is None:
+        return None
+    return lambda done: progress(name, done)
+
+
 def _series(r: SimResult) -> dict[str, Any]:
-    jct = sorted(j.finish - j.submit for j in r.jobs if j.finish is not None)  # type: ignore[operator]
+    jct = sorted(float(j.finish) - j.submit for j in r.jobs if j.finish is not None)
     return {"t": r.series_t, "goodput": r.series_good, "allocation": r.series_alloc, "jct_sorted": jct}
 
 
@@ -129,7 +135,7 @@ def run_policies(
     series: dict[str, dict[str, Any]] = {}
     if workers <= 1 or len(names) == 1:
         for n in names:
-            r = run_one(p, n, cost, (lambda d, n=n: progress(n, d)) if progress else None)  # type: ignore[misc]
+            r = run_one(p, n, cost, _bind(progress, n))
             summaries[n], series[n] = summarize(r), _series(r)
         return summaries, series
     ctx = multiprocessing.get_context("fork")

@@ -32,7 +32,8 @@ def job_attainment(j: SimJob) -> float:
 
 def summarize(r: SimResult) -> dict[str, Any]:
     jobs = [j for j in r.jobs if j.finish is not None]
-    jct = [j.finish - j.submit for j in jobs]  # type: ignore[operator]
+    fin = {j.id: float(j.finish or 0.0) for j in jobs}
+    jct = [fin[j.id] - j.submit for j in jobs]
     queue = [j.queue_s for j in jobs]
     w0, w1 = r.window
     window = max(w1 - w0, 1e-9)
@@ -42,7 +43,7 @@ def summarize(r: SimResult) -> dict[str, Any]:
         "p50_jct_s": percentile(jct, 50),
         "p99_jct_s": percentile(jct, 99),
         "avg_queue_s": _mean(queue),
-        "makespan_s": (max(j.finish for j in jobs) - w0) if jobs else 0.0,  # type: ignore[type-var]
+        "makespan_s": (max(fin.values()) - w0) if jobs else 0.0,
         "goodput": r.good_device_s / (r.capacity * window),
         "allocation": r.alloc_device_s / (r.capacity * window),
         "lost_device_hours": sum(j.lost_device_s for j in jobs) / 3600.0,
@@ -59,10 +60,10 @@ def summarize(r: SimResult) -> dict[str, Any]:
         if not tj:
             continue
         ideal = sum(j.W * j.duration for j in tj)
-        real = sum(j.W * (j.finish - j.submit) for j in tj)  # type: ignore[operator]
+        real = sum(j.W * (fin[j.id] - j.submit) for j in tj)
         att = [job_attainment(j) for j in tj]
         target = tier.target
-        tjct = [j.finish - j.submit for j in tj]  # type: ignore[operator]
+        tjct = [fin[j.id] - j.submit for j in tj]
         out["sla"][tier.value] = {
             "jobs": len(tj),
             "attainment": ideal / real if real > 0 else 1.0,

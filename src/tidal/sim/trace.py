@@ -63,7 +63,7 @@ class Trace:
 def _open_text(path: str) -> io.TextIOBase:
     if path.endswith(".xz"):
         return io.TextIOWrapper(lzma.open(path, "rb"), encoding="utf-8", newline="")
-    return open(path, encoding="utf-8", newline="")  # noqa: SIM115 - returned to the caller
+    return open(path, encoding="utf-8", newline="")
 
 
 def _bad(bad: list[BadRow], line: int, reason: str, on_bad_row: OnBadRow) -> None:
@@ -100,7 +100,7 @@ def load_philly(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
     jobs: list[TraceJob] = []
     bad: list[BadRow] = []
     with _open_text(path) as f:
-        reader = csv.DictReader(f)  # type: ignore[arg-type]
+        reader = csv.DictReader(f)
         need = {"timestamp", "duration", "num_gpus"}
         if not need <= set(reader.fieldnames or ()):
             raise ValidationError(f"{path}: not a Philly CSV (need columns {sorted(need)})", field="trace")
@@ -125,7 +125,7 @@ def load_generic(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
     jobs: list[TraceJob] = []
     bad: list[BadRow] = []
     with _open_text(path) as f:
-        reader = csv.DictReader(f)  # type: ignore[arg-type]
+        reader = csv.DictReader(f)
         need = {"submit_time", "duration", "num_gpus"}
         if not need <= set(reader.fieldnames or ()):
             raise ValidationError(

@@ -68,7 +68,7 @@ class PriorityRequeue(BasePolicy):
                 tier = rec.tier
                 out = make_room(
                     st, clusters, rec.W, now,
-                    eligible=lambda j: j.tier < tier,
+                    eligible=lambda j, tier=tier: j.tier < tier,  # type: ignore[misc]
                     order=lambda j: (float(j.tier), -j.started_at),
                     min_run_s=self.min_run_s, shrink=False, below_tier=tier,
                 )

@@ -23,15 +23,12 @@ class Srtf(BasePolicy):
         for rec in st.jobs.values():
             scopes.setdefault(rec.home, []).append(rec)
         for scope, recs in scopes.items():
-            if scope is None:
-                quota = st.capacity
-            else:
-                quota = st.topology.cluster(scope).devices
+            quota = st.capacity if scope is None else st.topology.cluster(scope).devices
             recs.sort(key=lambda r: (r.remaining_at(now), r.seq))
             chosen: list[JobRec] = []
             out: list[JobRec] = []
             for r in recs:
-                if r.W <= quota:
+                if quota >= r.W:
                     quota -= r.W
                     if not r.running:
                         chosen.append(r)
