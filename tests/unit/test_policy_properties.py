@@ -41,7 +41,8 @@ def worlds(draw: st.DrawFn) -> tuple[ClusterView, float]:
         w = draw(st.integers(1, 8))
         lo = draw(st.integers(1, w))
         jobs[f"p{k}"] = JobView(f"p{k}", w, draw(st.sampled_from(TIERS)), float(k),
-                                project=draw(st.sampled_from(["a", "b"])), min_devices=lo, max_devices=w, duration_hint=draw(st.floats(1, 1000)))
+                                project=draw(st.sampled_from(["a", "b"])), min_devices=lo, max_devices=w,
+                                duration_hint=draw(st.floats(1, 1000)))
     return ClusterView(topo, jobs), now
 
 
