@@ -1,5 +1,6 @@
-"""``tidal demo``: a training job is checkpointed, killed, restored on another node, and finishes with
-exactly the output of an uninterrupted run."""
+"""``tidal demo``: on a 2-node local cluster, a basic training job is preempted by a premium job, resumes
+on the other node, is migrated once more and finishes with exactly the output of an uninterrupted run.
+``tidal demo --mechanism`` shows the checkpoint mechanism alone, without the cluster."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -103,12 +106,141 @@ def run_demo(steps: int = 60, keep: bool = False) -> bool:
     return same_log and same_params and status.ok
 
 
+class _Story:
+    """Prints numbered steps with the time since the demo started."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.n = 0
+
+    def say(self, text: str) -> None:
+        self.n += 1
+        console.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {self.n:2d}. {text}", highlight=False)
+
+
+def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TidalError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
+    """The story of issue "live cluster": preemption by a premium job, resume elsewhere, migration."""
+    from tidal.cli.api import Api
+    from tidal.control import localcluster
+
+    if os.geteuid() != 0:
+        raise ConfigError("the demo runs ranks in their own PID namespaces and needs root",
+                          hint="run it as root (sudo make demo)")
+    base_settings = load_settings()
+    base_settings.home.mkdir(parents=True, exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="demo-cluster-", dir=base_settings.home))
+    # The demo's cluster is its own: its state, tokens and port, away from the user's cluster.
+    os.environ["TIDAL_HOME"] = str(home)
+    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
+        os.environ.pop(var, None)
+    settings = load_settings()
+    script = _train_script()
+    workdir, refdir = home / "work", home / "reference"
+    workdir.mkdir()
+    refdir.mkdir()
+    train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    story = _Story()
+    console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in {home}")
+    reference = subprocess.Popen(train, cwd=refdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    ok = False
+    try:
+        localcluster.up(settings, nodes=2, devices_per_node=1, lease_s=5.0)
+        api = Api()
+        story.say("Cluster up: control plane and agents node-1, node-2 (an uninterrupted reference run of the "
+                  "same training script goes on in the background)")
+
+        def submit(name: str, tier: str, argv: list[str]) -> str:
+            job = api.post("/v1/jobs", json={"name": name, "tier": tier, "command": argv,
+                                             "workdir": str(workdir), "env": env})
+            return str(job["id"])
+
+        def job(jid: str) -> dict[str, Any]:
+            return dict(api.get(f"/v1/jobs/{jid}"))
+
+        def where(jid: str) -> str:
+            j = job(jid)
+            return ", ".join(f"{p['node']} (pid {p['pid']})" for p in j["placement"]) or "-"
+
+        def running_on(jid: str, node: str | None = None) -> bool:
+            j = job(jid)
+            return j["state"] == "running" and bool(j["placement"]) and all(
+                p["pid"] for p in j["placement"]) and (node is None or j["placement"][0]["node"] == node)
+
+        def log(jid: str) -> bytes:
+            return bytes(api.request("GET", f"/v1/jobs/{jid}/logs", params={"rank": 0}).content)
+
+        basic = submit("train", "basic", train)
+        _until("the basic job to run", lambda: running_on(basic))
+        story.say(f"Basic job [bold]{basic}[/] (train.py, {steps} steps) runs on {where(basic)}")
+        _until("the basic job's step 20", lambda: b"\nstep 20 " in log(basic))
+        other = submit("eval", "standard", ["sh", "-c", "for i in $(seq 1 12); do echo eval $i; sleep 0.5; done"])
+        _until("the standard job to run", lambda: running_on(other))
+        story.say(f"Standard job [bold]{other}[/] takes the other device: {where(other)}")
+        premium = submit("urgent", "premium", ["sh", "-c", "for i in $(seq 1 24); do echo urgent $i; sleep 0.5; done"])
+        story.say(f"Premium job [bold]{premium}[/] arrives: no device is free")
+        _until("the basic job to be preempted", lambda: job(basic)["state"] in ("preempted", "restoring"))
+        ck = job(basic)["checkpoints"]
+        story.say(f"The scheduler preempts the basic job: checkpoint {ck[-1]['id']} "
+                  f"({ck[-1]['bytes'] / 2**20:.0f} MiB), devices released")
+        _until("the premium job to run", lambda: running_on(premium))
+        story.say(f"Premium job runs on {where(premium)}")
+        _until("the standard job to finish", lambda: job(other)["state"] == "succeeded")
+        _until("the basic job to resume", lambda: running_on(basic))
+        story.say(f"The standard job is done; the basic job resumes where there is room, from its checkpoint: "
+                  f"{where(basic)}")
+        _until("the premium job to finish", lambda: job(premium)["state"] == "succeeded", timeout=180)
+        here = job(basic)["placement"][0]["node"]
+        there = "node-1" if here == "node-2" else "node-2"
+        story.say(f"The premium job is done; we migrate the basic job from {here} to {there}")
+        api.post(f"/v1/jobs/{basic}/migrate", json={"to": there})
+        _until("the basic job to run on the target", lambda: running_on(basic, there))
+        story.say(f"Basic job runs on {where(basic)}")
+        final = _until("the basic job to finish", lambda: (j := job(basic))["terminal"] and j, timeout=300)
+        ref_out, _ = reference.communicate(timeout=300)
+        out = log(basic)
+        same_log = out == ref_out and reference.returncode == 0
+        same_params = (workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
+        story.say(f"Basic job {final['state']}")
+        table = Table(title=f"Basic job {basic}: what happened")
+        for col in ("time", "event", "node", "cause"):
+            table.add_column(col)
+        t0 = final["events"][0]["time"]
+        for e in final["events"]:
+            table.add_row(f"{e['time'] - t0:6.1f}s", e["kind"], e["node"] or "", e["cause"] or "")
+        console.print(table)
+        console.print(f"Checkpoints: {len(final['checkpoints'])}; restarts: {final['restarts']}")
+        verdict = "[bold green]identical[/]" if same_log else "[bold red]DIFFERENT[/]"
+        console.print(f"Per-step output vs the uninterrupted run: {verdict} ({len(out.splitlines())} lines); "
+                      f"final parameters: {'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
+        ok = same_log and same_params and final["state"] == "succeeded"
+    finally:
+        reference.kill()
+        localcluster.down(settings)
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
+    return ok
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        steps: int = typer.Option(60, help="training steps of the demo job"),
+        mechanism: bool = typer.Option(False, "--mechanism", help="the checkpoint mechanism alone, no cluster"),
+        steps: int = typer.Option(None, help="training steps of the demo job"),
         keep: bool = typer.Option(False, help="keep the demo's state directory"),
     ) -> None:
-        """Show a job being checkpointed, killed, restored on another node and finishing identically."""
-        if not run_demo(steps, keep):
+        """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically."""
+        ok = run_demo(steps or 60, keep) if mechanism else run_cluster_demo(steps or 300, keep)
+        if not ok:
             raise typer.Exit(1)
