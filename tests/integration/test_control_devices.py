@@ -28,6 +28,17 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _child(job: Job) -> int:
+    """The rank's command (its init forks it right after launch: wait for it)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        kids = [p for p in job.ranks[0].pids() if p != job.ranks[0].pid]
+        if kids:
+            return kids[0]
+        time.sleep(0.01)
+    raise AssertionError("the rank's command did not start")
+
+
 @pytest.mark.criu
 def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
     become_subreaper()
@@ -41,7 +52,7 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
     job = Job.launch("q", [(spec, Node("a", tmp_path / "a"))], store)
     try:
         quota.place(2, job.ranks[0].pid)
-        busy = next(p for p in job.ranks[0].pids() if p != job.ranks[0].pid)
+        busy = _child(job)
         assert "tidal-devices" in Path(f"/proc/{busy}/cgroup").read_text()
         c0, t0 = _cpu_seconds(busy), time.monotonic()
         time.sleep(1.0)
@@ -50,7 +61,7 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
         job.checkpoint("kill")
         job = Job.restore(store, "q", [(spec, Node("b", tmp_path / "b"))])
         quota.place(2, job.ranks[0].pid)
-        busy = next(p for p in job.ranks[0].pids() if p != job.ranks[0].pid)
+        busy = _child(job)
         assert "dev2" in Path(f"/proc/{busy}/cgroup").read_text()
     finally:
         job.kill()
