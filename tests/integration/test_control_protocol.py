@@ -248,3 +248,28 @@ def test_periodic_checkpoints_are_dispatched(plane: Plane) -> None:
     assert a.result(act, **ckpt(1))
     j = plane.job(jid)
     assert j["state"] == "running" and len(j["checkpoints"]) == 1 and j["placement"][0]["pid"] == 4242
+
+
+def test_losing_a_migration_destination_requeues_instead(tmp_path: Path) -> None:
+    p = Plane(tmp_path, lease_s=0.5)
+    a, b = FakeAgent(p, "node-1", "A"), FakeAgent(p, "node-2", "B")
+    a.register()
+    jid = p.submit()
+    start(p, a, jid)
+    b.register()
+    assert p.http.post(f"/v1/jobs/{jid}/migrate", headers=p.as_user(), json={"to": "node-2"}).status_code == 200
+    (act,) = a.actions()
+    deadline = time.monotonic() + 0.7
+    while time.monotonic() < deadline:  # node-1 stays alive, node-2 goes silent
+        p.http.post("/v1/agent/node-1/heartbeat", headers=p.as_agent(), json={"agent_id": "A"})
+        time.sleep(0.05)
+    p.rec.once()
+    j = p.job(jid)
+    assert j["state"] == "checkpointing" and j["restarts"] == 0  # its ranks still run on node-1
+    assert a.result(act, **ckpt(1))
+    j = p.job(jid)
+    assert j["state"] == "preempted" and not j["held"]
+    p.rec.once()
+    (restore,) = a.actions()
+    assert restore["kind"] == "restore"
+    p.db.close()

@@ -66,9 +66,13 @@ def expire(s: Session, node: NodeRow, why: str) -> None:
                                               ActionRow.status.in_(("pending", "sent")))):
         a.status = "dropped"
     for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in jobs.ACTIVE]))):
-        here = {p["node"] for p in job.placement} | {n for n, _ in job.target or ()}
-        if node.name in here:
+        if any(p["node"] == node.name for p in job.placement):
             jobs.lost(s, job, eid, f"node {node.name} lost ({why})")
+        elif any(n == node.name for n, _ in job.target or ()):
+            # Only the migration's destination is gone: the ranks still run (and are being checkpointed)
+            # where they are, so they must not be requeued; the job lands wherever there is room instead.
+            job.target = []
+            record(s, "migration_target_lost", job_id=job.id, node=node.name, cause=eid)
 
 
 def take_actions(s: Session, name: str, agent_id: str) -> list[dict[str, Any]]:

@@ -288,10 +288,14 @@ def on_result(s: Session, a: ActionRow, ok: bool, data: dict[str, Any], error: s
         job.placement = []
         job.held = purpose == "hold"
         transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+    elif not job.target:  # a migration whose destination was lost meanwhile: requeue it, not held
+        job.placement = []
+        job.target = None
+        transition(s, job, S.PREEMPTED, cause, detail + ", its destination is gone: requeued")
     else:  # migrate
         job.placement = []
-        target = [DeviceRef(n, int(i)) for n, i in job.target or ()]
-        eid = transition(s, job, S.MIGRATING, cause, detail + f", to {target[0].node if target else '?'}")
+        target = [DeviceRef(n, int(i)) for n, i in job.target]
+        eid = transition(s, job, S.MIGRATING, cause, detail + f", to {target[0].node}")
         start(s, job, target, eid, keep)
 
 
