@@ -12,6 +12,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +34,29 @@ def _train_script() -> Path:
     return script
 
 
-def _wait_for_step(log: Path, step: int, timeout: float = 120) -> None:
-    rx = re.compile(rf"^step {step} ", re.M)
+def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
     deadline = time.monotonic() + timeout
-    while not (log.exists() and rx.search(log.read_text(errors="replace"))):
+    while True:
+        got = check()
+        if got:
+            return got
         if time.monotonic() > deadline:
-            raise TidalError(f"the demo job did not reach step {step} within {timeout:.0f}s: see {log}")
-        time.sleep(0.02)
+            raise TidalError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _demo_dir(prefix: str) -> Path:
+    """A fresh directory for one demo run under TIDAL_HOME (root is needed for the ranks' namespaces)."""
+    if os.geteuid() != 0:
+        raise ConfigError("the demo runs ranks in their own PID namespaces and needs root",
+                          hint="run it as root (sudo make demo)")
+    home = load_settings().home
+    home.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=home))
+
+
+def _log_has_step(log: Path, step: int) -> bool:
+    return log.exists() and re.search(rf"^step {step} ", log.read_text(errors="replace"), re.M) is not None
 
 
 def run_demo(steps: int = 60, keep: bool = False) -> bool:
@@ -47,12 +64,7 @@ def run_demo(steps: int = 60, keep: bool = False) -> bool:
     from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
     from tidal.mechanisms.storage import CheckpointStore
 
-    if os.geteuid() != 0:
-        raise ConfigError("the demo runs ranks in their own PID namespaces and needs root",
-                          hint="run it as root (sudo make demo)")
-    settings = load_settings()
-    settings.home.mkdir(parents=True, exist_ok=True)
-    base = Path(tempfile.mkdtemp(prefix="demo-", dir=settings.home))
+    base = _demo_dir("demo-")
     become_subreaper()
     script = _train_script()
     argv = (sys.executable, str(script), "--steps", str(steps), "--step-time", "0.03")
@@ -75,7 +87,8 @@ def run_demo(steps: int = 60, keep: bool = False) -> bool:
     for i, stop in enumerate((steps // 4, steps // 2)):
         here = job.ranks[0].node
         there = nodes[(i + 1) % 2]
-        _wait_for_step(here.log_path(spec), stop)
+        log = here.log_path(spec)
+        _until(f"step {stop}", partial(_log_has_step, log, stop))
         info = job.checkpoint(then="kill")
         t = job.last_timing
         console.print(f"{3 + 2 * i}. At step {stop}: checkpoint {info.id} ({info.logical_bytes / 2**20:.0f} MiB "
@@ -118,28 +131,12 @@ class _Story:
         console.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {self.n:2d}. {text}", highlight=False)
 
 
-def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TidalError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
 def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
-    """The story of issue "live cluster": preemption by a premium job, resume elsewhere, migration."""
+    """Preemption by a premium job, resume on another node, migration, identical output."""
     from tidal.cli.api import Api
     from tidal.control import localcluster
 
-    if os.geteuid() != 0:
-        raise ConfigError("the demo runs ranks in their own PID namespaces and needs root",
-                          hint="run it as root (sudo make demo)")
-    base_settings = load_settings()
-    base_settings.home.mkdir(parents=True, exist_ok=True)
-    home = Path(tempfile.mkdtemp(prefix="demo-cluster-", dir=base_settings.home))
+    home = _demo_dir("demo-cluster-")
     # The demo's cluster is its own: its state, tokens and port, away from the user's cluster.
     os.environ["TIDAL_HOME"] = str(home)
     for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
