@@ -56,7 +56,7 @@ def wait_stable(api: Api, job_id: str, done: Any, timeout: float, what: str) -> 
     deadline = time.monotonic() + timeout
     with console.status(f"{what} {job_id}…"):
         while True:
-            job = api.get(f"/v1/jobs/{job_id}")
+            job: dict[str, Any] = api.get(f"/v1/jobs/{job_id}")
             if done(job):
                 return job
             if time.monotonic() > deadline:

@@ -60,12 +60,13 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str) -> JobRow:
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
     seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
-    values = dict(id=secrets.token_hex(4), seq=seq, name=spec.name, owner=owner, spec=spec_to_json(spec),
+    jid = secrets.token_hex(4)
+    values: dict[str, Any] = dict(id=jid, seq=seq, name=spec.name, owner=owner, spec=spec_to_json(spec),
                   tier=spec.tier.value, ranks=spec.ranks, state=S.PENDING.value, held=False,
                   submitted_at=time.time(), restarts=0, attempt=0, placement=[])
     # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API.
     s.execute(insert(JobRow).values(**values))
-    record(s, "submitted", job_id=values["id"], cause=cause,
+    record(s, "submitted", job_id=jid, cause=cause,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}")
     return JobRow(**values)
 

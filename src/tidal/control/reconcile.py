@@ -74,8 +74,11 @@ class Reconciler:
             with self.db.changed:
                 # once() itself commits; wait for a commit by someone else, or the interval.
                 seen = self.db.generation
-                self.db.changed.wait_for(lambda seen=seen: self.db.generation != seen or self._stop.is_set(),
-                                         timeout=self.interval)
+
+                def moved(seen: int = seen) -> bool:
+                    return self.db.generation != seen or self._stop.is_set()
+
+                self.db.changed.wait_for(moved, timeout=self.interval)
 
     def once(self) -> None:
         now = time.time()

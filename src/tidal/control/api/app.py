@@ -256,8 +256,10 @@ def create_app(ctx: Context) -> FastAPI:
                 if ready:
                     break
                 # Sleep until some commit creates actions (not on every commit: submissions are many).
-                if not ctx.db.changed.wait_for(lambda seen=seen: ctx.db.action_generation != seen,
-                                               timeout=max(0.0, deadline - time.monotonic())):
+                def acted(seen: int = seen) -> bool:
+                    return ctx.db.action_generation != seen
+
+                if not ctx.db.changed.wait_for(acted, timeout=max(0.0, deadline - time.monotonic())):
                     break
             with ctx.db.tx(notify=False) as s:
                 return agents.take_actions(s, node, agent_id)

@@ -1,0 +1,53 @@
+"""`tidal up`, `status`, `nodes`, `down` as a user runs them, and `tidal up` restarting what died."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.system.conftest import pid_alive, wait_for
+
+pytestmark = pytest.mark.criu
+
+
+def _tidal(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TIDAL_HOME": str(home), "COLUMNS": "200"}
+    env.pop("TIDAL_URL", None)
+    env.pop("TIDAL_TOKEN", None)
+    return subprocess.run([sys.executable, "-m", "tidal.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+def test_up_status_down(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    try:
+        p = _tidal(home, "up", "--nodes", "3", "--devices-per-node", "2")
+        assert p.returncode == 0, p.stderr
+        assert "started control plane, node-1, node-2, node-3" in p.stdout
+        state = json.loads((home / "cluster.json").read_text())
+        assert sorted(state["agents"]) == ["node-1", "node-2", "node-3"]
+        nodes = _tidal(home, "nodes").stdout
+        assert nodes.count("│ 2 ") >= 3 and "node-3" in nodes
+        assert "yes" in _tidal(home, "status").stdout
+        assert (home / "tokens" / "user.token").stat().st_mode & 0o077 == 0
+
+        # an agent dies: `tidal up` again restarts it (and nothing else)
+        victim = state["agents"]["node-2"]["pid"]
+        os.kill(victim, signal.SIGKILL)
+        wait_for(lambda: not pid_alive(victim), what="the agent to die")
+        assert "no" in _tidal(home, "status").stdout
+        p = _tidal(home, "up", "--nodes", "3")
+        assert p.returncode == 0 and "started node-2" in p.stdout, p.stdout + p.stderr
+    finally:
+        p = _tidal(home, "down")
+    assert p.returncode == 0 and "control plane" in p.stdout
+    assert not (home / "cluster.json").exists()
+    assert _tidal(home, "status").returncode == 1
+    p = _tidal(home, "ls")
+    assert p.returncode != 0 and "tidal up" in p.stderr and "Traceback" not in p.stderr
