@@ -273,3 +273,35 @@ def test_losing_a_migration_destination_requeues_instead(tmp_path: Path) -> None
     (restore,) = a.actions()
     assert restore["kind"] == "restore"
     p.db.close()
+
+
+@pytest.mark.parametrize("policy", ["firstfit", "singularity"])
+def test_premium_preempts_basic_under_either_policy(tmp_path: Path, policy: str) -> None:
+    from tidal.control.reconcile import make_policy
+
+    p = Plane(tmp_path)
+    p.rec = Reconciler(p.db, make_policy(policy), keep=3)
+    a = FakeAgent(p, "node-1", "A")
+    a.register()
+    basic = p.submit(tier="basic")
+    start(p, a, basic)
+    p.db.sessions  # noqa: B018
+    with p.db.tx() as s:  # it has run long enough to be preemptible under any minimum run time
+        from tidal.control.store.models import JobRow
+
+        s.get(JobRow, basic).started_at = time.time() - 3600  # type: ignore[union-attr]
+    premium = p.submit(tier="premium")
+    p.rec.once()
+    (act,) = a.actions()
+    assert act["kind"] == "checkpoint" and act["job_id"] == basic and act["payload"]["then"] == "kill"
+    assert a.result(act, **ckpt(1))
+    assert p.job(basic)["state"] == "preempted" and not p.job(basic)["held"]
+    p.rec.once()
+    (launch,) = a.actions()
+    assert launch["job_id"] == premium and launch["kind"] == "launch"
+    a.result(launch, ranks=[{"rank": 0, "pid": 9}])
+    assert a.exit(premium, attempt=1, code=0)
+    p.rec.once()
+    (again,) = a.actions()
+    assert again["job_id"] == basic and again["kind"] == "restore"
+    p.db.close()

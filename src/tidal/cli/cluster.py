@@ -15,13 +15,15 @@ def register(app: typer.Typer) -> None:
     def up(nodes: int = typer.Option(2, "--nodes", "-n", help="agents to start: node-1 … node-N"),
            devices_per_node: int = typer.Option(1, "--devices-per-node", "-d",
                                              help="virtual devices per node"),
-           lease: float = typer.Option(5.0, help="seconds an agent's lease lasts (fencing)")) -> None:
+           lease: float = typer.Option(5.0, help="seconds an agent's lease lasts (fencing)"),
+           policy: str = typer.Option("firstfit", help="scheduling policy: firstfit | singularity")) -> None:
         """Start a local cluster (control plane and agents in the background; state in TIDAL_HOME)."""
         from tidal.control.localcluster import up as start
 
         settings = load_settings()
         with console.status("starting the cluster…"):
-            st, started = start(settings, nodes=nodes, devices_per_node=devices_per_node, lease_s=lease)
+            st, started = start(settings, nodes=nodes, devices_per_node=devices_per_node, lease_s=lease,
+                                policy=policy)
         what = ", ".join(started) if started else "nothing (already running)"
         console.print(f"cluster at [bold]{st.url}[/]; started {what}")
         console.print(f"state in {settings.home}; user token in {settings.home}/tokens/user.token")

@@ -33,6 +33,7 @@ from tidal.core import (
 from tidal.core import Node as TopoNode
 from tidal.errors import TidalError
 from tidal.policy.base import Policy
+from tidal.policy.firstfit import FirstFitPolicy
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -48,7 +49,8 @@ class Reconciler:
         self.min_gap = min_gap
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._run = secrets.token_hex(3)  # policy action ids are unique per process: prefix them
+        self._run = secrets.token_hex(3)
+        self._passes = 0  # policy action ids are unique per process: prefix them
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
@@ -100,11 +102,22 @@ class Reconciler:
     def _schedule(self, s: Session, now: float) -> None:
         if not self._worth_deciding(s):
             return
-        view, rows = snapshot(s)
+        # A new generation every pass: the live loop hands the policy no event stream, so a stateful
+        # policy must rebuild its indexes from the view each time (first-fit is stateless anyway).
+        self._passes += 1
+        view, rows = snapshot(s, generation=self._passes)
+        free = jobs.free_devices(s)
         for a in self.policy.decide(view, [], now):
             job = rows.get(a.job_id)
             if job is None:
                 continue
+            if a.placement and not all(d.index in free.get(d.node, ()) for d in a.devices):
+                # A policy may count on devices that a preemption it just asked for will free (as in the
+                # simulator, where preemption is instant). Here they are free only once the checkpoint is
+                # committed: a later pass places the job then.
+                continue
+            for d in a.devices:
+                free[d.node].remove(d.index)
             cause = f"{a.id}-{self._run}"
             try:
                 waiting = jobs.state(job) in (S.PENDING, S.PREEMPTED) and not job.held
@@ -113,6 +126,11 @@ class Reconciler:
                 elif (a.kind is ActionKind.PREEMPT and not a.kill and jobs.state(job) is S.RUNNING
                       and job.op is None):
                     jobs.checkpoint(s, job, "preempt", cause, self.keep)
+                elif (a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None
+                      and len({d.node for d in a.placement}) == 1):
+                    job.target = [[d.node, d.index] for d in a.placement]
+                    jobs.checkpoint(s, job, "migrate", cause, self.keep)
+                # Resize and time-slicing wait for the elastic issue (not LIVE_EXECUTABLE).
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
 
@@ -129,7 +147,7 @@ class Reconciler:
         return s.scalar(select(JobRow.id).where(urgent).limit(1)) is not None
 
 
-def snapshot(s: Session) -> tuple[ClusterView, dict[str, JobRow]]:
+def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, JobRow]]:
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
     holds devices (a migration's target devices count as held: they are reserved)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
@@ -156,4 +174,17 @@ def snapshot(s: Session) -> tuple[ClusterView, dict[str, JobRow]]:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
-    return ClusterView(topology=topo, jobs=views), rows
+    return ClusterView(topology=topo, jobs=views, generation=generation), rows
+
+
+def make_policy(name: str) -> Policy:
+    """``firstfit`` (default), or ``singularity`` (the full policy, limited to what the live cluster can
+    execute today: placement, checkpoint preemption and migration; no resizing or time-slicing)."""
+    if name == "firstfit":
+        return FirstFitPolicy()
+    if name == "singularity":
+        from tidal.policy.singularity import Singularity, SingularityConfig
+
+        cfg = SingularityConfig(min_run_s=5.0, shrink=False, grow=False, time_slice=False, defrag=False)
+        return Singularity(cfg)
+    raise ValueError(f"unknown policy {name!r} (firstfit, singularity)")

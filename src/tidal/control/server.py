@@ -15,10 +15,9 @@ from sqlalchemy import select, update
 from tidal.config import load_settings
 from tidal.control.api.app import Context, create_app
 from tidal.control.history import record
-from tidal.control.reconcile import Reconciler
+from tidal.control.reconcile import Reconciler, make_policy
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
-from tidal.policy.firstfit import FirstFitPolicy
 
 
 def recover(db: Database, lease_s: float) -> None:
@@ -38,6 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8470)
     ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
+    ap.add_argument("--policy", default="firstfit", choices=("firstfit", "singularity"))
     args = ap.parse_args(argv)
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     db = Database(settings.db_url)
     db.migrate()
     recover(db, args.lease)
-    rec = Reconciler(db, FirstFitPolicy(), keep=settings.keep_checkpoints)
+    rec = Reconciler(db, make_policy(args.policy), keep=settings.keep_checkpoints)
     rec.start()
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease))
     try:
