@@ -305,3 +305,39 @@ def test_premium_preempts_basic_under_either_policy(tmp_path: Path, policy: str)
     (again,) = a.actions()
     assert again["job_id"] == basic and again["kind"] == "restore"
     p.db.close()
+
+
+def test_heartbeats_carry_progress_of_the_current_attempt(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit()
+    start(plane, a, jid)
+
+    def beat(attempt: int, cpu: float) -> None:
+        r = plane.http.post("/v1/agent/node-1/heartbeat", headers=plane.as_agent(), json={
+            "agent_id": "A", "jobs": {jid: {"attempt": attempt, "cpu_s": cpu, "rss_bytes": 1, "output_bytes": 2}}})
+        assert r.status_code == 200
+
+    beat(1, 1.5)
+    assert plane.job(jid)["progress"]["cpu_s"] == 1.5
+    beat(0, 9.0)  # an older attempt's figures are not the job's
+    assert plane.job(jid)["progress"]["cpu_s"] == 1.5
+
+
+def test_migrations_upgrade_an_existing_database(tmp_path: Path) -> None:
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import inspect
+
+    from tidal.control.store.db import MIGRATIONS
+
+    db = Database(f"sqlite:///{tmp_path / 'old.db'}")
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    with db.engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "0001")
+    assert "progress" not in {c["name"] for c in inspect(db.engine).get_columns("jobs")}
+    db.migrate()
+    assert "progress" in {c["name"] for c in inspect(db.engine).get_columns("jobs")}
+    db.close()

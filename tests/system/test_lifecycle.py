@@ -29,6 +29,10 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     progress = workdir / "progress.txt"
     wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 10, what="progress")
 
+    # the agent reports what it sees of the running rank
+    prog = wait_for(lambda: c.job(job)["progress"], what="progress reported by the agent")
+    assert prog["rss_bytes"] > 0 and prog["output_bytes"] >= 0
+
     # preempt: checkpoint, release the device, hold
     c.cli("preempt", job)
     j = c.show(job)

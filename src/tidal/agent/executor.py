@@ -23,6 +23,7 @@ from typing import Any
 
 from tidal.agent.client import ControlClient, LeaseLostError
 from tidal.agent.devices import CpuQuota
+from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankSpec
 from tidal.mechanisms.storage import CheckpointStore
@@ -43,6 +44,14 @@ def as_account(unix_user: str | None, argv: list[str]) -> list[str]:
     if pw.pw_uid == os.getuid():
         return argv
     return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--", *argv]
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
@@ -260,6 +269,22 @@ class Executor:
         ranks = [{"rank": s.rank, "code": st.code, "signal": st.signal} for s, st in zip(run.specs, statuses,
                                                                                          strict=True)]
         self.outbox.put("exits", {"job_id": run.job_id, "attempt": run.attempt, "ranks": ranks})
+
+    def progress(self) -> dict[str, dict[str, float]]:
+        """What can be seen of each running job from outside: CPU time, memory, output so far. (Steps/s
+        come with the interposer.)"""
+        out: dict[str, dict[str, float]] = {}
+        with self.mu:
+            runs = list(self.jobs.values())
+        for run in runs:
+            pids = [p for r in run.job.ranks for p in r.pids()]
+            out[run.job_id] = {
+                "attempt": run.attempt,
+                "cpu_s": round(sum(_cpu_seconds(p) for p in pids), 2),
+                "rss_bytes": tasks.rss_bytes(pids),
+                "output_bytes": sum(run.shipped.values()),
+            }
+        return out
 
     def ship_all(self) -> None:
         with self.mu:

@@ -74,7 +74,8 @@ class Agent:
         while True:
             self.registered.wait()
             try:
-                self.client.call("POST", f"/v1/agent/{self.name}/heartbeat", json={"agent_id": self.agent_id})
+                self.client.call("POST", f"/v1/agent/{self.name}/heartbeat",
+                                 json={"agent_id": self.agent_id, "jobs": self.executor.progress()})
             except LeaseLostError:
                 self.lease_lost()
             except Exception as exc:

@@ -141,6 +141,10 @@ def register(app: typer.Typer) -> None:
         console.print(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}")
         if job["error"]:
             console.print(f"[red]error:[/] {job['error']}")
+        prog = job.get("progress")
+        if prog and job["placement"]:
+            console.print(f"progress: {prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB resident, "
+                          f"{prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
         if job["placement"]:
             t = Table("rank", "node", "device", "pid")
             for p in job["placement"]:
@@ -200,9 +204,10 @@ def register(app: typer.Typer) -> None:
         console.print(t)
 
     @app.command()
-    def events(job: str = typer.Option(None, "--job"), limit: int = typer.Option(1000, "-n")) -> None:
+    def events(job: str = typer.Option(None, "--job"),
+               last: int = typer.Option(200, "-n", help="the last N events")) -> None:
         """The event log: every state change with its cause."""
-        params: dict[str, Any] = {"job": job, "limit": limit} if job else {"limit": limit}
+        params: dict[str, Any] = {"job": job, "last": last} if job else {"last": last}
         _events_table(Api().get("/v1/events", params=params),
                       with_job=job is None)
 

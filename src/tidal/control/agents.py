@@ -53,9 +53,15 @@ def holder(s: Session, name: str, agent_id: str) -> NodeRow:
     return node
 
 
-def heartbeat(s: Session, name: str, agent_id: str, lease_s: float) -> None:
+def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
+              progress: dict[str, dict[str, float]] | None = None) -> None:
     node = holder(s, name, agent_id)
-    node.lease_until = time.time() + lease_s
+    now = time.time()
+    node.lease_until = now + lease_s
+    for job_id, p in (progress or {}).items():
+        job = s.get(JobRow, job_id)
+        if job is not None and job.attempt == int(p.get("attempt", -1)) and job.placement:
+            job.progress = {k: v for k, v in p.items() if k != "attempt"} | {"time": now}
 
 
 def expire(s: Session, node: NodeRow, why: str) -> None:

@@ -21,6 +21,7 @@ from tidal.control.api.schemas import (
     ActionResult,
     AgentHello,
     ExitReport,
+    Heartbeat,
     JobSubmit,
     MigrateRequest,
     Register,
@@ -211,16 +212,22 @@ def create_app(ctx: Context) -> FastAPI:
                         headers={"X-Tidal-Log-Size": str(size), "X-Tidal-Job-State": st})
 
     @app.get("/v1/events")
-    def events(p: User, job: str | None = None, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    def events(p: User, job: str | None = None, after: int = 0, limit: int = 1000,
+               last: int | None = None) -> list[dict[str, Any]]:
+        """Events after ``after`` (oldest first, at most ``limit``), or the ``last`` N."""
         with ctx.db.read() as s:
-            q = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
+            if last is not None:
+                q = select(EventRow).order_by(EventRow.seq.desc()).limit(last)
+            else:
+                q = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
             if job is not None:
                 jobs.get(s, job, owner=p.owner_filter)
                 q = q.where(EventRow.job_id == job)
             elif p.owner_filter is not None:
                 mine = select(JobRow.id).where(JobRow.owner == p.name)
                 q = q.where(EventRow.job_id.in_(mine))
-            return [_event(e) for e in s.scalars(q)]
+            out = [_event(e) for e in s.scalars(q)]
+            return out[::-1] if last is not None else out
 
     @app.get("/v1/nodes")
     def nodes(p: AnyToken) -> list[dict[str, Any]]:
@@ -240,9 +247,9 @@ def create_app(ctx: Context) -> FastAPI:
         return {"lease_s": ctx.lease_s}
 
     @app.post("/v1/agent/{node}/heartbeat")
-    def heartbeat(node: str, body: AgentHello, p: Agent) -> dict[str, Any]:
+    def heartbeat(node: str, body: Heartbeat, p: Agent) -> dict[str, Any]:
         with ctx.db.tx(notify=False) as s:
-            agents.heartbeat(s, node, body.agent_id, ctx.lease_s)
+            agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
         return {"lease_s": ctx.lease_s}
 
     @app.get("/v1/agent/{node}/actions")
@@ -319,6 +326,7 @@ def _detail(s: Session, j: JobRow) -> dict[str, Any]:
         "started_at": j.started_at, "finished_at": j.finished_at, "error": j.error, "attempt": j.attempt,
         "terminal": JobState(j.state) in TERMINAL,
         "busy": j.op is not None,
+        "progress": j.progress,
         "placement": [{"rank": p["rank"], "node": p["node"], "device": p["device"], "pid": p["pid"]}
                       for p in j.placement],
         "checkpoints": [_ckpt(c) for c in jobs.checkpoints(s, j.id)],

@@ -44,6 +44,12 @@ class AgentHello(BaseModel):
     agent_id: str
 
 
+class Heartbeat(BaseModel):
+    agent_id: str
+    # job id → {"attempt", "cpu_s", "rss_bytes", "output_bytes"} for the jobs running on the node
+    jobs: dict[str, dict[str, float]] = Field(default_factory=dict)
+
+
 class ActionResult(BaseModel):
     agent_id: str
     action_id: str

@@ -64,6 +64,8 @@ class JobRow(Base):
     op: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the action in flight
     op_purpose: Mapped[str | None] = mapped_column(String(16), nullable=True)
     last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # What the agent last saw of the ranks: {"time", "cpu_s", "rss_bytes", "output_bytes"}.
+    progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ActionRow(Base):
