@@ -78,11 +78,19 @@ def test_shrink_before_preempt() -> None:
     assert not acts[0].live_executable and acts[1].live_executable
 
 
-def test_minimum_run_time_protects_and_asks_for_a_wakeup() -> None:
-    v = view(1, 1, run("b", 1, B, [(0, 0)], started=NOW - 10), pend("p", 1, P))
-    pol = Singularity(SingularityConfig(time_slice=False))
-    assert pol.decide(v, [], NOW) == []
+def test_minimum_run_time_protects_a_resumed_job_and_asks_for_a_wakeup() -> None:
+    pol = Singularity()
+    # b was preempted once and resumed 10 s ago: protected until 300 s after its resume.
+    v0 = view(1, 1, JobView("b", 1, B, 0.0, JobState.PREEMPTED, attained_device_s=100.0))
+    assert summary(pol.decide(v0, [], NOW - 10)) == [("resume", "b", [("c0-n0", 0)])]
+    v1 = view(1, 1, run("b", 1, B, [(0, 0)], started=NOW - 10), pend("p", 1, P, submitted=NOW))
+    assert pol.decide(v1, [Event("e1", NOW, EventKind.JOB_SUBMITTED, job_id="p")], NOW) == []
     assert pol.next_wakeup(NOW) == NOW - 10 + 300
+
+
+def test_a_job_on_its_first_run_is_not_protected() -> None:
+    v = view(1, 1, run("b", 1, B, [(0, 0)], started=NOW - 10), pend("p", 1, P))
+    assert [a.kind for a in Singularity().decide(v, [], NOW)] == [ActionKind.PREEMPT, ActionKind.PLACE]
 
 
 def test_never_preempts_a_higher_or_equal_tier() -> None:
@@ -109,7 +117,7 @@ def test_defragmentation_migrates_a_small_job_so_a_gang_fits() -> None:
 
 def test_time_slice_when_oversubscribed_then_unshare_when_free() -> None:
     v = view(1, 1, run("a", 1, B, [(0, 0)]), pend("b", 1, B))
-    pol = Singularity()
+    pol = Singularity(SingularityConfig(time_slice=True))
     assert summary(pol.decide(v, [], NOW)) == [("time_slice", "b", [("c0-n0", 0)])]
     # Job a finishes: b keeps its device alone (no action needed), and is no longer shared.
     done = Event("e1", NOW + 50, EventKind.JOB_FINISHED, job_id="a")

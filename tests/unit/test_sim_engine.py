@@ -57,10 +57,12 @@ def test_singularity_preempts_by_checkpoint_and_resumes_without_loss() -> None:
     assert js["j0"].lost_device_s == 0 and js["j0"].preemptions == 1
 
 
-def test_singularity_minimum_run_time_delays_preemption() -> None:
-    js = sim(Singularity(SingularityConfig(time_slice=False)), 1, 1, (0, 1000, 1, B), (100, 50, 1, P))
-    # b is protected until 300: checkpoint 300→301, p runs 301→351; b restores 351→352, ends 1052.
-    assert times(js) == {"j0": (0, 1052), "j1": (300, 351)}
+def test_singularity_minimum_run_time_between_preemptions() -> None:
+    js = sim(Singularity(), 1, 1, (0, 1000, 1, B), (100, 50, 1, P), (200, 50, 1, P))
+    # b is preempted at 100 (first run: unprotected): checkpoint 100→101, j1 runs 101→151. b resumes
+    # at 151 (restore →152). j2 arrives at 200 but b is protected until 151 + 300 = 451: checkpoint
+    # 451→452, j2 runs 452→502; b restores 502→503 with 1000 - 100 - 299 = 601 s left → 1104.
+    assert times(js) == {"j0": (0, 1104), "j1": (100, 151), "j2": (451, 502)}
 
 
 def test_singularity_shrinks_a_basic_gang_for_premium() -> None:

@@ -69,7 +69,7 @@ def sim(
         for n in names:
             bar.update(tasks[n], completed=len(p.jobs))
     elapsed = time.monotonic() - t0
-    out = Console()
+    out = Console(width=max(Console().width, 160))
     table = Table(title=f"{len(p.jobs)} jobs, {p.cluster.topology.devices} devices, load {p.offered_load:.2f}")
     for col in ("policy", "avg JCT (s)", "p99 JCT (s)", "avg queue (s)", "goodput", "alloc", "lost dev-h",
                 "preempt", "migr", "resize", "premium", "standard", "basic"):

@@ -186,6 +186,7 @@ class BasePolicy:
         st.allocate(rec, devices, now=now)
         rec.shared = any(st.load[d.node][d.index] > 1 for d in devices)
         rec.last_change = now
+        rec.moves += 1
         rec.last_cluster = st.node_cluster[devices[0].node]
         for h in hosts:
             self.on_changed(h)

@@ -36,7 +36,7 @@ def place(st: SchedState, rec: JobRec, n: int) -> list[DeviceRef] | None:
     best: list[DeviceRef] | None = None
     best_nodes = 1 << 30
     for c in candidate_clusters(st, rec):
-        devs = fit_in_cluster(st, c, n)
+        devs = fit_in_cluster(st, c, n, guaranteed=rec.tier > 0 and not st.tierless)
         if devs is not None:
             k = len({d.node for d in devs})
             if k < best_nodes:  # fewest nodes first; ties keep the earlier (preferred) cluster

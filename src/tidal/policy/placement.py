@@ -14,14 +14,19 @@ from tidal.core import DeviceRef
 from tidal.policy.state import SchedState
 
 
-def fit_in_cluster(st: SchedState, cluster: str, n: int) -> list[DeviceRef] | None:
-    """Devices for a gang of ``n`` in ``cluster`` with the fewest nodes, or None if it cannot fit now."""
+def fit_in_cluster(st: SchedState, cluster: str, n: int, guaranteed: bool = False) -> list[DeviceRef] | None:
+    """Devices for a gang of ``n`` in ``cluster`` with the fewest nodes, or None if it cannot fit now.
+
+    ``guaranteed``: among equally good nodes prefer one that already holds premium/standard work, so
+    that guaranteed jobs pack together and other nodes keep only basic work, which a large guaranteed
+    gang can take whole by preemption.
+    """
     if n <= 0 or st.cluster_free[cluster] < n:
         return None
     m = st.cluster_m[cluster]
     b = st.buckets[cluster]
     if n <= m:
-        node = _best_fit(b, n, m)
+        node = _best_fit_guaranteed(st, b, n, m) if guaranteed else _best_fit(b, n, m)
         return None if node is None else [DeviceRef(node, i) for i in st.free_idx[node][:n]]
     whole, rest = divmod(n, m)
     full = b[m]
@@ -42,6 +47,20 @@ def fit_in_cluster(st: SchedState, cluster: str, n: int) -> list[DeviceRef] | No
 def _best_fit(b: list[dict[str, None]], n: int, upto: int) -> str | None:
     for f in range(n, upto + 1):
         if b[f]:
+            return next(iter(b[f]))
+    return None
+
+
+AFFINITY_SCAN = 8  # nodes looked at in a bucket for tier affinity: bounded on large clusters
+
+
+def _best_fit_guaranteed(st: SchedState, b: list[dict[str, None]], n: int, upto: int) -> str | None:
+    for f in range(n, upto + 1):
+        if b[f]:
+            for node in itertools.islice(b[f], AFFINITY_SCAN):
+                nt = st.node_tier[node]
+                if nt[1] or nt[2]:
+                    return node
             return next(iter(b[f]))
     return None
 

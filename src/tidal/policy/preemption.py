@@ -1,8 +1,8 @@
 """Making room for a waiting job: shrink elastic victims first, then preempt, lowest tier first.
 
 Victims must be ``eligible`` (for Tidal: a strictly lower tier, so a higher tier is never preempted for
-a lower one) and not protected: a job that (re)started, moved or was resized less than ``min_run_s``
-ago is left alone, which bounds preemption loops. Among eligible victims, the cheapest node wins:
+a lower one) and not protected: a job that was already preempted, moved or resized and has run less
+than ``min_run_s`` since is left alone, which bounds preemption loops. Among eligible victims, the cheapest node wins:
 fewest preempted jobs of the lowest tiers, shrinking before preempting.
 """
 
@@ -46,7 +46,11 @@ def make_room(
     def usable(j: JobRec) -> bool:
         if not eligible(j):
             return False
-        if now - j.last_change < min_run_s:
+        # Anti-loop: a job already preempted, moved or resized keeps running at least ``min_run_s``
+        # before it is disturbed again. A job on its first run is not protected: preempting it loses
+        # nothing (checkpoint) and protecting every fresh start would let a stream of small basic jobs
+        # keep a guaranteed gang off its node for ever.
+        if (j.preemptions or j.moves) and now - j.last_change < min_run_s:
             wake.append(j.last_change + min_run_s)
             return False
         return True

@@ -4,7 +4,9 @@
 iteration is in order. ``TieredFairQueue`` is Tidal's order: tiers first (premium, standard, basic);
 within a tier, projects take turns by fair share (the project holding the fewest devices per unit of
 weight goes next, as in DRF with one resource); within a project, a two-level least-attained-service
-order (jobs that have had little service first, as in Tiresias) and then arrival.
+order (jobs that have had little service first, as in Tiresias) and then arrival — for the tiers in
+``las_tiers``; the others are served in arrival order, so that a long guaranteed job preempted by a
+higher tier resumes before newer work of its tier (its SLA attainment is GPU-time weighted).
 """
 
 from __future__ import annotations
@@ -74,8 +76,13 @@ def las_key(threshold: float) -> Callable[[JobRec], Key]:
 
 class TieredFairQueue:
     def __init__(self, las_threshold: float, weights: Mapping[str, float] | None = None,
-                 fair_share: bool = True) -> None:
-        self._key = las_key(las_threshold)
+                 fair_share: bool = True, las_tiers: tuple[int, ...] = (0, 1, 2)) -> None:
+        las = las_key(las_threshold)
+
+        def fifo(rec: JobRec) -> Key:
+            return (0.0, rec.submit)
+
+        self._keys = [las if t in las_tiers else fifo for t in range(3)]
         self._weights = dict(weights or {})
         self._fair = fair_share
         self._q: list[dict[str, PendingQueue]] = [{}, {}, {}]  # tier rank → project → queue
@@ -88,7 +95,7 @@ class TieredFairQueue:
         projects = self._q[rec.tier]
         q = projects.get(rec.project if self._fair else "")
         if q is None:
-            q = projects[rec.project if self._fair else ""] = PendingQueue(self._key)
+            q = projects[rec.project if self._fair else ""] = PendingQueue(self._keys[rec.tier])
         if rec.id not in q:
             self._n += 1
         q.add(rec)

@@ -35,15 +35,19 @@ from tidal.policy.timeslice import find_host, unshare
 class SingularityConfig:
     min_run_s: float = 300.0  # no preemption/resize/migration within this of a job's last change
     las_threshold_device_s: float = 3600.0  # within a tier and project: < 1 device-hour of service first
+    las_tiers: tuple[int, ...] = (0,)  # LAS order for basic only; guaranteed tiers in arrival order
     fair_share: bool = True
     project_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     quotas: Mapping[str, float] = dataclasses.field(default_factory=dict)  # project → share of capacity
     shrink: bool = True
     grow: bool = True
     elastic_start_fraction: float = 0.5  # start shrunk on ≥ this fraction of W devices, never below min
+    elastic_start_tiers: tuple[int, ...] = (0,)
     defrag: bool = True
     max_migrations: int = 4
-    time_slice: bool = True
+    # Off by default: on the Philly trace time-slicing basic jobs raised preemption churn and lowered
+    # standard attainment and goodput (docs/simulator.md); the step stays available.
+    time_slice: bool = False
     preempt: bool = True  # guaranteed tiers take devices from lower tiers
 
 
@@ -53,7 +57,8 @@ class Singularity(BasePolicy):
     def __init__(self, cfg: SingularityConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg or SingularityConfig()
-        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share)
+        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
+                                     self.cfg.las_tiers)
         self.shrunk: dict[str, None] = {}
         self.sharable: dict[int, dict[str, None]] = {}
         self.guests: dict[str, None] = {}
@@ -69,7 +74,8 @@ class Singularity(BasePolicy):
     def on_rebuild(self, now: float) -> None:
         st = self.st
         assert st is not None
-        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share)
+        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
+                                     self.cfg.las_tiers)
         self.shrunk, self.sharable, self.guests = {}, {}, {}
         self._kinds = [Counter(), Counter(), Counter()]
         for rec in st.pending.values():
@@ -232,8 +238,11 @@ class Singularity(BasePolicy):
                     return True
             elif out.wake is not None:
                 wake.append(out.wake)
+        # Elastic start for basic work only: a guaranteed job started shrunk would run slowly for long
+        # (devices rarely free up at high load), which costs more attainment than waiting for room.
         lo = max(rec.lo, math.ceil(rec.W * cfg.elastic_start_fraction))
-        for size in useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total else []:
+        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and rec.tier in cfg.elastic_start_tiers else ()
+        for size in sizes:
             devs = place(st, rec, size)
             if devs is not None:
                 self.start(rec, devs, now, reason=f"elastic start on {size}")

@@ -30,6 +30,7 @@ class JobRec:
         "last_change",
         "last_cluster",
         "lo",
+        "moves",
         "preemptions",
         "project",
         "remaining",
@@ -62,7 +63,9 @@ class JobRec:
         self.shared = False  # time-sliced with another job on the same devices
         self.duration = jv.duration_hint
         self.remaining = jv.remaining_hint if jv.remaining_hint is not None else jv.duration_hint
-        self.preemptions = 0
+        # A job seen preempted has been disturbed before: its next run is protected (anti-loop).
+        self.preemptions = 1 if jv.state is JobState.PREEMPTED else 0
+        self.moves = 0  # migrations and resizes
 
     def service(self, now: float) -> float:
         """Attained service in device-seconds (2D-LAS: devices × time)."""

@@ -37,10 +37,15 @@ def unshare(pol: Singularity, now: float) -> None:
     assert st is not None
     if st.free_total == 0 or not pol.guests:
         return
+    failed = 1 << 30  # smallest size that did not fit: larger guests cannot fit either
     for jid in list(pol.guests):
-        if st.free_total == 0:
+        if st.free_total == 0 or failed <= 1:
             break
         rec = st.jobs[jid]
+        if rec.W >= failed or rec.home is not None and st.cluster_free.get(rec.home, 0) < rec.W:
+            continue
         devs = place(st, rec, rec.W)
         if devs is not None:
             pol.move(rec, devs, now, kind=ActionKind.MIGRATE, reason="end time-slice")
+        elif rec.home is None:
+            failed = rec.W

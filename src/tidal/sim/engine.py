@@ -284,6 +284,7 @@ class Simulator:
                 lost = done - kept
                 j.remaining += lost
                 j.lost_device_s += lost * j.W
+                self._unaccount(lost * j.W)
                 j.killed_restart = kept > 0
                 j.state = advance(j.state, S.PENDING, job=j.id)
                 j.pause_until = now
@@ -329,6 +330,15 @@ class Simulator:
                 if o is not j:
                     self._update_rate(o)
         self._set_view(j)
+
+    def _unaccount(self, device_s: float) -> None:
+        # Work that will be redone was not useful: take it back out of the goodput (from the window
+        # total if we are still in the window, and from the current bin of the series).
+        if self.t <= self.window[1]:
+            self.good -= device_s
+        i = int((self.t - self.window[0]) // self.bin_w)
+        if 0 <= i < len(self.bins_good):
+            self.bins_good[i] -= device_s
 
     def alloc_extra(self, device_s: float) -> None:
         # Devices stay held while a checkpoint is written; count them as allocated, not as goodput.
