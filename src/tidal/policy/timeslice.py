@@ -42,7 +42,7 @@ def unshare(pol: Singularity, now: float) -> None:
         if st.free_total == 0 or failed <= 1:
             break
         rec = st.jobs[jid]
-        if rec.W >= failed or rec.home is not None and st.cluster_free.get(rec.home, 0) < rec.W:
+        if failed <= rec.W or (rec.home is not None and st.cluster_free.get(rec.home, 0) < rec.W):
             continue
         devs = place(st, rec, rec.W)
         if devs is not None:
