@@ -210,7 +210,12 @@ class Executor:
                 run.stopping = False
                 quiet = run.quiet_exit
             if quiet is not None:  # it exited on its own meanwhile: that is news after all
+                with contextlib.suppress(Exception):
+                    self._ship(run)
                 self._report_exit(run, quiet)
+                with self.mu:
+                    if self.jobs.get(run.job_id) is run:
+                        del self.jobs[run.job_id]
             raise
         if kill:
             self._ship(run)
