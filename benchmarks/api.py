@@ -99,17 +99,19 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=4)
     ap.add_argument("--mb", type=int, default=250)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--database-url", default=None, help="e.g. postgresql+psycopg://...; default SQLite")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="tidal-bench-") as tmp:
         home = Path(tmp) / "home"
         workdir = Path(tmp) / "work"
         workdir.mkdir()
-        settings = Settings(home=home)
+        settings = Settings(home=home, database_url=args.database_url)
         st, _ = up(settings, nodes=2, devices_per_node=1)
         try:
             token = (home / "tokens" / "user.token").read_text().strip()
             with httpx.Client(base_url=st.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
-                out: dict[str, Any] = {"database": "sqlite", "submissions": args.submissions,
+                db = "postgresql" if (args.database_url or "").startswith("postgres") else "sqlite"
+                out: dict[str, Any] = {"database": db, "submissions": args.submissions,
                                        "threads": args.threads}
                 out["submissions_per_s"] = submissions(api, workdir, args.submissions, args.threads)
                 out.update(latencies(api, workdir, args.mb, args.repeat))
