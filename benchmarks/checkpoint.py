@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
 from tidal.mechanisms.criu.tasks import descendants
@@ -209,28 +210,43 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
             "stored_fraction": second.stored_bytes / second.logical_bytes,
             "commit_s": job.last_timing.commit_s if job.last_timing else None,
         }
-        # Migration: stopped on node A → running on node B, from the committed, verified store objects.
-        t = time.perf_counter()
-        job.checkpoint(then="kill")
-        t_killed = time.perf_counter()
-        ck = job.last_timing
-        job = Job.restore(store, "bench", [(spec, node_b)])
-        t_end = time.perf_counter()
-        rt = job.restore_timing
-        if ck is not None and rt is not None:
-            result["migration_breakdown_s"] = {
-                "dump": ck.dump_s, "fs_capture": ck.fs_s, "commit": ck.commit_s, "fetch_verify": rt.fetch_s,
-                "fs_restore": rt.fs_s, "criu_restore": rt.criu_s}
-        result["migration_s"] = t_end - t
-        result["migration_checkpoint_s"] = t_killed - t
-        result["restore_s"] = t_end - t_killed
+        # Migration: stopped on one node root → running on the other, from the committed, verified store
+        # objects. Cold: the target fetches everything. Warm (pre-copy): while the job still runs, the
+        # target stages its last periodic checkpoint, and fetches only what changed since.
+        job, cold = _migrate(job, store, spec, node_b)
+        result["cold_migration_s"] = cold.pop("total")
+        result["cold_migration_breakdown_s"] = cold
+        time.sleep(2)
+        job.checkpoint(then="continue")
+        staged = Job.prestage(store, "bench", [(spec, node_a)])
+        time.sleep(2)
+        job, warm = _migrate(job, store, spec, node_a, staged)
+        result["migration_s"] = warm.pop("total")
+        result["restore_s"] = warm["restore"]
+        result["migration_breakdown_s"] = warm
     finally:
         job.kill()
     result["pause_vs_copy"] = result["pause_s"] / result["copy_s"]
     result["plain_criu_pause_vs_copy"] = result["plain_pause_s"] / result["copy_s"]
     result["migration_vs_plain_criu"] = result["migration_s"] / result["plain_migration_s"]
+    result["cold_migration_vs_plain_criu"] = result["cold_migration_s"] / result["plain_migration_s"]
     shutil.rmtree(base / case.name, ignore_errors=True)
     return result
+
+
+def _migrate(job: Job, store: CheckpointStore, spec: RankSpec, target: Node,
+             staged: dict[int, LastDump] | None = None) -> tuple[Job, dict[str, float]]:
+    t = time.perf_counter()
+    job.checkpoint(then="kill")
+    t_killed = time.perf_counter()
+    ck = job.last_timing
+    job = Job.restore(store, "bench", [(spec, target)], prestaged=staged)
+    t_end = time.perf_counter()
+    rt = job.restore_timing
+    assert ck is not None and rt is not None
+    return job, {"total": t_end - t, "dump": ck.dump_s, "commit": ck.commit_s,
+                 "stop": t_killed - t - ck.dump_s - ck.fs_s - ck.commit_s, "fetch_verify": rt.fetch_s,
+                 "fs_restore": rt.fs_s, "criu_restore": rt.criu_s, "restore": t_end - t_killed}
 
 
 def machine() -> dict[str, Any]:
@@ -268,18 +284,20 @@ def main() -> int:
         "pause_vs_copy": head["pause_vs_copy"],
         "plain_criu_pause_vs_copy": head["plain_criu_pause_vs_copy"],
         "migration_vs_plain_criu": head["migration_vs_plain_criu"],
+        "cold_migration_vs_plain_criu": head["cold_migration_vs_plain_criu"],
         "second_checkpoint_stored_fraction": head["second_checkpoint"]["stored_fraction"],
         "restore_s": {n: c["restore_s"] for n, c in out["cases"].items()},
     })
     cols = ["image", "copy s", "plain pause", "tidal pause", "pause/copy", "plain/copy", "restore s",
-            "plain mig s", "tidal mig s", "mig ratio", "2nd stored"]
+            "plain mig s", "cold mig s", "warm mig s", "cold ratio", "warm ratio", "2nd stored"]
     print(f"machine: {out['machine']['cpu']}, {out['machine']['cores']} cores, "
           f"kernel {out['machine']['kernel']}, CRIU {out['machine']['criu']}, {fstype} at {args.dir}")
     print(f"{'case':8}" + "".join(f"{c:>13}" for c in cols))
     for n, c in out["cases"].items():
         row = [f"{c['image_bytes'] / GB:.2f} GiB", f"{c['copy_s']:.3f}", f"{c['plain_pause_s']:.3f}",
                f"{c['pause_s']:.3f}", f"{c['pause_vs_copy']:.2f}", f"{c['plain_criu_pause_vs_copy']:.2f}",
-               f"{c['restore_s']:.3f}", f"{c['plain_migration_s']:.3f}", f"{c['migration_s']:.3f}",
+               f"{c['restore_s']:.3f}", f"{c['plain_migration_s']:.3f}", f"{c['cold_migration_s']:.3f}",
+               f"{c['migration_s']:.3f}", f"{c['cold_migration_vs_plain_criu']:.2f}",
                f"{c['migration_vs_plain_criu']:.2f}", f"{c['second_checkpoint']['stored_fraction']:.4f}"]
         print(f"{n:8}" + "".join(f"{v:>13}" for v in row))
     if args.json:

@@ -47,3 +47,38 @@ def test_missing_previous_file_falls_back_to_hashing(tmp_path: Path) -> None:
     e2 = w.add_file("b", f, previous=(tmp_path / "gone.img", e1))
     w.commit({})
     assert e1.chunks == e2.chunks
+
+
+def test_extract_with_a_base_fetches_only_what_it_lacks(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    old = bytearray(os.urandom(12 * CHUNK))
+    old[5 * CHUNK : 6 * CHUNK] = bytes(CHUNK)  # a zero chunk in the old version
+    src = tmp_path / "v1.img"
+    src.write_bytes(old)
+    w = store.writer("j")
+    e1 = w.add_file("pages.img", src)
+    w.commit({})
+    new = bytearray(old)
+    new[3 * CHUNK : 4 * CHUNK] = os.urandom(CHUNK)
+    new[5 * CHUNK : 6 * CHUNK] = os.urandom(CHUNK)  # the zero chunk gets data
+    new[7 * CHUNK : 8 * CHUNK] = bytes(CHUNK)  # a data chunk becomes zeros
+    new = new[CHUNK:11 * CHUNK]  # and the file shrinks and shifts: no chunk stays at its offset
+    src.write_bytes(new)
+    w = store.writer("j")
+    w.add_file("pages.img", src)
+    info = w.commit({})
+    base = tmp_path / "staged.img"
+    base.write_bytes(old)  # verified copy of the first checkpoint, staged earlier
+    reader = store.reader("j", info.id)
+    fetched: list[str] = []
+    real_fetch = reader._fetch
+
+    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
+        fetched.append(digest)
+        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
+
+    reader._fetch = counting  # type: ignore[method-assign]
+    dest = tmp_path / "out" / "pages.img"
+    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)})
+    assert dest.read_bytes() == bytes(new)
+    assert len(fetched) == 3  # chunks 2, 5 and 7 (the zero one without a read); the rest came from the base

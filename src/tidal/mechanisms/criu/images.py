@@ -51,10 +51,10 @@ def _entries(path: Path) -> Iterator[dict[int, int]]:
         pos += size
 
 
-def page_file_boundaries(images: Path, window: int = 1 << 20) -> dict[str, list[int]]:
-    """For every ``pages-N.img`` in ``images``, the file offsets where a new ``window``-aligned virtual
-    address window begins. Unreadable pagemaps give no boundaries (chunking still works, less well)."""
-    result: dict[str, list[int]] = {}
+def page_file_windows(images: Path, window: int = 1 << 20) -> dict[str, dict[int, int]]:
+    """For every ``pages-N.img`` in ``images``: the file offset at which each ``window``-aligned virtual
+    address window starts (window index → offset). Unreadable pagemaps give nothing."""
+    result: dict[str, dict[int, int]] = {}
     for pagemap in images.glob("pagemap-*.img"):
         if not re.fullmatch(r"pagemap-\d+\.img", pagemap.name):
             continue
@@ -62,21 +62,25 @@ def page_file_boundaries(images: Path, window: int = 1 << 20) -> dict[str, list[
             entries = _entries(pagemap)
             head = next(entries)
             pages_id = head.get(1, 0)
-            offsets: list[int] = []
+            starts: dict[int, int] = {}
             offset = 0
-            last_window = -1
             for entry in entries:
                 if not entry.get(4, 0) & PE_PRESENT:
                     continue
                 vaddr, nr = entry.get(1, 0), entry.get(2, 0)
                 first, last = vaddr // window, (vaddr + nr * PAGE - 1) // window
                 for w in range(first, last + 1):
-                    if w != last_window:
-                        start = max(vaddr, w * window)
-                        offsets.append(offset + (start - vaddr))
-                        last_window = w
+                    if w not in starts:
+                        starts[w] = offset + (max(vaddr, w * window) - vaddr)
                 offset += nr * PAGE
         except (IndexError, StopIteration, struct.error):
             continue
-        result[f"pages-{pages_id}.img"] = [o for o in offsets if o > 0]
+        result[f"pages-{pages_id}.img"] = starts
     return result
+
+
+def page_file_boundaries(images: Path, window: int = 1 << 20) -> dict[str, list[int]]:
+    """For every ``pages-N.img`` in ``images``, the file offsets where a new ``window``-aligned virtual
+    address window begins (where chunks should start)."""
+    return {name: sorted(o for o in starts.values() if o > 0)
+            for name, starts in page_file_windows(images, window).items()}

@@ -13,19 +13,19 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
-from tidal.mechanisms.criu.images import page_file_boundaries
+from tidal.mechanisms.criu.images import page_file_windows
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.permissions import private_dir
-from tidal.mechanisms.storage import CheckpointInfo, CheckpointStore, Entry
+from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
 
 FORMAT = 1
 Then = Literal["continue", "kill"]
@@ -152,11 +152,13 @@ class Job:
             writer = self.store.writer(self.job_id)
             entries: dict[int, dict[str, Entry]] = {}
             for d in dumps:
-                bounds = page_file_boundaries(d.images)
+                windows = page_file_windows(d.images)
                 last = self._last[d.rank]
                 entries[d.rank] = {
-                    f.name: writer.add_file(f"ranks/{d.rank}/images/{f.name}", f, boundaries=bounds.get(f.name, ()),
-                                            previous=last.previous(f.name))
+                    f.name: writer.add_file(
+                        f"ranks/{d.rank}/images/{f.name}", f,
+                        boundaries=sorted(o for o in windows.get(f.name, {}).values() if o > 0),
+                        previous=last.previous(f.name), previous_offsets=last.moved(f.name, windows.get(f.name, {})))
                     for f in sorted(d.images.iterdir()) if f.suffix == ".img"
                 }
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
@@ -224,16 +226,47 @@ class Job:
         }
 
     # -- restore ----------------------------------------------------------------------------------------
-    @classmethod
-    def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
-                checkpoint_id: str | None = None, **kw: Any) -> Job:
-        """Restore the job (every rank) from ``checkpoint_id`` (default: the latest committed one)."""
+    @staticmethod
+    def _reader(store: CheckpointStore, job_id: str, checkpoint_id: str | None) -> CheckpointReader:
         if checkpoint_id is None:
             latest = store.latest(job_id)
             if latest is None:
                 raise CheckpointError(f"job {job_id} has no committed checkpoint", object=job_id)
             checkpoint_id = latest.id
-        reader = store.reader(job_id, checkpoint_id)
+        return store.reader(job_id, checkpoint_id)
+
+    @classmethod
+    def prestage(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
+                 checkpoint_id: str | None = None) -> dict[int, LastDump]:
+        """Pre-copy for a planned move: fetch and verify the images of a committed checkpoint (default: the
+        latest) on the target nodes while the job still runs. A restore given the result then fetches only
+        the chunks that changed since, so the job is stopped for less time."""
+        reader = cls._reader(store, job_id, checkpoint_id)
+        staged: dict[int, LastDump] = {}
+        try:
+            for spec, node in placement:
+                prefix = f"ranks/{spec.rank}/images/"
+                names = [n for n in reader.names() if n.startswith(prefix)]
+                need = sum(reader.entry(n).size for n in names)
+                d = node.staging(f"{job_id}-prestage-{uuid.uuid4().hex[:8]}", need)
+                reader.extract_all([(n, d / n[len(prefix):]) for n in names])
+                last = staged[spec.rank] = LastDump()
+                last.keep(d, {n[len(prefix):]: reader.entry(n) for n in names},
+                          d.parent / f"{job_id}-prestaged-r{spec.rank}")
+        except BaseException:
+            for last in staged.values():
+                last.drop()
+            raise
+        return staged
+
+    @classmethod
+    def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
+                checkpoint_id: str | None = None, prestaged: Mapping[int, LastDump] | None = None,
+                **kw: Any) -> Job:
+        """Restore the job (every rank) from ``checkpoint_id`` (default: the latest committed one).
+        ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here)."""
+        reader = cls._reader(store, job_id, checkpoint_id)
+        checkpoint_id = reader.info.id
         meta = reader.meta
         if meta.get("format") != FORMAT:
             raise CheckpointError(f"checkpoint {checkpoint_id} has unknown format {meta.get('format')!r}",
@@ -256,9 +289,14 @@ class Job:
         try:
             # Fetch and verify every image before touching the working directory or any log.
             pairs = [(n, staging / n) for n in reader.names() if n.startswith("ranks/") and "/images/" in n]
-            for _, dest in pairs:
+            bases = {}
+            for name, dest in pairs:
                 private_dir(dest.parent)
-            reader.extract_all(pairs)
+                staged = (prestaged or {}).get(int(name.split("/")[1]))
+                base = staged.previous(dest.name) if staged else None
+                if base is not None:
+                    bases[name] = base
+            reader.extract_all(pairs, bases=bases)
             t_fetch = time.perf_counter()
             snap = FsSnapshot.from_json(meta["fs"])
 
@@ -294,6 +332,8 @@ class Job:
             raise
         finally:
             _remove_staging(staging)
+            for last in (prestaged or {}).values():
+                last.drop()
         end = time.perf_counter()
         job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0)
         return job

@@ -14,6 +14,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidal.mechanisms.criu.images import page_file_windows
 from tidal.mechanisms.storage import Entry
 
 
@@ -26,6 +27,7 @@ def _sig(path: Path) -> tuple[int, int, int]:
 class _Kept:
     entry: Entry
     sig: tuple[int, int, int]
+    windows: dict[int, int]  # virtual-address window -> file offset (page files only)
 
 
 class LastDump:
@@ -45,8 +47,16 @@ class LastDump:
             return None
         return path, kept.entry
 
+    def moved(self, name: str, windows: dict[int, int]) -> dict[int, int]:
+        """For a new page file with ``windows``: new chunk offset → offset of the same window here."""
+        kept = self._files.get(name)
+        if kept is None:
+            return {}
+        return {off: kept.windows[w] for w, off in windows.items() if w in kept.windows}
+
     def keep(self, images: Path, entries: dict[str, Entry], where: Path) -> None:
         """Take over ``images`` (committed as ``entries``) by renaming it to ``where``."""
+        windows = page_file_windows(images)
         self.drop()
         try:
             shutil.rmtree(where, ignore_errors=True)
@@ -57,7 +67,7 @@ class LastDump:
         self._files = {}
         for name, entry in entries.items():
             with contextlib.suppress(OSError):
-                self._files[name] = _Kept(entry, _sig(where / name))
+                self._files[name] = _Kept(entry, _sig(where / name), windows.get(name, {}))
 
     def drop(self) -> None:
         if self.dir is not None:

@@ -7,7 +7,7 @@ import hashlib
 import os
 import secrets
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,9 +127,23 @@ class CheckpointReader:
         """Write file ``name`` to ``dest`` (temp file + rename) after verifying it."""
         self.extract_all([(name, Path(dest))])
 
-    def extract_all(self, pairs: Iterable[tuple[str, Path | str]]) -> None:
-        """Extract many files; their chunks are fetched and verified in parallel."""
-        self._run([(self.entry(n), _FileSink(Path(d))) for n, d in pairs], fetch_zero=False)
+    def extract_all(
+        self, pairs: Iterable[tuple[str, Path | str]], *, bases: Mapping[str, tuple[Path, Entry]] | None = None
+    ) -> None:
+        """Extract many files; their chunks are fetched and verified in parallel.
+
+        ``bases``: for some names, a local file that holds the content of an earlier entry and was verified
+        when it was put there (a pre-staged earlier checkpoint). Chunks it holds (same digest, wherever they
+        sit in it) are copied from it; only the others are fetched from the store and verified."""
+        bases = bases or {}
+        items: list[tuple[Entry, _Sink]] = []
+        local: list[tuple[Path, dict[str, int]] | None] = []
+        for n, d in pairs:
+            entry = self.entry(n)
+            items.append((entry, _FileSink(Path(d))))
+            base = bases.get(n)
+            local.append((base[0], {h: off for off, _, h in _placed(base[1].chunks)}) if base else None)
+        self._run(items, fetch_zero=False, local=local)
 
     def read_bytes(self, name: str) -> bytes:
         entry = self.entry(name)
@@ -143,7 +157,13 @@ class CheckpointReader:
         """Read every object of the checkpoint; raise CheckpointError on the first bad one."""
         self._run([(e, _Sink()) for e in self._manifest.entries], fetch_zero=True)
 
-    def _run(self, items: list[tuple[Entry, _Sink]], *, fetch_zero: bool) -> None:
+    def _run(
+        self,
+        items: list[tuple[Entry, _Sink]],
+        *,
+        fetch_zero: bool,
+        local: list[tuple[Path, dict[str, int]] | None] | None = None,
+    ) -> None:
         """Fetch, check and deliver chunks with a bounded window of work in the pool.
 
         The whole-file sha256 is computed here, in file order, while pool threads verify chunks. Each
@@ -154,8 +174,13 @@ class CheckpointReader:
         free = [bytearray(store.chunk_size + 1) for _ in range(2 * store.workers + 2)]
         window: deque[_Slot] = deque()
         opened: list[_State] = []
+        base_fds: list[int] = []
         try:
-            for entry, sink in items:
+            for i, (entry, sink) in enumerate(items):
+                here = local[i] if local else None
+                base_fd, base_at = (-1, {}) if here is None else (_open_base(here[0]), here[1])
+                if base_fd >= 0:
+                    base_fds.append(base_fd)
                 st = _State(entry, sink)
                 sink.open(entry)
                 opened.append(st)
@@ -166,7 +191,11 @@ class CheckpointReader:
                     while not free:
                         _drain_one(window, free)
                     buf = free.pop()
-                    fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero, buf)
+                    from_base = base_at.get(digest) if base_fd >= 0 and digest != zero_digest(n) else None
+                    if from_base is not None:
+                        fut = store.pool.submit(_copy_local, base_fd, from_base, n, sink, off, buf)
+                    else:
+                        fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero, buf)
                     window.append((st, fut, n, buf))
                     off += n
                 window.append((st, None, 0, None))
@@ -183,6 +212,9 @@ class CheckpointReader:
                 if not st.done:
                     st.sink.fail()
             raise
+        finally:
+            for fd in base_fds:
+                os.close(fd)
 
     def _fetch(
         self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool, buf: bytearray
@@ -252,3 +284,35 @@ def _drain_one(window: deque[_Slot], free: list[bytearray]) -> None:
     finally:
         if buf is not None:
             free.append(buf)
+
+
+def _placed(chunks: tuple[tuple[str, int], ...]) -> list[tuple[int, int, str]]:
+    """(offset, length, digest) of every chunk of a file."""
+    out, off = [], 0
+    for digest, n in chunks:
+        out.append((off, n, digest))
+        off += n
+    return out
+
+
+def _open_base(path: Path) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1  # gone: everything is fetched from the store instead
+
+
+def _copy_local(
+    base_fd: int, base_off: int, n: int, sink: _Sink, off: int, buf: bytearray
+) -> bytes | memoryview | None:
+    """A chunk the verified local base already holds: copied, not fetched (runs in the pool)."""
+    view = memoryview(buf)[:n]
+    try:
+        got = os.preadv(base_fd, [view], base_off)
+        if got != n:
+            raise CheckpointError(f"pre-staged base is shorter than expected at offset {base_off}",
+                                  object=str(base_fd))
+        sink.write(off, view)
+    finally:
+        view.release()
+    return None

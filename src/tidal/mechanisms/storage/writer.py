@@ -9,7 +9,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -66,12 +66,15 @@ class CheckpointWriter:
         boundaries: Sequence[int] = (),
         mode: int | None = None,
         previous: tuple[Path | str, Entry] | None = None,
+        previous_offsets: Mapping[int, int] | None = None,
     ) -> Entry:
         """Store the file at ``path`` as ``name``; chunks start at every offset in ``boundaries``.
 
         ``previous``: a local file that was committed earlier as the given entry, unchanged since (the
         last dump of the same process). A chunk whose bytes equal the same range of that file takes its
-        known digest instead of being hashed again: a memcmp instead of a sha256 on unchanged memory."""
+        known digest instead of being hashed again: a memcmp instead of a sha256 on unchanged memory.
+        ``previous_offsets`` maps a chunk's offset in this file to where the same content would sit in the
+        previous file (CRIU page files shift when a memory region grows); by default the same offset."""
         self._check_new(name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -92,7 +95,8 @@ class CheckpointWriter:
                 with contextlib.suppress(OSError):
                     prev_fd = os.open(previous[0], os.O_RDONLY | os.O_CLOEXEC)
             try:
-                chunks = self._ingest_file(fd, str(path), segments, known if prev_fd >= 0 else {}, prev_fd)
+                chunks = self._ingest_file(fd, str(path), segments, known if prev_fd >= 0 else {}, prev_fd,
+                                           previous_offsets or {})
             finally:
                 if prev_fd >= 0:
                     os.close(prev_fd)
@@ -151,7 +155,13 @@ class CheckpointWriter:
         return entry
 
     def _ingest_file(
-        self, fd: int, where: str, segments: list[tuple[int, int]], known: dict[tuple[int, int], str], prev_fd: int
+        self,
+        fd: int,
+        where: str,
+        segments: list[tuple[int, int]],
+        known: dict[tuple[int, int], str],
+        prev_fd: int,
+        moved: Mapping[int, int],
     ) -> tuple[tuple[str, int], ...]:
         store = self._store
         compare = bytearray(store.chunk_size) if known else None
@@ -171,8 +181,9 @@ class CheckpointWriter:
                         store.give_buffer(buf)
                         raise
                     view.release()
-                    digest = known.get((off, n))
-                    if digest is not None and compare is not None and _same(prev_fd, off, n, buf, compare):
+                    prev_off = moved.get(off, off)
+                    digest = known.get((prev_off, n))
+                    if digest is not None and compare is not None and _same(prev_fd, prev_off, n, buf, compare):
                         store.give_buffer(buf)
                         done: Future[tuple[str, int]] = Future()
                         done.set_result((digest, n))
