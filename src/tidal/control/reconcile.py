@@ -84,20 +84,31 @@ class Reconciler:
 
     def once(self) -> None:
         now = time.time()
+        # Look first without the writers' lock (SQLite WAL and PostgreSQL give a consistent snapshot):
+        # most passes find nothing to do, and holding the lock for their queries would stall the API.
+        with self.db.sessions() as s:
+            if not self._anything_to_do(s, now):
+                return
         with self.db.tx() as s:
             for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True), NodeRow.lease_until < now)):
                 agents.expire(s, node, "lease expired")
-            self._periodic(s, now)
+            for job in self._due(s, now):
+                jobs.checkpoint(s, job, "periodic", f"timer-{self._run}", self.keep)
             self._schedule(s, now)
 
-    def _periodic(self, s: Session, now: float) -> None:
+    def _anything_to_do(self, s: Session, now: float) -> bool:
+        expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
+        return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s))
+
+    def _due(self, s: Session, now: float) -> list[JobRow]:
+        """Running jobs whose periodic checkpoint is due."""
+        out = []
         for job in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))):
             every = job.spec.get("checkpoint_every")
-            if not every:
-                continue
             since = max(job.last_checkpoint_at or 0.0, job.started_at or now)
-            if now - since >= float(every):
-                jobs.checkpoint(s, job, "periodic", f"timer-{self._run}", self.keep)
+            if every and now - since >= float(every):
+                out.append(job)
+        return out
 
     def _schedule(self, s: Session, now: float) -> None:
         if not self._worth_deciding(s):
