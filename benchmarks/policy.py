@@ -90,6 +90,10 @@ def main() -> int:
     assert st is not None
     # Work conservation: every job still waiting cannot start even at its smallest start size.
     frac = getattr(getattr(pol, "cfg", None), "elastic_start_fraction", 1.0)
+    reservations = getattr(pol, "reservations", None)
+    if reservations is not None:
+        reservations.hide(st)  # devices held back for a waiting guaranteed gang are not idle by mistake
+    reserved = sum(len(n) for _, n in reservations.by_job.values()) if reservations is not None else 0
     leftover = [r.id for r in st.pending.values() if place(st, r, max(r.lo, math.ceil(r.W * frac))) is not None]
     results = {}
     for label, tier, w in (("basic-4", Tier.BASIC, 4), ("premium-8", Tier.PREMIUM, 8)):
@@ -114,6 +118,7 @@ def main() -> int:
         "full_actions": len(actions),
         "full_action_kinds": {k: sum(1 for a in actions if a.kind.value == k) for k in {a.kind.value for a in actions}},
         "free_devices_after": st.free_total,
+        "reserved_nodes": reserved,
         "work_conserving": not leftover,
         "placeable_left_waiting": len(leftover),
         "incremental_decide_s": results["basic-4"]["incremental_decide_s"],

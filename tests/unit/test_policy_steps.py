@@ -196,3 +196,20 @@ def test_srtf_preempts_the_longest_remaining() -> None:
     v = view(1, 1, long, short)
     assert summary(make_policy("srtf").decide(v, [], NOW)) == [
         ("preempt", "long", []), ("place", "short", [("c0-n0", 0)])]
+
+
+def test_a_waiting_guaranteed_gang_reserves_a_node() -> None:
+    # Premium jobs on both nodes: no room by preemption, and defragmentation may not move them.
+    v = view(2, 2, run("s0", 1, P, [(0, 0)]), run("s1", 1, P, [(1, 0)]), pend("g", 2, S, submitted=1),
+             pend("x", 1, B, submitted=2))
+    pol = Singularity()
+    acts = pol.decide(v, [], NOW)
+    (node,) = pol.reservations.by_job["g"][1]
+    other = 1 - int(node[-1])
+    # The basic job may not take the reserved node's free device, only the other node's.
+    assert summary(acts) == [("place", "x", [(f"c0-n{other}", 1)])]
+    # When the premium job on the reserved node finishes, g gets the node at once.
+    done = Event("e1", NOW + 1, EventKind.JOB_FINISHED, job_id=f"s{node[-1]}")
+    v2 = view(2, 2, run(f"s{other}", 1, P, [(other, 0)]), run("x", 1, B, [(other, 1)]), pend("g", 2, S, submitted=1))
+    assert summary(pol.decide(v2, [done], NOW + 1)) == [("place", "g", [(node, 0), (node, 1)])]
+    assert "g" not in pol.reservations.by_job

@@ -27,6 +27,7 @@ from tidal.policy.placement import useful_sizes
 from tidal.policy.preemption import make_room
 from tidal.policy.queue_order import TieredFairQueue
 from tidal.policy.quota import within_quota
+from tidal.policy.reservation import Reservations
 from tidal.policy.state import JobRec
 from tidal.policy.timeslice import find_host, unshare
 
@@ -49,6 +50,7 @@ class SingularityConfig:
     # standard attainment and goodput (docs/simulator.md); the step stays available.
     time_slice: bool = False
     preempt: bool = True  # guaranteed tiers take devices from lower tiers
+    reserve: bool = True  # the first waiting gang of each guaranteed tier drains nodes for itself
 
 
 class Singularity(BasePolicy):
@@ -65,6 +67,8 @@ class Singularity(BasePolicy):
         self._preempted_now: set[str] = set()
         self._ts_failed: set[int] = set()
         self._ts_budget = 16
+        self.reservations = Reservations()
+        self._hidden = False
         # Pending jobs per tier by (smallest useful size, W), and those looked at in this decision.
         self._kinds: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
@@ -91,6 +95,9 @@ class Singularity(BasePolicy):
         self.queue.add(rec)
 
     def on_gone(self, rec: JobRec, now: float) -> None:
+        if rec.id in self.reservations.by_job:
+            assert self.st is not None
+            self.reservations.drop(rec.id, self.st, hidden=self._hidden)
         if self.queue.remove(rec):
             k = self._kind(rec)
             self._kinds[rec.tier][k] -= 1
@@ -160,14 +167,20 @@ class Singularity(BasePolicy):
         self._visited = [Counter(), Counter(), Counter()]
         self._visited_ids = set()
         everywhere = tuple(st.cluster_names)
-        for tier_jobs in self._candidates(new, freed):
-            for rec in tier_jobs:
-                if not self._consider(rec, now, failed, wake, everywhere):
-                    break
-        if cfg.grow:
-            grow(self, now)
-        if cfg.time_slice:
-            unshare(self, now)
+        self.reservations.hide(st)
+        self._hidden = True
+        try:
+            for tier_jobs in self._candidates(new, freed):
+                for rec in tier_jobs:
+                    if not self._consider(rec, now, failed, wake, everywhere):
+                        break
+            if cfg.grow:
+                grow(self, now)
+            if cfg.time_slice:
+                unshare(self, now)
+        finally:
+            self.reservations.show(st)
+            self._hidden = False
         if wake:
             self._wakeup = min(wake)
 
@@ -199,9 +212,20 @@ class Singularity(BasePolicy):
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
         smallest = self._kind(rec)[0]
-        if failed.get(memo, 1 << 30) > smallest:
-            if self._try(rec, clusters, now, wake):
+        allowed = self.reservations.allowed(rec)
+        if failed.get(memo, 1 << 30) > smallest or allowed:
+            for n in allowed:
+                st.node_up(n)
+            try:
+                started = self._try(rec, clusters, now, wake)
+            finally:
+                for n in allowed:
+                    if any(n in nodes for _, nodes in self.reservations.by_job.values()):
+                        st.node_down(n)
+            if started:
                 return True
+            if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job:
+                self.reservations.make(self, rec, clusters)
             failed[memo] = min(failed.get(memo, 1 << 30), smallest)
         elif sharing:
             self._share_step(rec, now)
