@@ -73,3 +73,24 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
                 except OSError:
                     time.sleep(0.05)
         quota.base.rmdir()
+
+
+@pytest.mark.criu
+def test_a_new_agent_kills_ranks_left_frozen_by_a_dead_one(tmp_path: Path) -> None:
+    """A rank frozen for a dump when its agent died cannot die on its own: the next agent reaps it."""
+    from tidal.agent.fencing import reap_leftovers
+
+    become_subreaper()
+    work = tmp_path / "work"
+    work.mkdir()
+    node = f"fence-{os.getpid()}"
+    spec = RankSpec("f", 0, ("sh", "-c", "while :; do sleep 0.01; done"), work, dict(os.environ))
+    job = Job.launch("f", [(spec, Node(node, tmp_path / "n"))], CheckpointStore(str(tmp_path / "store")))
+    rank = job.ranks[0]
+    busy = _child(job)
+    rank.freezer.freeze()
+    killed = reap_leftovers(node)
+    assert rank.pid in killed and busy in killed
+    rank.wait(10)
+    assert not Path(f"/proc/{busy}").exists() or "Z" in Path(f"/proc/{busy}/stat").read_text().split()[2]
+    assert reap_leftovers(node) == []

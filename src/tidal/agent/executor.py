@@ -157,7 +157,7 @@ class Executor:
             env = {**p["env"], "RANK": str(r["rank"]), "LOCAL_RANK": str(r["rank"]),
                    "WORLD_SIZE": str(p["world_size"]), "LOCAL_WORLD_SIZE": str(p["world_size"]),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": p["job_id"],
-                   "TIDAL_NODE": self.node.name}
+                   "TIDAL_NODE": self.client.node}
             out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(argv), Path(p["workdir"]), env,
                                 tuple(r["cpus"]) if r.get("cpus") else None))
         return out
@@ -199,7 +199,7 @@ class Executor:
     def _do_checkpoint(self, p: dict[str, Any]) -> dict[str, Any]:
         run = self.jobs.get(p["job_id"])
         if run is None or run.attempt != int(p["attempt"]):
-            raise RuntimeError(f"job {p['job_id']} attempt {p['attempt']} does not run on {self.node.name}")
+            raise RuntimeError(f"job {p['job_id']} attempt {p['attempt']} does not run on {self.client.node}")
         kill = p["then"] == "kill"
         if kill:
             run.stopping = True
@@ -316,7 +316,7 @@ class Executor:
                         data = b""
                     if off is not None and not data:
                         break
-                    self.client.call("PUT", f"/v1/agent/{self.node.name}/logs/{run.job_id}/{spec.rank}",
+                    self.client.call("PUT", f"/v1/agent/{self.client.node}/logs/{run.job_id}/{spec.rank}",
                                      params={"agent_id": self.agent_id, "attempt": run.attempt,
                                              "offset": off or 0}, content=data)
                     run.shipped[spec.rank] = (off or 0) + len(data)

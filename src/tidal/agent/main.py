@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import logging
 import os
 import signal
@@ -21,6 +22,7 @@ import httpx
 from tidal.agent.client import ControlClient, LeaseLostError
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
+from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
 from tidal.mechanisms.criu.rank import Node, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
@@ -38,9 +40,13 @@ class Agent:
         self.cpus = cpu_sets(args.devices)
         settings = load_settings()
         self.store = CheckpointStore(settings.store_url)
-        self.node = Node(self.name, Path(args.root))
+        # The mechanism names the node's cgroups after this key: unique per node root, so that two
+        # clusters on one machine that both have a "node-1" never touch each other's ranks.
+        root = Path(args.root).resolve()
+        self.key = f"{self.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
+        self.node = Node(self.key, root)
         self.registered = threading.Event()
-        quota = CpuQuota(self.name, args.devices)
+        quota = CpuQuota(self.key, args.devices)
         self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost,
                                  quota if quota.enabled else None)
         self.lease_s = 5.0
@@ -109,6 +115,8 @@ class Agent:
 
     def run(self) -> None:
         self.register()
+        # Only now that this process holds the node's lease: whatever an earlier agent left is fenced.
+        reap_leftovers(self.key)
         for target in (self.heartbeats, self.logs):
             threading.Thread(target=target, daemon=True, name=f"tidal-{target.__name__}").start()
         self.poll()
