@@ -10,6 +10,8 @@ from sqlalchemy.orm import Session
 
 from tidal.control.store.models import EventRow
 
+_INSERT = insert(EventRow)  # one statement, compiled once; the values travel as parameters
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{secrets.token_hex(6)}"
@@ -20,6 +22,6 @@ def record(s: Session, kind: str, *, job_id: str | None = None, node: str | None
     """Append an event; returns its id, to be the cause of what follows from it."""
     eid = new_id("e")
     # A Core insert: events are written often and never read back in the same transaction.
-    s.execute(insert(EventRow).values(id=eid, time=time.time(), kind=kind, job_id=job_id, node=node,
-                                      cause=cause, detail=detail))
+    s.execute(_INSERT, {"id": eid, "time": time.time(), "kind": kind, "job_id": job_id, "node": node,
+                        "cause": cause, "detail": detail})
     return eid

@@ -59,16 +59,20 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str) -> JobRow:
     if not os.path.isdir(spec.workdir):
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
-    seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
     jid = secrets.token_hex(4)
-    values: dict[str, Any] = dict(id=jid, seq=seq, name=spec.name, owner=owner, spec=spec_to_json(spec),
-                  tier=spec.tier.value, ranks=spec.ranks, state=S.PENDING.value, held=False,
-                  submitted_at=time.time(), restarts=0, attempt=0, placement=[])
-    # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API.
-    s.execute(insert(JobRow).values(**values))
+    values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec_to_json(spec),
+                                  tier=spec.tier.value, ranks=spec.ranks, state=S.PENDING.value, held=False,
+                                  submitted_at=time.time(), restarts=0, attempt=0, placement=[])
+    # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API. One cached
+    # statement, the values as parameters; its submission number computed in the same statement.
+    s.execute(_INSERT_JOB, values)
     record(s, "submitted", job_id=jid, cause=cause,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}")
     return JobRow(**values)
+
+
+_INSERT_JOB = insert(JobRow).values(
+    seq=select(func.coalesce(func.max(JobRow.seq), 0) + 1).scalar_subquery())
 
 
 def spec_to_json(spec: JobSpec) -> dict[str, Any]:
