@@ -31,12 +31,13 @@ def candidate_clusters(st: SchedState, rec: JobRec) -> list[str]:
     return sorted(clusters, key=score)
 
 
-def place(st: SchedState, rec: JobRec, n: int) -> list[DeviceRef] | None:
-    """Devices for ``n`` devices of ``rec`` in the best cluster that fits, or None."""
+def place(st: SchedState, rec: JobRec, n: int, *, affinity: bool = False) -> list[DeviceRef] | None:
+    """Devices for ``n`` devices of ``rec`` in the best cluster that fits, or None. ``affinity``: pack
+    guaranteed jobs together (Tidal's policy only; the baselines place as their papers do)."""
     best: list[DeviceRef] | None = None
     best_nodes = 1 << 30
     for c in candidate_clusters(st, rec):
-        devs = fit_in_cluster(st, c, n, guaranteed=rec.tier > 0 and not st.tierless)
+        devs = fit_in_cluster(st, c, n, guaranteed=affinity and rec.tier > 0)
         if devs is not None:
             k = len({d.node for d in devs})
             if k < best_nodes:  # fewest nodes first; ties keep the earlier (preferred) cluster

@@ -147,54 +147,65 @@ class TieredFairQueue:
 
 
 class TierQueues:
-    """One sorted queue per rank (2 = served first), with counts of waiting jobs by size, so that a
-    scan can stop as soon as no job left in a rank is smaller than one that just failed to start."""
+    """Waiting jobs by rank (higher served first) and by size, each sorted by ``key``.
+
+    A scan of one rank merges its per-size queues in key order; once a job of size s failed to start
+    (``limit(rank, s)``), queues of size ≥ s drop out of the merge, so a scan costs O(sizes + jobs
+    started) rather than O(jobs waiting) when large gangs wait behind small free holes.
+    """
 
     def __init__(self, key: Callable[[JobRec], Key], ranks: int = 3) -> None:
-        self._qs = [PendingQueue(key) for _ in range(ranks)]
-        self._sizes: list[dict[int, int]] = [{} for _ in range(ranks)]
-        self._seen: list[dict[int, int]] = [{} for _ in range(ranks)]
-        self._seen_ids: set[str] = set()
-        self._where: dict[str, int] = {}
+        self._key = key
+        self._qs: list[dict[int, PendingQueue]] = [{} for _ in range(ranks)]
+        self._where: dict[str, tuple[int, int]] = {}
+        self._limit = [1 << 30] * ranks
 
     def __len__(self) -> int:
         return len(self._where)
 
     def add(self, rec: JobRec) -> None:
         self.remove(rec.id)
-        self._qs[rec.tier].add(rec)
-        self._where[rec.id] = rec.tier
-        self._sizes[rec.tier][rec.W] = self._sizes[rec.tier].get(rec.W, 0) + 1
+        q = self._qs[rec.tier].get(rec.W)
+        if q is None:
+            q = self._qs[rec.tier][rec.W] = PendingQueue(self._key)
+        q.add(rec)
+        self._where[rec.id] = (rec.tier, rec.W)
 
     def remove(self, job_id: str) -> None:
-        t = self._where.pop(job_id, None)
-        if t is None:
-            return
-        q = self._qs[t]
-        rec = q._recs[job_id]
-        q.remove(job_id)
-        self._sizes[t][rec.W] -= 1
-        if job_id in self._seen_ids:
-            self._seen_ids.discard(job_id)
-            self._seen[t][rec.W] -= 1
+        tw = self._where.pop(job_id, None)
+        if tw is not None:
+            self._qs[tw[0]][tw[1]].remove(job_id)
 
     def begin_scan(self) -> None:
-        self._seen = [{} for _ in self._qs]
-        self._seen_ids = set()
+        self._limit = [1 << 30] * len(self._qs)
 
-    def seen(self, rec: JobRec) -> None:
-        if rec.id in self._where and rec.id not in self._seen_ids:
-            self._seen_ids.add(rec.id)
-            t = self._where[rec.id]
-            self._seen[t][rec.W] = self._seen[t].get(rec.W, 0) + 1
-
-    def exhausted(self, tier: int, failed_size: int) -> bool:
-        seen = self._seen[tier]
-        return all(w >= failed_size for w, n in self._sizes[tier].items() if n - seen.get(w, 0) > 0)
+    def limit(self, tier: int, size: int) -> None:
+        """A job of ``size`` could not start: skip jobs of ``tier`` at least that large in this scan."""
+        self._limit[tier] = min(self._limit[tier], size)
 
     def tier(self, tier: int) -> Iterator[JobRec]:
-        return iter(self._qs[tier])
+        heap: list[tuple[Key, int, str, int]] = []
+        its: dict[int, Iterator[JobRec]] = {}
+        for w, q in self._qs[tier].items():
+            it = iter(q)
+            first = next(it, None)
+            if first is not None:
+                its[w] = it
+                heapq.heappush(heap, (self._key(first), first.seq, first.id, w))
+        recs: dict[str, JobRec] = {}
+        while heap:
+            _, _, jid, w = heapq.heappop(heap)
+            if w >= self._limit[tier]:
+                continue  # this size and larger cannot start now: drop the whole queue from the merge
+            rec = self._qs[tier][w]._recs.get(jid) or recs.get(jid)
+            nxt = next(its[w], None)
+            if nxt is not None:
+                recs[nxt.id] = nxt
+                heapq.heappush(heap, (self._key(nxt), nxt.seq, nxt.id, w))
+            if rec is not None:
+                yield rec
 
     def __iter__(self) -> Iterator[JobRec]:
         for t in range(len(self._qs) - 1, -1, -1):
-            yield from self._qs[t]
+            for w in sorted(self._qs[t]):
+                yield from self._qs[t][w]

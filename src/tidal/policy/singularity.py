@@ -237,7 +237,7 @@ class Singularity(BasePolicy):
         st = self.st
         assert st is not None
         cfg = self.cfg
-        devs = place(st, rec, rec.hi)
+        devs = place(st, rec, rec.hi, affinity=True)
         if devs is not None:
             self.start(rec, devs, now)
             return True
@@ -256,7 +256,7 @@ class Singularity(BasePolicy):
                 for victim in out.plan.victims:
                     self._preempted_now.add(victim.id)
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
-                devs = place(st, rec, rec.hi)
+                devs = place(st, rec, rec.hi, affinity=True)
                 if devs is not None:
                     self.start(rec, devs, now, reason="after preemption")
                     return True
@@ -267,7 +267,7 @@ class Singularity(BasePolicy):
         lo = max(rec.lo, math.ceil(rec.W * cfg.elastic_start_fraction))
         sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and rec.tier in cfg.elastic_start_tiers else ()
         for size in sizes:
-            devs = place(st, rec, size)
+            devs = place(st, rec, size, affinity=True)
             if devs is not None:
                 self.start(rec, devs, now, reason=f"elastic start on {size}")
                 return True

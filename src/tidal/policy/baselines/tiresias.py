@@ -113,7 +113,6 @@ class Tiresias(BasePolicy):
             for rec in jobs:
                 if rec.id not in st.pending:
                     continue
-                self.queue.seen(rec)
                 q = rec.tier
                 lower_busy = q == TOP and st.tier_devices[LOW] > 0
                 if st.free_total == 0 and not lower_busy:
@@ -137,8 +136,8 @@ class Tiresias(BasePolicy):
                         self.start(rec, devs, now)
                         continue
                     failed[memo] = min(failed.get(memo, 1 << 30), rec.W)
-                if memo[1] == everywhere and self.queue.exhausted(q, failed[memo]):
-                    break
+                if memo[1] == everywhere:
+                    self.queue.limit(q, failed[memo])
         if self._timers:
             w = self._timers[0][0]
             self._wakeup = w if self._wakeup is None else min(self._wakeup, w)
