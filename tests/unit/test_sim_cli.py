@@ -1,0 +1,65 @@
+"""``tidal sim`` through typer's test runner, on a tiny trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from typer.testing import CliRunner
+
+from tidal.cli import sim
+
+TRACE = "submit_time,duration,num_gpus,tier,project\n0,100,1,premium,a\n0,200,2,basic,b\n10,50,1,standard,a\n"
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+    sim.register(a)
+
+    @a.callback()
+    def _root() -> None:  # keep `sim` a subcommand
+        pass
+
+    return a
+
+
+def test_sim_writes_the_json_of_the_issue(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--workers", "1",
+                                   "--policies", "fifo,singularity", "--json", str(out), "--plots", str(tmp_path)])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    for name in ("fifo", "singularity"):
+        p = doc["policies"][name]
+        for k in ("avg_jct_s", "p99_jct_s", "avg_queue_s", "goodput", "allocation", "lost_device_hours",
+                  "preemptions", "migrations", "resizes"):
+            assert k in p
+        assert set(p["sla"]) == {"premium", "standard", "basic"}
+        assert {"attainment", "met_fraction", "avg_queue_s"} <= set(p["sla"]["premium"])
+    # FIFO: the premium job runs 0-100; the 2-device job waits for it (100-300) and blocks the last (300-350).
+    assert doc["policies"]["fifo"]["avg_jct_s"] == (100 + 300 + 340) / 3
+    assert (tmp_path / "jct_cdf.png").exists() and (tmp_path / "sla_attainment.png").exists()
+
+
+def test_unknown_policy_and_bad_rows(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE + "20,-5,1,basic,a\n")
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo,nope"])
+    assert r.exit_code != 0 and "nope" in str(r.exception) and "tiresias" in (r.exception.hint or "")  # type: ignore[union-attr]
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
+                                   "--on-bad-row", "fail"])
+    assert r.exit_code != 0 and "line 5" in str(r.exception)
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
+                                   "--workers", "1"])
+    assert r.exit_code == 0 and "line 5" in r.output
+
+
+def test_a_job_larger_than_the_cluster_is_reported(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE + "20,10,64,basic,a\n")
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
+                                   "--workers", "1"])
+    assert r.exit_code == 0 and "1 jobs larger than their cluster" in r.output
