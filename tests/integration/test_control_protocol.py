@@ -166,13 +166,14 @@ def test_checkpoint_failure_keeps_the_job_running(plane: Plane) -> None:
 
 
 def test_lease_expiry_requeues_and_fences(tmp_path: Path) -> None:
-    p = Plane(tmp_path, lease_s=0.3)
+    p = Plane(tmp_path, lease_s=1.0)
     a = FakeAgent(p, "node-1", "A")
     a.register()
     jid = p.submit()
     start(p, a, jid)
+    p.http.post("/v1/agent/node-1/heartbeat", headers=p.as_agent(), json={"agent_id": "A"})
     assert FakeAgent(p, "node-1", "A2").register() == 409  # the lease is A's until it expires
-    time.sleep(0.4)
+    time.sleep(1.1)
     p.rec.once()
     j = p.job(jid)
     assert j["state"] == "pending" and j["restarts"] == 1 and j["placement"] == []
@@ -251,7 +252,7 @@ def test_periodic_checkpoints_are_dispatched(plane: Plane) -> None:
 
 
 def test_losing_a_migration_destination_requeues_instead(tmp_path: Path) -> None:
-    p = Plane(tmp_path, lease_s=0.5)
+    p = Plane(tmp_path, lease_s=1.0)
     a, b = FakeAgent(p, "node-1", "A"), FakeAgent(p, "node-2", "B")
     a.register()
     jid = p.submit()
@@ -259,10 +260,11 @@ def test_losing_a_migration_destination_requeues_instead(tmp_path: Path) -> None
     b.register()
     assert p.http.post(f"/v1/jobs/{jid}/migrate", headers=p.as_user(), json={"to": "node-2"}).status_code == 200
     (act,) = a.actions()
-    deadline = time.monotonic() + 0.7
+    deadline = time.monotonic() + 1.2
     while time.monotonic() < deadline:  # node-1 stays alive, node-2 goes silent
         p.http.post("/v1/agent/node-1/heartbeat", headers=p.as_agent(), json={"agent_id": "A"})
         time.sleep(0.05)
+    p.http.post("/v1/agent/node-1/heartbeat", headers=p.as_agent(), json={"agent_id": "A"})
     p.rec.once()
     j = p.job(jid)
     assert j["state"] == "checkpointing" and j["restarts"] == 0  # its ranks still run on node-1
