@@ -36,7 +36,6 @@ from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
-from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.storage import CheckpointStore
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -81,58 +80,23 @@ def best(xs: list[float]) -> float:
     return min(xs)
 
 
-def copy_baseline(nbytes: int, where: Path, repeats: int = 3) -> float:
-    """Write ``nbytes`` distinct bytes (not a repeated buffer) from memory with write + fsync."""
-    buf = memoryview(bytearray(os.urandom(nbytes)))
-    times = []
-    for i in range(repeats):
-        target = where / f"copy-{i}"
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        t = time.perf_counter()
-        off = 0
-        while off < nbytes:
-            off += os.write(fd, buf[off : off + (64 << 20)])
-        os.fsync(fd)
-        times.append(time.perf_counter() - t)
-        os.close(fd)
-        target.unlink()
-    return best(times)
+def copy_once(buf: memoryview, target: Path) -> float:
+    """Write ``buf`` (distinct bytes, not a repeated buffer) from memory with plain writes + fsync."""
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    t = time.perf_counter()
+    off = 0
+    while off < len(buf):
+        off += os.write(fd, buf[off : off + (64 << 20)])
+    os.fsync(fd)
+    elapsed = time.perf_counter() - t
+    os.close(fd)
+    target.unlink()
+    return elapsed
 
 
-class PlainProcess:
-    """The same training command under plain CRIU: ``unshare --pid --fork setsid``, output to a file."""
-
-    def __init__(self, argv: list[str], workdir: Path, env: dict[str, str]) -> None:
-        self.log = workdir / "plain.log"
-        # Only the dumped tree may write the log: CRIU insists on its dump-time size at restore.
-        self.holder = subprocess.Popen(
-            ["unshare", "--pid", "--fork", "--kill-child", "setsid", "sh", "-c", 'exec "$@" > plain.log 2>&1',
-             "sh", *argv], cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 30
-        while True:
-            kids = [p for p in descendants(self.holder.pid) if p != self.holder.pid]
-            if kids:
-                self.pid = kids[0]
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError("plain process did not start")
-            time.sleep(0.01)
-        self.restored_pid: int | None = None
-
-    def kill(self) -> None:
-        for pid in (self.restored_pid, self.pid):
-            if pid:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            if self.restored_pid:
-                os.waitpid(self.restored_pid, 0)
-        self.holder.wait()
-
-
-def criu(*args: str, log: str = "criu.log") -> None:
-    out = subprocess.run([*find_criu().argv, *args, "-o", log], capture_output=True, text=True)
+def criu(*args: str, log: str = "criu.log", pass_fds: tuple[int, ...] = ()) -> None:
+    out = subprocess.run([*find_criu().argv, *args, "-o", log], capture_output=True, text=True, pass_fds=pass_fds,
+                         timeout=300)
     if out.returncode != 0:
         images = args[args.index("-D") + 1]
         errors = [ln for ln in Path(images, log).read_text().splitlines() if "Error" in ln]
@@ -148,40 +112,8 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
     repeats = 1 if quick else 3
     result: dict[str, Any] = {"args": list(case.args)}
 
-    # Plain CRIU first, alone on the machine.
-    say(f"{case.name}: plain CRIU")
-    plain = PlainProcess(argv, work, env)
-    try:
-        wait_for(plain.log, "step 3 ")
-        pauses = []
-        for i in range(repeats):
-            d = base / case.name / f"plain-{i}"
-            d.mkdir()
-            t = time.perf_counter()
-            criu("dump", "-t", str(plain.pid), "-D", str(d), "--leave-running", "--manage-cgroups=ignore")
-            pauses.append(time.perf_counter() - t)
-            result["image_bytes"] = dir_bytes(d)
-            shutil.rmtree(d)
-        result["plain_pause_s"] = best(pauses)
-        d = base / case.name / "plain-mig"
-        d.mkdir()
-        t = time.perf_counter()
-        criu("dump", "-t", str(plain.pid), "-D", str(d), "--manage-cgroups=ignore")
-        t_dump = time.perf_counter()
-        criu("restore", "-D", str(d), "-d", "--pidfile", str(d / "pid"), "--manage-cgroups=ignore",
-             log="restore.log")
-        t_end = time.perf_counter()
-        plain.restored_pid = int((d / "pid").read_text())
-        result["plain_migration_s"] = t_end - t
-        result["plain_restore_s"] = t_end - t_dump
-    finally:
-        plain.kill()
-        shutil.rmtree(base / case.name / "plain-mig", ignore_errors=True)
-
-    say(f"{case.name}: copy baseline of {result['image_bytes'] / GB:.2f} GiB")
-    result["copy_s"] = copy_baseline(result["image_bytes"], base / case.name, repeats)
-
-    say(f"{case.name}: Tidal")
+    # Plain CRIU dumps the very same rank, interleaved with Tidal's checkpoints and the copy baseline, so
+    # that all three see the same process and the same machine load.
     store = CheckpointStore(str(base / case.name / "store"))
     node_a = Node("node-a", base / case.name / "node-a")
     node_b = Node("node-b", base / case.name / "node-b")
@@ -189,14 +121,29 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
     job = Job.launch("bench", [(spec, node_a)], store)
     try:
         wait_for(node_a.log_path(spec), "step 3 ")
-        pauses, commits = [], []
+        plain_pauses, pauses, commits, copies = [], [], [], []
         infos = []
-        for _ in range(repeats):
+        buf: memoryview | None = None
+        for i in range(repeats):
+            say(f"{case.name}: round {i + 1} of {repeats}: plain CRIU, Tidal, copy")
+            d = base / case.name / f"plain-{i}"
+            d.mkdir()
+            t = time.perf_counter()
+            criu("dump", "-t", str(job.ranks[0].pid), "-D", str(d), "--leave-running", "--manage-cgroups=ignore")
+            plain_pauses.append(time.perf_counter() - t)
+            result["image_bytes"] = dir_bytes(d)
+            shutil.rmtree(d)
             infos.append(job.checkpoint(then="continue"))
             assert job.last_timing is not None
             pauses.append(job.last_timing.pause_s)
             commits.append(job.last_timing.commit_s)
+            if buf is None:
+                buf = memoryview(bytearray(os.urandom(result["image_bytes"])))
+            copies.append(copy_once(buf, base / case.name / "copy"))
+        result["plain_pause_s"] = best(plain_pauses)
         result["pause_s"] = best(pauses)
+        result["copy_s"] = best(copies)
+        del buf
         result["first_commit_s"] = commits[0]
         result["first_stored_bytes"] = infos[0].stored_bytes
         time.sleep(3)
@@ -224,6 +171,37 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
         result["migration_s"] = warm.pop("total")
         result["restore_s"] = warm["restore"]
         result["migration_breakdown_s"] = warm
+        # Plain CRIU's migration of the same process: dump to the local disk, restore from it. (It is left
+        # stopped rather than killed by CRIU, which does not count its kill; the restored copy cannot rewire
+        # the rank's pipes and takes itself down, which does not matter for the timing.)
+        time.sleep(2)
+        d = base / case.name / "plain-mig"
+        d.mkdir()
+        rank = job.ranks[0]
+        pid = rank.pid
+        # The rank's output and lifeline pipes lead outside the dumped tree: any CRIU user must hand new
+        # ones in at restore (--inherit-fd), as Tidal does.
+        keys = list(rank.pipe_keys())
+        t = time.perf_counter()
+        criu("dump", "-t", str(pid), "-D", str(d), "--leave-stopped", "--manage-cgroups=ignore")
+        t_dump = time.perf_counter()
+        job.kill()
+        pipes = [os.pipe() for _ in keys]
+        t_killed = time.perf_counter()
+        inherit = [a for (_, w), k in zip(pipes, keys, strict=True) for a in ("--inherit-fd", f"fd[{w}]:{k}")]
+        criu("restore", "-D", str(d), "-d", "--pidfile", str(d / "pid"), "--manage-cgroups=ignore", *inherit,
+             log="restore.log", pass_fds=tuple(w for _, w in pipes))
+        t_end = time.perf_counter()
+        restored = int((d / "pid").read_text())
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(restored, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(restored, 0)
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
+        result["plain_migration_s"] = (t_dump - t) + (t_end - t_killed)
+        result["plain_restore_s"] = t_end - t_killed
     finally:
         job.kill()
     result["pause_vs_copy"] = result["pause_s"] / result["copy_s"]

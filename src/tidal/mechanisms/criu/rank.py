@@ -212,13 +212,19 @@ class RankProcess:
             os.close(st_w)
         pid = int(pidfile.read_text())
         rank = cls(spec, node, pid, out_r, st_r)
-        # CRIU left the tree stopped: place it, then let it run.
-        procs = tasks.descendants(pid)
-        rank.freezer.create()
-        for p in procs:
-            rank.freezer.add(p)
-        if spec.cpus:
-            tasks.set_affinity(procs, spec.cpus)
+        # CRIU left the tree stopped: place it, then let it run. A stopped init cannot notice that its
+        # owner is gone, so if placing fails the tree must be killed here.
+        try:
+            procs = tasks.descendants(pid)
+            rank.freezer.create()
+            for p in procs:
+                rank.freezer.add(p)
+            if spec.cpus:
+                tasks.set_affinity(procs, spec.cpus)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                rank.kill()
+            raise
         for p in procs:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p, signal.SIGCONT)
@@ -291,8 +297,7 @@ class RankProcess:
         self._check_running("checkpoint")
         if not self._frozen:
             raise MechanismError("dump needs a frozen rank: call freeze() first")
-        out_pipe = tasks.fd_target(self.pid, 1)
-        status_pipe = self._status_pipe_key()
+        out_pipe, status_pipe = self.pipe_keys()
         private_dir(images)
         for attempt in range(3):
             try:
@@ -311,6 +316,10 @@ class RankProcess:
         # into pipes it creates itself: what was written meanwhile must be in the log before the offset.
         pump().drain(self._out_r)
         return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe)
+
+    def pipe_keys(self) -> tuple[str, str]:
+        """CRIU's names ("pipe:[inode]") of the rank's output and status pipes, for --inherit-fd."""
+        return tasks.fd_target(self.pid, 1), self._status_pipe_key()
 
     def _status_pipe_key(self) -> str:
         mine = os.fstat(self._status_r).st_ino
