@@ -292,7 +292,8 @@ class Simulator:
                 ck = self.cost.checkpoint_s(j.W, len(old), self._nodes(old))
                 for d in old:
                     self.busy_until[d] = now + ck
-                self.alloc_extra(len(old) * ck)
+                # The devices stay busy until the dump is written; they count as allocated to the job
+                # placed on them next (from its placement), so nothing is added here: no double count.
                 j.state = advance(advance(j.state, S.CHECKPOINTING, job=j.id), S.PREEMPTED, job=j.id)
                 j.has_ckpt = True
                 j.pause_until = now + ck
@@ -339,10 +340,6 @@ class Simulator:
         i = int((self.t - self.window[0]) // self.bin_w)
         if 0 <= i < len(self.bins_good):
             self.bins_good[i] -= device_s
-
-    def alloc_extra(self, device_s: float) -> None:
-        # Devices stay held while a checkpoint is written; count them as allocated, not as goodput.
-        self.alloc += device_s
 
     def _update_rate_fold(self, j: SimJob) -> None:
         j.remaining = max(0.0, j.remaining - j.rate * (self.t - j.last_t))
