@@ -155,10 +155,12 @@ class Simulator:
         # Time series over the whole run (bins of the window's width / bins), for the plots.
         a = t0
         while a < t:
-            b = min(t, (math.floor((a - w0) / self.bin_w) + 1) * self.bin_w + w0)
-            if b <= a:
-                b = t
             i = int((a - w0) // self.bin_w)
+            b = w0 + (i + 1) * self.bin_w
+            if b <= a:  # float rounding at a bin boundary
+                i += 1
+                b += self.bin_w
+            b = min(t, b)
             if i >= 0:
                 while len(self.bins_good) <= i:
                     self.bins_good.append(0.0)

@@ -105,7 +105,8 @@ def _bind(progress: Callable[[str, int], None] | None, name: str) -> Callable[[i
 
 def _series(r: SimResult) -> dict[str, Any]:
     jct = sorted(float(j.finish) - j.submit for j in r.jobs if j.finish is not None)
-    return {"t": r.series_t, "goodput": r.series_good, "allocation": r.series_alloc, "jct_sorted": jct}
+    return {"t": r.series_t, "goodput": r.series_good, "allocation": r.series_alloc, "jct_sorted": jct,
+            "window": list(r.window)}
 
 
 def _worker(p: Prepared, name: str, cost: CostModel | None, q: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:

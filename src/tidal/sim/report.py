@@ -73,9 +73,12 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     # Goodput and allocation over time.
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for name, s in series.items():
-        t = [x / 3600 for x in s["t"]]
-        axes[0].plot(t, s["goodput"], label=name, lw=1)
-        axes[1].plot(t, s["allocation"], label=name, lw=1)
+        # The submission window and a little after: the long tail of the last jobs is mostly empty.
+        end = s["window"][0] + 1.2 * (s["window"][1] - s["window"][0])
+        keep = [i for i, x in enumerate(s["t"]) if x <= end]
+        t = [s["t"][i] / 3600 for i in keep]
+        axes[0].plot(t, [s["goodput"][i] for i in keep], label=name, lw=1)
+        axes[1].plot(t, [s["allocation"][i] for i in keep], label=name, lw=1)
     axes[0].set_ylabel("goodput")
     axes[1].set_ylabel("allocation")
     axes[1].set_xlabel("time (h)")
