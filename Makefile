@@ -30,6 +30,8 @@ demo: criu
 
 bench: criu
 	$(PY) benchmarks/checkpoint.py --json bench-results/checkpoint.json
+	$(PY) benchmarks/api.py --json bench-results/api.json
+	$(PY) benchmarks/policy.py --json bench-results/policy.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

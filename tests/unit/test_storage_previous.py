@@ -82,3 +82,16 @@ def test_extract_with_a_base_fetches_only_what_it_lacks(tmp_path: Path) -> None:
     reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)})
     assert dest.read_bytes() == bytes(new)
     assert len(fetched) == 3  # chunks 2, 5 and 7 (the zero one without a read); the rest came from the base
+
+
+def test_retain_keeps_everything_when_there_are_fewer_than_keep(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    ids = []
+    for i in range(2):
+        w = store.writer("j")
+        w.add_bytes("x", bytes([i]) * 10)
+        ids.append(w.commit({}).id)
+    assert store.retain("j", 3) == []
+    assert [c.id for c in store.list("j")] == ids
+    assert store.retain("j", 1) == ids[:1]
+    assert [c.id for c in store.list("j")] == ids[1:]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,7 @@ class LastDump:
     def __init__(self) -> None:
         self.dir: Path | None = None
         self._files: dict[str, _Kept] = {}
+        self._lock = threading.Lock()
 
     def previous(self, name: str) -> tuple[Path, Entry] | None:
         kept = self._files.get(name)
@@ -70,9 +72,10 @@ class LastDump:
                 self._files[name] = _Kept(entry, _sig(where / name), windows.get(name, {}))
 
     def drop(self) -> None:
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        # Taken in one step: a job's waiter and its killer may drop at the same time.
+        with self._lock:
+            gone, self.dir, self._files = self.dir, None, {}
+        if gone is not None:
+            shutil.rmtree(gone, ignore_errors=True)
             with contextlib.suppress(OSError):
-                self.dir.parent.rmdir()
-        self.dir = None
-        self._files = {}
+                gone.parent.rmdir()

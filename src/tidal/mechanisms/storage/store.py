@@ -173,7 +173,7 @@ class CheckpointStore:
         if keep < 0:
             raise ValueError(f"keep must be >= 0, not {keep}")
         infos = self.list(job_id)
-        doomed = infos[: len(infos) - keep] if keep else infos
+        doomed = infos[: max(0, len(infos) - keep)]
         for info in doomed:
             self._delete_checkpoint(job_id, info.id)
         self.gc()
