@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.mechanisms.criu.images import page_file_windows
+from tidal.mechanisms.criu.memory import mem_available
 from tidal.mechanisms.storage import Entry
 
 
@@ -57,9 +58,13 @@ class LastDump:
         return {off: kept.windows[w] for w, off in windows.items() if w in kept.windows}
 
     def keep(self, images: Path, entries: dict[str, Entry], where: Path) -> None:
-        """Take over ``images`` (committed as ``entries``) by renaming it to ``where``."""
+        """Take over ``images`` (committed as ``entries``) by renaming it to ``where``. Not when memory is
+        short: the images may sit in tmpfs, and reuse is only a speed-up."""
         windows = page_file_windows(images)
         self.drop()
+        size = sum(f.stat().st_size for f in images.iterdir() if f.is_file())
+        if mem_available() < size + (2 << 30):
+            return
         try:
             shutil.rmtree(where, ignore_errors=True)
             images.rename(where)

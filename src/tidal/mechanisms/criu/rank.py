@@ -27,6 +27,7 @@ from tidal.errors import MechanismError, RankExited
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.logpump import pump
+from tidal.mechanisms.criu.memory import mem_available
 from tidal.mechanisms.criu.runner import CriuRunner, TransientDumpError
 from tidal.mechanisms.permissions import private_dir
 
@@ -91,10 +92,10 @@ class Node:
         """A private scratch directory for ``need_bytes`` of images: in memory when there is room."""
         if need_bytes and FAST_STAGING.is_dir():
             try:
-                free = shutil.disk_usage(FAST_STAGING).free
+                free = min(shutil.disk_usage(FAST_STAGING).free, mem_available())  # tmpfs lives in RAM
             except OSError:
                 free = 0
-            if free >= need_bytes * 1.25 + (256 << 20):
+            if free >= need_bytes * 1.25 + (1 << 30):
                 return private_dir(self._fast / name, below=FAST_STAGING)
         return private_dir(self.root / "staging" / name)
 
