@@ -67,3 +67,18 @@ def test_every_policy_finishes_a_philly_sample(policy: str) -> None:
     jobs = [j for j in jobs if j.gpus <= 64]
     r = Simulator(Topology.uniform(8, 8), jobs, make_policy(policy)).run()
     assert all(j.finish is not None and j.finish >= j.submit + j.duration - 1e-6 for j in r.jobs)
+
+
+VC = os.path.join(os.path.dirname(PHILLY), "..", "philly-helios-artifact", "philly_vc.csv")
+
+
+@needs_trace
+def test_helios_setup_runs_per_virtual_cluster() -> None:
+    from tidal.sim.experiment import prepare, run_one
+
+    p = prepare(PHILLY, VC, limit=3000)
+    assert p.cluster.pinned and sum(p.excluded_unknown_vc.values()) + len(p.jobs) == 3000
+    for name in ("fifo", "sjf", "srtf"):
+        r = run_one(p, name)
+        assert all(j.finish is not None for j in r.jobs)
+        assert all(j.home == j.project for j in r.jobs)
