@@ -69,6 +69,7 @@ class Singularity(BasePolicy):
         self._ts_budget = 16
         self.reservations = Reservations()
         self._hidden = False
+        self._cluster_devices: dict[str, int] = {}
         # Pending jobs per tier by (smallest useful size, W), and those looked at in this decision.
         self._kinds: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
@@ -78,6 +79,7 @@ class Singularity(BasePolicy):
     def on_rebuild(self, now: float) -> None:
         st = self.st
         assert st is not None
+        self._cluster_devices = {c.name: c.devices for c in st.topology.clusters()}
         self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
                                      self.cfg.las_tiers)
         self.shrunk, self.sharable, self.guests = {}, {}, {}
@@ -265,7 +267,9 @@ class Singularity(BasePolicy):
         # Elastic start for basic work only: a guaranteed job started shrunk would run slowly for long
         # (devices rarely free up at high load), which costs more attainment than waiting for room.
         lo = max(rec.lo, math.ceil(rec.W * cfg.elastic_start_fraction))
-        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and rec.tier in cfg.elastic_start_tiers else ()
+        never_whole = rec.hi > max((self._cluster_devices[c] for c in clusters), default=rec.hi)
+        shrunk_ok = rec.tier in cfg.elastic_start_tiers or never_whole  # or it could never start at all
+        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and shrunk_ok else ()
         for size in sizes:
             devs = place(st, rec, size, affinity=True)
             if devs is not None:
