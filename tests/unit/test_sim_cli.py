@@ -63,3 +63,16 @@ def test_a_job_larger_than_the_cluster_is_reported(tmp_path: Path) -> None:
     r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
                                    "--workers", "1"])
     assert r.exit_code == 0 and "1 jobs larger than their cluster" in r.output
+
+
+def test_event_log_uses_the_shared_record_format(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "singularity",
+                                   "--workers", "1", "--event-log", str(tmp_path / "log")])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(x) for x in (tmp_path / "log" / "singularity.jsonl").read_text().splitlines()]
+    events = [x for x in recs if x["type"] == "event"]
+    actions = [x for x in recs if x["type"] == "action"]
+    assert [e["kind"] for e in events].count("job_submitted") == 3 and events[0]["id"] == "e1"
+    assert all(a["cause"] in {e["id"] for e in events} for a in actions)  # every action names its cause

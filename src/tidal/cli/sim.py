@@ -31,6 +31,9 @@ def sim(
     trace_format: Annotated[str, typer.Option("--format", help="auto, philly, gavel or generic.")] = "auto",
     limit: Annotated[int | None, typer.Option(help="Only the first N jobs of the trace.")] = None,
     workers: Annotated[int | None, typer.Option(help="Parallel processes (default: one a core).")] = None,
+    event_log: Annotated[
+        Path | None, typer.Option(help="Write every event and action to DIR/<policy>.jsonl.")
+    ] = None,
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
@@ -65,7 +68,8 @@ def sim(
                   console=console) as bar:
         tasks = {n: bar.add_task(n, total=len(p.jobs)) for n in names}
         summaries, series = run_policies(
-            p, names, workers=workers, progress=lambda n, d: bar.update(tasks[n], completed=d))
+            p, names, workers=workers, progress=lambda n, d: bar.update(tasks[n], completed=d),
+            event_log=str(event_log) if event_log is not None else None)
         for n in names:
             bar.update(tasks[n], completed=len(p.jobs))
     elapsed = time.monotonic() - t0

@@ -7,6 +7,7 @@ Jobs that cannot run at all are reported, never silently dropped: jobs larger th
 from __future__ import annotations
 
 import dataclasses
+import json
 import multiprocessing
 import os
 import queue as queue_mod
@@ -92,9 +93,21 @@ def check_policies(names: Sequence[str]) -> list[str]:
 
 
 def run_one(p: Prepared, name: str, cost: CostModel | None = None,
-            progress: Callable[[int], None] | None = None) -> SimResult:
-    sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned)
-    return sim.run(progress)
+            progress: Callable[[int], None] | None = None, event_log: str | None = None) -> SimResult:
+    """Simulate one policy; ``event_log``: a directory to write ``<policy>.jsonl`` into (every event
+    and action, in the log format the live control plane uses too)."""
+    if event_log is None:
+        sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned)
+        return sim.run(progress)
+    os.makedirs(event_log, exist_ok=True)
+    with open(os.path.join(event_log, f"{name}.jsonl"), "w", encoding="utf-8") as f:
+
+        def write(rec: dict[str, Any]) -> None:
+            f.write(json.dumps(rec) + "\n")
+
+        sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned,
+                        log=write)
+        return sim.run(progress)
 
 
 def _bind(progress: Callable[[str, int], None] | None, name: str) -> Callable[[int], None] | None:
@@ -109,7 +122,8 @@ def _series(r: SimResult) -> dict[str, Any]:
             "window": list(r.window)}
 
 
-def _worker(p: Prepared, name: str, cost: CostModel | None, q: Any) -> tuple[str, dict[str, Any], dict[str, Any]]:
+def _worker(p: Prepared, name: str, cost: CostModel | None, q: Any,
+            event_log: str | None = None) -> tuple[str, dict[str, Any], dict[str, Any]]:
     last = [0]
 
     def tick(done: int) -> None:
@@ -117,7 +131,7 @@ def _worker(p: Prepared, name: str, cost: CostModel | None, q: Any) -> tuple[str
             q.put((name, done))
             last[0] = done
 
-    r = run_one(p, name, cost, tick)
+    r = run_one(p, name, cost, tick, event_log)
     q.put((name, len(r.jobs)))
     return name, summarize(r), _series(r)
 
@@ -129,6 +143,7 @@ def run_policies(
     cost: CostModel | None = None,
     workers: int | None = None,
     progress: Callable[[str, int], None] | None = None,
+    event_log: str | None = None,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
     """Run each policy on the same jobs; in parallel processes (one a core) when there are several."""
     workers = workers or min(len(names), os.cpu_count() or 1)
@@ -136,7 +151,7 @@ def run_policies(
     series: dict[str, dict[str, Any]] = {}
     if workers <= 1 or len(names) == 1:
         for n in names:
-            r = run_one(p, n, cost, _bind(progress, n))
+            r = run_one(p, n, cost, _bind(progress, n), event_log)
             summaries[n], series[n] = summarize(r), _series(r)
         return summaries, series
     ctx = multiprocessing.get_context("fork")
@@ -157,7 +172,7 @@ def run_policies(
     th.start()
     try:
         with ctx.Pool(workers) as pool:
-            results = [pool.apply_async(_worker, (p, n, cost, q)) for n in names]
+            results = [pool.apply_async(_worker, (p, n, cost, q, event_log)) for n in names]
             for res in results:
                 name, summ, ser = res.get()
                 summaries[name], series[name] = summ, ser
