@@ -25,15 +25,10 @@ def _root() -> None:
 
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import cluster, demo, doctor, jobs
+    from tidal.cli import cluster, demo, doctor, jobs, sim
 
-    doctor.register(app)
-    from tidal.cli import sim
-
-    sim.register(app)
-    demo.register(app)
-    cluster.register(app)
-    jobs.register(app)
+    for module in (cluster, jobs, demo, sim, doctor):
+        module.register(app)
 
 
 def main() -> None:

@@ -50,7 +50,7 @@ def sim(
     names = check_policies(policies.split(","))
     console = Console(stderr=True)
     t0 = time.monotonic()
-    p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=cast(tuple[float, float, float], mix),
+    p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,
                 on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit)
     for line, reason in p.bad_rows[:20]:
         console.print(f"[yellow]skipped bad row[/] line {line}: {reason}", highlight=False)
@@ -59,8 +59,8 @@ def sim(
     if p.excluded_too_large:
         console.print(f"[yellow]{len(p.excluded_too_large)} jobs larger than their cluster were not simulated[/]"
                       f" (e.g. {', '.join(p.excluded_too_large[:5])})", highlight=False)
-    for vc, n in sorted(p.excluded_unknown_vc.items()):
-        console.print(f"[yellow]{n} jobs of virtual cluster {vc!r} (not in the cluster file) were not simulated[/]",
+    for vc, count in sorted(p.excluded_unknown_vc.items()):
+        console.print(f"[yellow]{count} jobs of virtual cluster {vc!r} (not in the cluster file) were not simulated[/]",
                       highlight=False)
     console.print(f"{len(p.jobs)} jobs on {p.cluster.topology.devices} devices, offered load "
                   f"{p.offered_load:.3f} (trace: {p.offered_load_before:.3f})", highlight=False)
