@@ -43,15 +43,41 @@ class Freezer:
     def state(self) -> str:
         return (self.path / "freezer.state").read_text().strip()
 
-    def freeze(self, timeout: float = 10.0) -> None:
-        (self.path / "freezer.state").write_text("FROZEN")
-        deadline = time.monotonic() + timeout
-        while self.state() != "FROZEN":
-            if time.monotonic() > deadline:
-                self.thaw()
-                raise MechanismError(f"rank did not freeze within {timeout:.0f}s ({self.path})",
-                                     hint="a process of the rank may be stuck in uninterruptible sleep")
-            time.sleep(0.001)
+    def freeze(self, timeout: float = 20.0, attempts: int = 4) -> None:
+        """Freeze every task. A task in a sleep the freezer cannot interrupt (writeback throttling on a busy
+        disk, the middle of an exit) holds the cgroup in FREEZING: thaw, let it get past, try again."""
+        per_try = timeout / attempts
+        for attempt in range(attempts):
+            (self.path / "freezer.state").write_text("FROZEN")
+            deadline = time.monotonic() + per_try
+            while self.state() != "FROZEN":
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
+            else:
+                return
+            stuck = self._unfrozen()
+            self.thaw()
+            if attempt < attempts - 1:
+                time.sleep(0.1 * (attempt + 1))
+        raise MechanismError(f"rank did not freeze within {timeout:.0f}s ({self.path}); not frozen: {stuck}",
+                             hint="a process of the rank is stuck in uninterruptible sleep")
+
+    def _unfrozen(self) -> str:
+        """The tasks not (yet) in the refrigerator, with their state and kernel wait channel."""
+        out = []
+        for pid in self.procs():
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text().strip()
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            if "refrigerator" in wchan or "freezer" in wchan:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            state = stat[stat.rindex(")") + 2]
+            out.append(f"{pid} {comm} {state} {wchan or '-'}")
+        return "; ".join(out) or "none listed"
 
     def thaw(self) -> None:
         (self.path / "freezer.state").write_text("THAWED")
