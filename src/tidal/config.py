@@ -1,5 +1,6 @@
 """Typed settings. Every setting can be given as an environment variable with the prefix ``TIDAL_``
-(``TIDAL_HOME``, ``TIDAL_CRIU``, ``TIDAL_DATABASE_URL`` ...). State lives under ``TIDAL_HOME``
+(``TIDAL_HOME``, ``TIDAL_DATABASE_URL`` ...). CRIU is found by
+:mod:`tidal.mechanisms.criu.provision` (``TIDAL_CRIU``, ``TIDAL_CRIU_PREFIX``). State lives under ``TIDAL_HOME``
 (default ``~/.tidal``)."""
 
 from __future__ import annotations
@@ -14,16 +15,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TIDAL_", extra="ignore")
 
     home: Path = Field(default_factory=lambda: Path.home() / ".tidal", description="Tidal's state directory")
-    criu: Path | None = Field(default=None, description="path of a criu binary to use instead of looking one up")
-    criu_prefix: Path | None = Field(
-        default=None, description="private prefix where CRIU is provisioned (default: .criu in the checkout)"
-    )
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under home")
     checkpoint_store: str | None = Field(
         default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="committed checkpoints kept per job")
-    ghost_limit: int = Field(default=256 << 20, ge=0, description="largest deleted-but-open file CRIU may dump")
 
     @property
     def store_url(self) -> str:

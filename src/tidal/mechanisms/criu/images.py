@@ -82,5 +82,9 @@ def page_file_windows(images: Path, window: int = 1 << 20) -> dict[str, dict[int
 def page_file_boundaries(images: Path, window: int = 1 << 20) -> dict[str, list[int]]:
     """For every ``pages-N.img`` in ``images``, the file offsets where a new ``window``-aligned virtual
     address window begins (where chunks should start)."""
-    return {name: sorted(o for o in starts.values() if o > 0)
-            for name, starts in page_file_windows(images, window).items()}
+    return {name: window_boundaries(starts) for name, starts in page_file_windows(images, window).items()}
+
+
+def window_boundaries(starts: dict[int, int]) -> list[int]:
+    """Chunk boundaries (file offsets) from a page file's window starts."""
+    return sorted(o for o in starts.values() if o > 0)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
-from tidal.mechanisms.criu.images import page_file_windows
+from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
@@ -157,7 +157,7 @@ class Job:
                 entries[d.rank] = {
                     f.name: writer.add_file(
                         f"ranks/{d.rank}/images/{f.name}", f,
-                        boundaries=sorted(o for o in windows.get(f.name, {}).values() if o > 0),
+                        boundaries=window_boundaries(windows.get(f.name, {})),
                         previous=last.previous(f.name), previous_offsets=last.moved(f.name, windows.get(f.name, {})))
                     for f in sorted(d.images.iterdir()) if f.suffix == ".img"
                 }
@@ -207,7 +207,11 @@ class Job:
         """Iterative pre-copy of every rank's memory; :class:`Unsupported` where the kernel can't track it."""
         node = self.ranks[0].node
         for r in self.ranks:
-            self.runner.pre_dump(r.pid, node.staging(f"{self.job_id}-pre-{r.spec.rank}"))
+            staging = node.staging(f"{self.job_id}-pre-{r.spec.rank}")
+            try:
+                self.runner.pre_dump(r.pid, staging)
+            finally:
+                _remove_staging(staging)  # nothing reuses pre-dump images yet
 
     def _meta(self, dumps: list[RankDump], snap: FsSnapshot) -> dict[str, Any]:
         return {

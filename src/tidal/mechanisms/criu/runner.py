@@ -45,16 +45,13 @@ class CriuRunner:
             cls = TransientDumpError if any(t in errors for t in TRANSIENT) else CheckpointError
             raise cls(f"{what} failed: {errors}", object=str(log.parent), hint=f"full CRIU log: {log}")
 
-    def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int,
-             parent: Path | None = None, leave_running: bool = True) -> None:
+    def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int) -> None:
+        """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``)."""
         args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore", "--timeout=5",
                 f"--ghost-limit={ghost_limit}", "--file-locks", "--link-remap"]
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]
-        if leave_running:
-            args.append("--leave-running")
-        if parent is not None:
-            args += ["--prev-images-dir", str(parent), "--track-mem"]
+        args.append("--leave-running")
         self._run(args, images / "dump.log", what=f"criu dump of pid {pid}")
 
     def pre_dump(self, pid: int, images: Path, *, freezer: Path | None = None) -> None:
