@@ -24,6 +24,7 @@ from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.interpose.channel import RankChannel, Store, cut, new_epoch, resume
 from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
 
@@ -84,6 +85,11 @@ class Job:
         self.last_timing: CheckpointTiming | None = None
         self.restore_timing: RestoreTiming | None = None
         self._last: dict[int, LastDump] = {r.spec.rank: LastDump() for r in self.ranks}
+        self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
+        self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
+
+    def channels(self) -> list[RankChannel]:
+        return [r.channel for r in self.ranks if r.channel is not None]
 
     @classmethod
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
@@ -132,10 +138,15 @@ class Job:
             raise ValueError(f"then must be 'continue' or 'kill', not {then!r}")
         node = self.ranks[0].node
         need = sum(r.image_estimate() for r in self.ranks)
+        t0 = time.perf_counter()
+        # Bring torch.distributed to a consistent cut first (ranks without it have nothing to cut). It
+        # leaves every rank as it was if it fails.
+        channels, epoch = self.channels(), new_epoch()
+        self.last_cut = cut(channels, epoch, self.cut_timeout)
         staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}", need)
         frozen: list[RankProcess] = []
-        t0 = time.perf_counter()
         writer = None
+        released = False
         try:
             for r in self.ranks:
                 r.freeze()
@@ -148,6 +159,8 @@ class Job:
             t_fs = time.perf_counter()
             if then == "continue":
                 self._thaw(frozen)
+                released = True
+                resume(channels, epoch, None, wait=False)
             t_pause = time.perf_counter()
             writer = self.store.writer(self.job_id)
             entries: dict[int, dict[str, Entry]] = {}
@@ -174,7 +187,10 @@ class Job:
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.abort()
-            self._thaw(frozen)
+            if not released:
+                self._thaw(frozen)
+                with contextlib.suppress(Exception):
+                    resume(channels, epoch, None, wait=False)
             if isinstance(exc, CheckpointError | RankExited):
                 raise
             if isinstance(exc, TidalError):
@@ -221,6 +237,7 @@ class Job:
             "ranks": {
                 str(d.rank): {
                     "log_bytes": d.log_bytes, "out_pipe": d.out_pipe, "status_pipe": d.status_pipe,
+                    "ctl_in_pipe": d.ctl_in_pipe, "ctl_out_pipe": d.ctl_out_pipe, "interposed": d.interposed,
                     "argv": list(r.spec.argv), "node": r.node.name,
                 }
                 for r, d in zip(self.ranks, dumps, strict=True)
@@ -266,9 +283,10 @@ class Job:
     @classmethod
     def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
                 checkpoint_id: str | None = None, prestaged: Mapping[int, LastDump] | None = None,
-                **kw: Any) -> Job:
+                rendezvous: Store | None = None, **kw: Any) -> Job:
         """Restore the job (every rank) from ``checkpoint_id`` (default: the latest committed one).
-        ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here)."""
+        ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
+        ``rendezvous``: where the ranks rebuild their torch.distributed group (default: where it was)."""
         reader = cls._reader(store, job_id, checkpoint_id)
         checkpoint_id = reader.info.id
         meta = reader.meta
@@ -318,7 +336,8 @@ class Job:
             for r, info in sorted(meta["ranks"].items(), key=lambda kv: int(kv[0])):
                 spec, node = by_rank[int(r)]
                 dump = RankDump(int(r), staging / "ranks" / r / "images", int(info["log_bytes"]),
-                                info["out_pipe"], info["status_pipe"])
+                                info["out_pipe"], info["status_pipe"], info.get("ctl_in_pipe"),
+                                info.get("ctl_out_pipe"), bool(info.get("interposed")))
                 runner = kw.get("runner") or CriuRunner()
                 ranks.append(RankProcess.restore(spec, node, dump, runner))
             job = cls(job_id, ranks, fs, store, **kw)
@@ -338,6 +357,8 @@ class Job:
             _remove_staging(staging)
             for last in (prestaged or {}).values():
                 last.drop()
+        # The ranks were dumped at a cut, waiting: let them rebuild their group and go on.
+        resume(job.channels(), new_epoch(), rendezvous, wait=False)
         end = time.perf_counter()
         job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0)
         return job

@@ -29,6 +29,8 @@ from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.logpump import pump
 from tidal.mechanisms.criu.memory import mem_available
 from tidal.mechanisms.criu.runner import CriuRunner, TransientDumpError
+from tidal.mechanisms.interpose import SITE_DIR
+from tidal.mechanisms.interpose.channel import RankChannel
 from tidal.mechanisms.permissions import private_dir
 
 INIT = Path(__file__).with_name("rankinit.py")
@@ -51,6 +53,8 @@ class RankSpec:
     workdir: Path
     env: Mapping[str, str] = field(default_factory=dict)
     cpus: tuple[int, ...] | None = None  # the device's CPU set; None: all CPUs
+    # Load the interposer into the rank's first Python process (torch.distributed made checkpointable).
+    interpose: bool = True
 
     @property
     def name(self) -> str:
@@ -60,6 +64,8 @@ class RankSpec:
         env = dict(self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         env.setdefault("OMP_NUM_THREADS", str(len(self.cpus) if self.cpus else os.cpu_count() or 1))
+        if self.interpose:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SITE_DIR), env.get("PYTHONPATH")) if p)
         return env
 
 
@@ -122,6 +128,9 @@ class RankDump:
     log_bytes: int
     out_pipe: str  # "pipe:[inode]" of the rank's output pipe, for --inherit-fd at restore
     status_pipe: str
+    ctl_in_pipe: str | None = None  # the interposer channel: requests in, replies out
+    ctl_out_pipe: str | None = None
+    interposed: bool = False  # the rank's interposer had said hello
 
 
 def _pipe_pair() -> tuple[int, int]:
@@ -132,7 +141,8 @@ def _pipe_pair() -> tuple[int, int]:
 class RankProcess:
     """A running rank on a node. Create with :meth:`launch` or :meth:`restore`."""
 
-    def __init__(self, spec: RankSpec, node: Node, pid: int, out_r: int, status_r: int) -> None:
+    def __init__(self, spec: RankSpec, node: Node, pid: int, out_r: int, status_r: int,
+                 ctl: tuple[int, int] | None = None) -> None:
         self.spec = spec
         self.node = node
         self.pid = pid
@@ -146,6 +156,8 @@ class RankProcess:
         p = pump()
         p.add_file(out_r, node.log_path(spec))
         p.add(status_r, self._on_status, self._on_status_eof)
+        # The owner's ends of the interposer channel: it reads replies, writes requests.
+        self.channel = RankChannel(spec.name, *ctl) if ctl else None
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
@@ -161,15 +173,20 @@ class RankProcess:
         st_r, st_w = _pipe_pair()
         ctl_r, ctl_w = _pipe_pair()
         go_r, go_w = _pipe_pair()
+        in_r, in_w = _pipe_pair()  # interposer requests
+        rep_r, rep_w = _pipe_pair()  # interposer replies
         log = node.log_path(spec)
         log.unlink(missing_ok=True)
+        env = spec.launch_env()
+        if spec.interpose:
+            env["TIDAL_INTERPOSE_CTL"] = f"{in_r},{rep_w}"
         try:
             launcher = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(INIT), str(ctl_w), str(go_r), str(st_w), "--", *spec.argv],
-                stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w, pass_fds=(ctl_w, go_r, st_w),
-                cwd=spec.workdir, env=spec.launch_env(), start_new_session=True)
+                stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                pass_fds=(ctl_w, go_r, st_w, in_r, rep_w), cwd=spec.workdir, env=env, start_new_session=True)
         finally:
-            for fd in (out_w, st_w, ctl_w, go_r):
+            for fd in (out_w, st_w, ctl_w, go_r, in_r, rep_w):
                 os.close(fd)
         try:
             ready, _, _ = select.select([ctl_r], [], [], 30)
@@ -180,15 +197,16 @@ class RankProcess:
                                      f"(launcher exit code {launcher.returncode})",
                                      hint="Tidal needs root (CLONE_NEWPID) to run ranks")
             pid = int(line)
-            rank = cls(spec, node, pid, out_r, st_r)
+            rank = cls(spec, node, pid, out_r, st_r, (rep_r, in_w))
             rank.freezer.create()
             rank.freezer.add(pid)
             if spec.cpus:
                 tasks.set_affinity([pid], spec.cpus)
             os.write(go_w, b"g")
         except BaseException:
-            os.close(out_r)
-            os.close(st_r)
+            for fd in (out_r, st_r, rep_r, in_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
             raise
         finally:
             os.close(ctl_r)
@@ -200,19 +218,32 @@ class RankProcess:
         """Restore a dumped rank on ``node`` (its log file must already hold the dump's log)."""
         out_r, out_w = _pipe_pair()
         st_r, st_w = _pipe_pair()
+        inherit = {out_w: dump.out_pipe, st_w: dump.status_pipe}
+        ours: list[int] = [out_r, st_r]  # the owner keeps these
+        theirs: list[int] = [out_w, st_w]  # the restored rank gets these
+        ctl = None
+        if dump.ctl_in_pipe and dump.ctl_out_pipe:
+            in_r, in_w = _pipe_pair()
+            rep_r, rep_w = _pipe_pair()
+            inherit |= {in_r: dump.ctl_in_pipe, rep_w: dump.ctl_out_pipe}
+            ours += [rep_r, in_w]
+            theirs += [in_r, rep_w]
+            ctl = (rep_r, in_w)
         pidfile = dump.images / "restore.pid"
         pidfile.unlink(missing_ok=True)
         try:
-            runner.restore(dump.images, pidfile=pidfile, inherit={out_w: dump.out_pipe, st_w: dump.status_pipe})
+            runner.restore(dump.images, pidfile=pidfile, inherit=inherit)
         except BaseException:
-            for fd in (out_r, st_r):
+            for fd in ours:
                 os.close(fd)
             raise
         finally:
-            os.close(out_w)
-            os.close(st_w)
+            for fd in theirs:
+                os.close(fd)
         pid = int(pidfile.read_text())
-        rank = cls(spec, node, pid, out_r, st_r)
+        rank = cls(spec, node, pid, out_r, st_r, ctl)
+        if rank.channel is not None and dump.interposed:
+            rank.channel.hello.set()  # it said hello before the dump
         # CRIU left the tree stopped: place it, then let it run. A stopped init cannot notice that its
         # owner is gone, so if placing fails the tree must be killed here.
         try:
@@ -316,11 +347,22 @@ class RankProcess:
         # CRIU thaws the cgroup for a moment while it seizes the tasks, and puts pipe contents back only
         # into pipes it creates itself: what was written meanwhile must be in the log before the offset.
         pump().drain(self._out_r)
-        return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe)
+        ctl_in, ctl_out = self.ctl_pipe_keys()
+        if self.channel is not None:
+            pump().drain(self.channel.rfd)  # a hello still in the pipe would not survive the restore
+        interposed = self.channel is not None and self.channel.hello.is_set()
+        return RankDump(self.spec.rank, images, self.log_bytes(), out_pipe, status_pipe, ctl_in, ctl_out,
+                        interposed)
 
     def pipe_keys(self) -> tuple[str, str]:
         """CRIU's names ("pipe:[inode]") of the rank's output and status pipes, for --inherit-fd."""
         return tasks.fd_target(self.pid, 1), self._status_pipe_key()
+
+    def ctl_pipe_keys(self) -> tuple[str | None, str | None]:
+        """The same for the interposer channel (a pipe has one inode for both ends)."""
+        if self.channel is None:
+            return None, None
+        return f"pipe:[{os.fstat(self.channel.wfd).st_ino}]", f"pipe:[{os.fstat(self.channel.rfd).st_ino}]"
 
     def _status_pipe_key(self) -> str:
         mine = os.fstat(self._status_r).st_ino
