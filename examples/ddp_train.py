@@ -8,6 +8,7 @@ directory. Nothing in it knows about Tidal.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
@@ -23,6 +24,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--step-time", type=float, default=0.0, help="extra seconds of 'work' per step")
     ap.add_argument("--collectives", action="store_true", help="also all_reduce/broadcast/all_gather directly")
+    ap.add_argument("--fail", default=None, metavar="RANK:STEP:CODE", help="that rank exits with CODE at STEP")
+    ap.add_argument("--gate", default=None, metavar="PATH:STEP", help="from STEP on, wait until PATH exists")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -34,6 +37,9 @@ def main() -> None:
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     gen = torch.Generator().manual_seed(1000 + rank)
     for step in range(args.steps):
+        if args.gate and step >= int(args.gate.rsplit(":", 1)[1]):
+            while not os.path.exists(args.gate.rsplit(":", 1)[0]):
+                time.sleep(0.05)
         x = torch.randn(args.batch, 32, generator=gen)
         y = x.sum(dim=1, keepdim=True).sin()
         loss = nn.functional.mse_loss(ddp(x), y)
@@ -50,6 +56,9 @@ def main() -> None:
             dist.all_gather(parts, loss.detach().reshape(1))
             line += f" sum {t.item().hex()} bcast {b.item():.0f} gather {sum(p.item() for p in parts).hex()}"
         print(line, flush=True)
+        if args.fail and [rank, step] == [int(x) for x in args.fail.split(":")[:2]]:
+            print(f"rank {rank} fails on purpose", flush=True)
+            raise SystemExit(int(args.fail.split(":")[2]))
         if args.step_time:
             time.sleep(args.step_time)
     dist.barrier()

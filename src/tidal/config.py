@@ -20,6 +20,9 @@ class Settings(BaseSettings):
         default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="committed checkpoints kept per job")
+    cut_timeout: float = Field(
+        default=30.0, gt=0, description="seconds a distributed job's ranks get to reach a consistent cut"
+    )
 
     @property
     def store_url(self) -> str:

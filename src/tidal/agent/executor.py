@@ -15,6 +15,7 @@ import os
 import pwd
 import queue
 import threading
+import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,9 +24,11 @@ from typing import Any
 
 from tidal.agent.client import ControlClient, LeaseLostError
 from tidal.agent.devices import CpuQuota
+from tidal.config import load_settings
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
-from tidal.mechanisms.criu.rank import ExitStatus, Node, RankSpec
+from tidal.mechanisms.criu.rank import Node, RankProcess, RankSpec
+from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -61,9 +64,26 @@ class Running:
     job: Job
     specs: list[RankSpec]
     stopping: bool = False  # the agent is stopping it: its exit is not news
-    quiet_exit: list[ExitStatus] | None = None
+    quiet_exit: list[dict[str, Any]] | None = None
     shipped: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: set[int] = field(default_factory=set)  # ranks the agent killed because another one failed
+    rate: tuple[float, int] | None = None  # (time, steps) at the previous progress report
+
+
+def _status(rp: RankProcess, stopped: set[int]) -> dict[str, Any]:
+    st = rp.poll()
+    assert st is not None
+    return {"rank": rp.spec.rank, "code": st.code, "signal": st.signal, "at": rp.exit_time,
+            "stopped": rp.spec.rank in stopped}
+
+
+def _failed(st: dict[str, Any]) -> bool:
+    return not st["stopped"] and (st["signal"] is not None or st["code"] != 0)
+
+
+def _store(d: dict[str, str] | None) -> Store | None:
+    return Store(d["addr"], d["prefix"]) if d else None
 
 
 class Outbox:
@@ -104,6 +124,8 @@ class Executor:
         self.results: dict[str, dict[str, Any]] = {}  # action id → its result (idempotency)
         self.inflight: set[str] = set()
         self.queues: dict[str, list[dict[str, Any]]] = {}
+        self.ended: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # job → (attempt, how its ranks ended)
+        self.cut_timeout = load_settings().cut_timeout
         self.mu = threading.Lock()
 
     # -- actions --------------------------------------------------------------------------------------------
@@ -152,17 +174,23 @@ class Executor:
         out = []
         argv = as_account(p.get("unix_user"), list(p["argv"]))
         # torchrun's environment: scripts written for torchrun run unchanged.
+        # (The interposer rendezvous on TIDAL_STORE, hosted by Tidal; MASTER_* only for scripts that read it.)
         port = 20000 + zlib.crc32(p["job_id"].encode()) % 20000
+        rdv = p.get("rendezvous") or {}
         for r in p["ranks"]:
-            env = {**p["env"], "RANK": str(r["rank"]), "LOCAL_RANK": str(r["rank"]),
-                   "WORLD_SIZE": str(p["world_size"]), "LOCAL_WORLD_SIZE": str(p["world_size"]),
+            env = {**p["env"], "RANK": str(r["rank"]), "LOCAL_RANK": str(r.get("local_rank", r["rank"])),
+                   "WORLD_SIZE": str(p["world_size"]),
+                   "LOCAL_WORLD_SIZE": str(p.get("local_world_size", p["world_size"])),
                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": p["job_id"],
                    "TIDAL_NODE": self.client.node}
+            if rdv:
+                env |= {"TIDAL_STORE": rdv["addr"], "TIDAL_STORE_PREFIX": rdv["prefix"]}
             out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(argv), Path(p["workdir"]), env,
                                 tuple(r["cpus"]) if r.get("cpus") else None))
         return out
 
     def _started(self, p: dict[str, Any], job: Job, specs: list[RankSpec]) -> dict[str, Any]:
+        job.cut_timeout = self.cut_timeout
         if self.quota is not None:
             device = {int(r["rank"]): int(r["device"]) for r in p["ranks"]}
             for rp in job.ranks:
@@ -186,64 +214,100 @@ class Executor:
         if (done := self._existing(p)) is not None:
             return done
         specs = self._specs(p)
-        job = Job.launch(p["job_id"], [(s, self.node) for s in specs], self.store)
+        job = Job.launch(p["job_id"], [(s, self.node) for s in specs], self.store, track_fs=p.get("fs", True))
         return self._started(p, job, specs)
 
     def _do_restore(self, p: dict[str, Any]) -> dict[str, Any]:
         if (done := self._existing(p)) is not None:
             return done
         specs = self._specs(p)
-        job = Job.restore(self.store, p["job_id"], [(s, self.node) for s in specs])
+        ck = p.get("checkpoint") or {}
+        job = Job.restore(self.store, p["job_id"], [(s, self.node) for s in specs], checkpoint_id=ck.get("parts"),
+                          rendezvous=_store(p.get("rendezvous")), track_fs=p.get("fs", True))
         return self._started(p, job, specs)
 
-    def _do_checkpoint(self, p: dict[str, Any]) -> dict[str, Any]:
+    def _run_of(self, p: dict[str, Any]) -> Running:
         run = self.jobs.get(p["job_id"])
         if run is None or run.attempt != int(p["attempt"]):
             raise RuntimeError(f"job {p['job_id']} attempt {p['attempt']} does not run on {self.client.node}")
-        kill = p["then"] == "kill"
-        if kill:
+        return run
+
+    def _unstop(self, run: Running) -> None:
+        """The agent no longer stops the job: if a rank ended meanwhile, that is news after all."""
+        with run.lock:
+            run.stopping = False
+            quiet = run.quiet_exit
+        if quiet is not None:
+            with contextlib.suppress(Exception):
+                self._ship(run)
+            self._report_exit(run, quiet)
+            self._forget(run)
+
+    def _do_checkpoint(self, p: dict[str, Any]) -> dict[str, Any]:
+        run = self._run_of(p)
+        then = p["then"]
+        cut = p.get("cut")
+        if then != "continue":
             run.stopping = True
         try:
-            info = run.job.checkpoint("kill" if kill else "continue")
+            info = run.job.checkpoint(then, checkpoint_id=p.get("checkpoint_id"),
+                                      cut_at=(int(cut["epoch"]), int(cut["target"])) if cut else None,
+                                      rendezvous=_store(p.get("rendezvous")))
         except BaseException:
-            with run.lock:
-                run.stopping = False
-                quiet = run.quiet_exit
-            if quiet is not None:  # it exited on its own meanwhile: that is news after all
-                with contextlib.suppress(Exception):
-                    self._ship(run)
-                self._report_exit(run, quiet)
-                with self.mu:
-                    if self.jobs.get(run.job_id) is run:
-                        del self.jobs[run.job_id]
+            self._unstop(run)
             raise
-        if kill:
+        if then == "kill":
             self._ship(run)
-            with self.mu:
-                if self.jobs.get(run.job_id) is run:
-                    del self.jobs[run.job_id]
-        keep = int(p.get("keep", 3))
-        kept = [c.id for c in self.store.list(p["job_id"])]
-        # Retention only when there is more than ``keep``: CheckpointStore.retain slices with a negative
-        # bound otherwise and would delete checkpoints it should keep.
-        if len(kept) > keep:
-            self.store.retain(p["job_id"], keep)
-            kept = kept[-keep:]
+            self._forget(run)
+        if "keep_ids" in p:
+            # Retention by the control plane's list: parts of the newest committed checkpoints, and those of
+            # the checkpoint being written on the job's other nodes.
+            self.store.keep_only(p["job_id"], set(p["keep_ids"]) | {info.id})
         return {"checkpoint": {"id": info.id, "created_at": info.created_at, "bytes": info.logical_bytes,
-                               "stored_bytes": info.stored_bytes}, "kept": kept}
+                               "stored_bytes": info.stored_bytes}}
+
+    def _do_cut(self, p: dict[str, Any]) -> dict[str, Any]:
+        return {"counts": self._run_of(p).job.counts(int(p["epoch"]))}
+
+    def _do_park(self, p: dict[str, Any]) -> dict[str, Any]:
+        self._run_of(p).job.park(int(p["epoch"]), int(p["target"]))
+        return {}
+
+    def _do_finish(self, p: dict[str, Any]) -> dict[str, Any]:
+        """The end of a checkpoint over several nodes: kill the ranks held frozen (the job checkpoint is
+        committed), or let them go on."""
+        run = self._run_of(p)
+        if p["then"] == "kill":
+            run.stopping = True
+            run.job.kill()
+            self._ship(run)
+            self._forget(run)
+            return {}
+        run.job.release(_store(p.get("rendezvous")), rebuild=bool(p.get("rebuild")))
+        self._unstop(run)
+        return {}
 
     def _do_kill(self, p: dict[str, Any]) -> dict[str, Any]:
         run = self.jobs.get(p["job_id"])
-        if run is not None:
+        if run is not None and run.attempt <= int(p["attempt"]):
+            statuses = {rp.spec.rank: _status(rp, run.stopped) for rp in run.job.ranks if rp.poll() is not None}
+            run.stopped |= {rp.spec.rank for rp in run.job.ranks if rp.spec.rank not in statuses}
             self._stop(run)
-        return {}
+            ended = [statuses.get(rp.spec.rank) or _status(rp, run.stopped) for rp in run.job.ranks]
+            return {"ranks": ended}
+        with self.mu:
+            attempt, ended = self.ended.get(p["job_id"], (-1, []))
+        return {"ranks": ended if attempt == int(p["attempt"]) else []}
+
+    def _forget(self, run: Running) -> None:
+        with self.mu:
+            if self.jobs.get(run.job_id) is run:
+                del self.jobs[run.job_id]
 
     def _stop(self, run: Running) -> None:
         run.stopping = True
         run.job.kill()
-        with self.mu:
-            if self.jobs.get(run.job_id) is run:
-                del self.jobs[run.job_id]
+        self._forget(run)
 
     def fence(self) -> None:
         """The lease is lost: another agent may get this node's jobs. Kill every rank now."""
@@ -257,7 +321,25 @@ class Executor:
     def _watch(self, run: Running) -> None:
         # Rank by rank, not Job.wait(): that also drops the job's kept images, which Job.kill() (run by
         # a checkpoint-and-kill in the action thread) does too, and the two must not race.
-        statuses = [r.wait() for r in run.job.ranks]
+        ranks = run.job.ranks
+        ended: dict[int, dict[str, Any]] = {}
+        while len(ended) < len(ranks):
+            for rp in ranks:
+                if rp.spec.rank not in ended and rp.poll() is not None:
+                    ended[rp.spec.rank] = _status(rp, run.stopped)
+            with run.lock:
+                stopping = run.stopping
+            if not stopping and len(ended) < len(ranks) and any(_failed(st) for st in ended.values()):
+                # A rank failed: the others would only hang in their next collective. Stop them.
+                alive = [rp for rp in ranks if rp.spec.rank not in ended]
+                run.stopped |= {rp.spec.rank for rp in alive}
+                for rp in alive:
+                    with contextlib.suppress(Exception):
+                        rp.kill()
+                continue
+            if len(ended) < len(ranks):
+                time.sleep(0.02)
+        statuses = [ended[rp.spec.rank] for rp in ranks]
         with run.lock:
             if run.stopping:
                 run.quiet_exit = statuses
@@ -266,29 +348,39 @@ class Executor:
             run.job.wait(5)  # every rank is gone: this only releases what the job kept for later dumps
         self._ship(run)
         self._report_exit(run, statuses)
-        with self.mu:
-            if self.jobs.get(run.job_id) is run:
-                del self.jobs[run.job_id]
+        self._forget(run)
 
-    def _report_exit(self, run: Running, statuses: list[ExitStatus]) -> None:
-        ranks = [{"rank": s.rank, "code": st.code, "signal": st.signal} for s, st in zip(run.specs, statuses,
-                                                                                         strict=True)]
-        self.outbox.put("exits", {"job_id": run.job_id, "attempt": run.attempt, "ranks": ranks})
+    def _report_exit(self, run: Running, statuses: list[dict[str, Any]]) -> None:
+        with self.mu:
+            self.ended[run.job_id] = (run.attempt, statuses)
+        self.outbox.put("exits", {"job_id": run.job_id, "attempt": run.attempt, "ranks": statuses})
 
     def progress(self) -> dict[str, dict[str, float]]:
-        """What can be seen of each running job from outside: CPU time, memory, output so far. (Steps/s
-        come with the interposer.)"""
+        """What can be seen of each running job: CPU time, memory, output so far and, from the interposer,
+        optimizer steps and collectives (with steps per second since the previous report)."""
         out: dict[str, dict[str, float]] = {}
         with self.mu:
             runs = list(self.jobs.values())
+        now = time.time()
         for run in runs:
             pids = [p for r in run.job.ranks for p in r.pids()]
-            out[run.job_id] = {
+            info: dict[str, float] = {
                 "attempt": run.attempt,
                 "cpu_s": round(sum(_cpu_seconds(p) for p in pids), 2),
                 "rss_bytes": tasks.rss_bytes(pids),
                 "output_bytes": sum(run.shipped.values()),
             }
+            stats = [c.last_stat for c in run.job.channels() if c.last_stat]
+            if stats:
+                steps = max(int(st["steps"]) for st in stats)
+                info["steps"] = steps
+                info["collectives"] = max(int(st["collectives"]) for st in stats)
+                if run.rate is not None and now > run.rate[0]:
+                    info["steps_per_s"] = round((steps - run.rate[1]) / (now - run.rate[0]), 3)
+                run.rate = (now, steps)
+            for c in run.job.channels():
+                c.request_stat()  # answered by the next report
+            out[run.job_id] = info
         return out
 
     def ship_all(self) -> None:

@@ -143,8 +143,12 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/] {job['error']}")
         prog = job.get("progress")
         if prog and job["placement"]:
-            console.print(f"progress: {prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB resident, "
-                          f"{prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
+            steps = ""
+            if "steps" in prog:
+                rate = f", {prog['steps_per_s']:.2f} steps/s" if "steps_per_s" in prog else ""
+                steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives, "
+            console.print(f"progress: {steps}{prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB "
+                          f"resident, {prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
         if job["placement"]:
             t = Table("rank", "node", "device", "pid")
             for p in job["placement"]:
@@ -240,19 +244,21 @@ def register(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']}" + (f" on {where}" if where else ""))
 
     @app.command()
-    def migrate(job_id: str, to: str = typer.Option(None, "--to", help="node (default: any other with room)"),
+    def migrate(job_id: str, to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
+                rank: int = typer.Option(None, "--rank", help="move only this rank (needs --to)"),
                 no_wait: bool = typer.Option(False, "--no-wait"),
                 timeout: float = typer.Option(300.0)) -> None:
-        """Move a running job to another node (checkpoint, stop, restore there)."""
+        """Move a running job, or one of its ranks, to other nodes (checkpoint every rank at a consistent
+        cut, stop, restore with the new placement)."""
         api = Api()
         before = api.get(f"/v1/jobs/{job_id}")
         seq = before["events"][-1]["seq"] if before["events"] else 0
-        r = _request(api, job_id, "migrate", timeout, json={"to": to})
+        _request(api, job_id, "migrate", timeout, json={"to": to, "rank": rank})
         if no_wait:
             return
         job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in STABLE, timeout, "migrating")
         nodes = {p["node"] for p in job["placement"]}
-        if job["state"] == "running" and r["to"] not in nodes:
+        if job["state"] == "running" and job["attempt"] == before["attempt"]:
             evs = _since(job, seq)
             raise TidalError(f"job {job_id} was not migrated: {evs[-1]['detail'] if evs else 'unknown'}",
                              hint="it goes on running where it was")

@@ -61,7 +61,24 @@ def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
     for job_id, p in (progress or {}).items():
         job = s.get(JobRow, job_id)
         if job is not None and job.attempt == int(p.get("attempt", -1)) and job.placement:
-            job.progress = {k: v for k, v in p.items() if k != "attempt"} | {"time": now}
+            job.progress = merge_progress(job, name, {k: v for k, v in p.items() if k != "attempt"}, now)
+
+
+def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -> dict[str, Any]:
+    """A job over several nodes: each agent reports its ranks; the job's figures are their sum (steps and
+    collectives: the furthest rank; steps/s: the slowest node, which paces a synchronous job)."""
+    here = {p["node"] for p in job.placement}
+    nodes = {n: v for n, v in ((job.progress or {}).get("nodes") or {}).items() if n in here} | {node: mine}
+    out: dict[str, Any] = {"time": now, "nodes": nodes}
+    for key in ("cpu_s", "rss_bytes", "output_bytes"):
+        out[key] = round(sum(float(v.get(key, 0)) for v in nodes.values()), 2)
+    for key in ("steps", "collectives"):
+        if any(key in v for v in nodes.values()):
+            out[key] = max(int(v[key]) for v in nodes.values() if key in v)
+    rates = [float(v["steps_per_s"]) for v in nodes.values() if "steps_per_s" in v]
+    if rates:
+        out["steps_per_s"] = min(rates)
+    return out
 
 
 def expire(s: Session, node: NodeRow, why: str) -> None:

@@ -9,6 +9,7 @@ job, and each one is recorded as an event with its cause. A job has at most one 
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -24,6 +25,7 @@ from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
 from tidal.errors import Conflict, NotFound, ValidationError
 
 S = JobState
+log = logging.getLogger(__name__)
 # States in which the job's ranks exist (or are being created) on a node.
 ACTIVE = frozenset({S.RUNNING, S.CHECKPOINTING, S.MIGRATING, S.RESTORING})
 
@@ -117,57 +119,135 @@ def free_devices(s: Session) -> dict[str, list[int]]:
 
 # -- actions ------------------------------------------------------------------------------------------------
 def new_action(s: Session, job: JobRow, node: str, kind: str, payload: dict[str, Any], cause: str | None,
-               *, track: bool = True) -> ActionRow:
+               *, track: bool = True, op: str | None = None) -> ActionRow:
+    """Queue an action for ``node``'s agent. Tracked actions are the job's operation in flight: one per
+    node for an operation over several nodes (same ``op``), whose outcome is taken once all are done."""
     a = ActionRow(id=new_id("a"), job_id=job.id, node=node, kind=kind, payload=payload, status="pending",
                   cause=cause, created_at=time.time())
+    a.op = op or a.id
     s.add(a)
     s.info["new_actions"] = True  # wakes the agents' long-polls at commit
     if track:
-        job.op = a.id
+        job.op = a.op
     return a
 
 
+def nodes_of(placement: Iterable[dict[str, Any]]) -> list[str]:
+    """The nodes a job's ranks are on, in the order of their lowest rank."""
+    out: list[str] = []
+    for p in sorted(placement, key=lambda p: int(p["rank"])):
+        if p["node"] not in out:
+            out.append(p["node"])
+    return out
+
+
+def rendezvous(job: JobRow, tag: str) -> dict[str, str] | None:
+    """Where the ranks of a distributed job (re)build their torch.distributed group: the store hosted by
+    the control plane, and keys unique to this build."""
+    if job.ranks < 2:
+        return None
+    try:
+        from tidal.mechanisms.interpose.storeserver import shared
+
+        addr = shared().addr
+    except Exception as exc:  # no torch here: only scripts that use torch.distributed will miss it
+        log.warning("no rendezvous store for job %s: %s", job.id, exc)
+        return None
+    return {"addr": addr, "prefix": f"{job.id}/{job.attempt}/{tag}"}
+
+
+def latest_checkpoint(s: Session, job_id: str) -> CheckpointRow | None:
+    rows = checkpoints(s, job_id)
+    return rows[-1] if rows else None
+
+
+def _parts(c: CheckpointRow) -> list[str]:
+    return list(c.parts or [c.id])
+
+
 def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None, keep: int) -> None:
-    """Launch the job on ``devices`` (rank r on ``devices[r]``), or restore it there from its latest
-    checkpoint when it has one."""
-    nodes = {d.node for d in devices}
-    if len(nodes) != 1:
-        raise Conflict(f"job {job.id}: ranks spread over several nodes are not supported yet", job=job.id)
-    (node,) = nodes
-    restore = bool(checkpoints(s, job.id))
+    """Launch the job on ``devices`` (rank r on ``devices[r]``, over one node or several), or restore it
+    there from its latest checkpoint when it has one."""
+    if len(devices) != job.ranks:
+        raise Conflict(f"job {job.id} has {job.ranks} rank(s), placement gives {len(devices)} device(s)",
+                       job=job.id)
+    latest = latest_checkpoint(s, job.id)
+    restore = latest is not None
     how = "restoring from its latest checkpoint" if restore else "launching"
-    detail = f"on {node} devices {[d.index for d in devices]}, {how}"
+    by_node: dict[str, list[tuple[int, DeviceRef]]] = {}
+    for r, d in enumerate(devices):
+        by_node.setdefault(d.node, []).append((r, d))
+    where = "; ".join(f"{n} devices {[d.index for _, d in rs]}" for n, rs in by_node.items())
     job.placement = [{"rank": r, "node": d.node, "device": d.index, "pid": None}
                      for r, d in enumerate(devices)]
     job.target = None
-    transition(s, job, S.RUNNING if state(job) is S.PENDING else S.RESTORING, cause, detail)
+    transition(s, job, S.RUNNING if state(job) is S.PENDING else S.RESTORING, cause, f"on {where}, {how}")
     job.attempt += 1
-    noderow = s.get(NodeRow, node)
-    cpus = noderow.cpus if noderow else []
+    job.exited = {}
+    job.opstate = None
     spec = job.spec
     owner = s.get(User, job.owner)
-    payload = {
-        "job_id": job.id, "attempt": job.attempt, "argv": spec["command"], "workdir": spec["workdir"],
-        "env": spec["env"], "world_size": job.ranks, "keep": keep,
-        # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
-        "unix_user": owner.unix_user if owner else None,
-        "ranks": [{"rank": r, "device": d.index, "cpus": cpus[d.index] if d.index < len(cpus) else None}
-                  for r, d in enumerate(devices)],
-    }
-    new_action(s, job, node, "restore" if restore else "launch", payload, cause)
+    rdv = rendezvous(job, "start")
+    op = new_id("o")
+    for node, ranks in by_node.items():
+        noderow = s.get(NodeRow, node)
+        cpus = noderow.cpus if noderow else []
+        payload = {
+            "job_id": job.id, "attempt": job.attempt, "argv": spec["command"], "workdir": spec["workdir"],
+            "env": spec["env"], "world_size": job.ranks, "local_world_size": len(ranks), "keep": keep,
+            # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
+            "unix_user": owner.unix_user if owner else None,
+            "ranks": [{"rank": r, "local_rank": i, "device": d.index,
+                       "cpus": cpus[d.index] if d.index < len(cpus) else None} for i, (r, d) in enumerate(ranks)],
+            "rendezvous": rdv,
+            "fs": any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
+        }
+        if latest is not None:
+            payload["checkpoint"] = {"id": latest.id, "parts": _parts(latest)}
+        new_action(s, job, node, "restore" if restore else "launch", payload, cause, op=op)
     job.op_purpose = "restore" if restore else "launch"
+
+
+def _next_checkpoint_id(s: Session, job: JobRow) -> str:
+    n = s.scalar(select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job.id)) or 0
+    return f"{n + 1:06d}-{secrets.token_hex(3)}"
+
+
+def _keep_ids(s: Session, job: JobRow, keep: int, new: list[str]) -> list[str]:
+    """Store checkpoints an agent must keep when it applies retention: the parts of the newest
+    ``keep - 1`` committed checkpoints and the one being written."""
+    older = checkpoints(s, job.id)[-(keep - 1):] if keep > 1 else []
+    return [p for c in older for p in _parts(c)] + new
 
 
 def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, keep: int) -> None:
     """Checkpoint a running job. ``purpose``: periodic (it continues), hold / preempt (stopped; a hold is
-    not resumed automatically) or migrate (stopped, then restored on ``job.target``)."""
+    not resumed automatically) or migrate (stopped, then restored on ``job.target``).
+
+    On one node, one action does it all. Over several nodes it takes four steps, each an action per node,
+    each step on every node before the next: ``cut`` (every rank says how many collectives it has
+    announced), ``park`` (every rank runs to the largest count and waits), ``checkpoint`` (every rank drops
+    its group, is dumped and stored as that node's part; for a stop it stays frozen), then ``finish``: once
+    every part is stored and the job checkpoint committed, kill the frozen ranks or let them all rebuild
+    their group and go on; if a step failed anywhere, let every rank go on."""
     if state(job) is not S.RUNNING or job.op is not None:
         raise Conflict(f"job {job.id} is busy ({_busy(job)}); try again in a moment", job=job.id, busy=True)
-    node = job.placement[0]["node"]
+    nodes = nodes_of(job.placement)
     transition(s, job, S.CHECKPOINTING, cause, f"{purpose} checkpoint")
     then = "continue" if purpose == "periodic" else "kill"
-    new_action(s, job, node, "checkpoint", {"job_id": job.id, "attempt": job.attempt, "then": then,
-                                            "keep": keep}, cause)
+    ck = _next_checkpoint_id(s, job)
+    op = new_id("o")
+    if len(nodes) == 1:
+        job.opstate = {"phase": "single", "checkpoint_id": ck}
+        new_action(s, job, nodes[0], "checkpoint", {
+            "job_id": job.id, "attempt": job.attempt, "then": then, "keep": keep, "checkpoint_id": ck,
+            "keep_ids": _keep_ids(s, job, keep, [ck]), "rendezvous": rendezvous(job, ck)}, cause, op=op)
+    else:
+        epoch = secrets.randbelow(1 << 48)
+        job.opstate = {"phase": "cut", "checkpoint_id": ck, "epoch": epoch, "then": then}
+        for node in nodes:
+            new_action(s, job, node, "cut", {"job_id": job.id, "attempt": job.attempt, "epoch": epoch},
+                       cause, op=op)
     job.op_purpose = purpose
 
 
@@ -206,36 +286,61 @@ def resume(s: Session, job: JobRow, cause: str) -> None:
         record(s, "released", job_id=job.id, cause=cause)
 
 
-def migrate(s: Session, job: JobRow, to: str | None, cause: str, keep: int) -> str:
-    """Checkpoint the job, stop it and restore it on ``to`` (default: any other node with room)."""
+def migrate(s: Session, job: JobRow, to: str | None, cause: str, keep: int, rank: int | None = None) -> str:
+    """Checkpoint the job, stop it and restore it elsewhere: every rank on ``to`` (default: other nodes
+    with room, as few as possible), or only rank ``rank`` onto ``to`` (the others stay where they are)."""
     st = state(job)
     if st is not S.RUNNING or job.op is not None:
         if st in TERMINAL or st in (S.PENDING, S.HELD, S.PREEMPTED):
             raise Conflict(f"job {job.id} is not running (it is {job.state})", job=job.id, state=job.state)
         raise Conflict(f"job {job.id} is busy ({_busy(job)}); try again in a moment", job=job.id, busy=True)
-    here = job.placement[0]["node"]
     free = free_devices(s)
-    need = job.ranks
     if to is not None:
         if s.get(NodeRow, to) is None:
             raise NotFound(f"no node {to}", field="to", node=to)
-        if to == here:
-            raise Conflict(f"job {job.id} already runs on {to}", field="to", node=to)
         if to not in free:
             raise Conflict(f"node {to} is down", field="to", node=to)
-        if len(free[to]) < need:
-            raise Conflict(f"node {to} has {len(free[to])} free device(s); job {job.id} needs {need}",
+    current = sorted(job.placement, key=lambda p: int(p["rank"]))
+    if rank is not None:
+        if to is None:
+            raise ValidationError("moving one rank needs a destination node (--to)", field="to")
+        if not 0 <= rank < job.ranks:
+            raise ValidationError(f"job {job.id} has ranks 0..{job.ranks - 1}, not {rank}", field="rank")
+        if current[rank]["node"] == to:
+            raise Conflict(f"rank {rank} of job {job.id} already runs on {to}", field="to", node=to)
+        if not free[to]:
+            raise Conflict(f"node {to} has no free device for rank {rank} of job {job.id}", field="to", node=to)
+        moved = [[p["node"], int(p["device"])] for p in current]
+        moved[rank] = [to, free[to][0]]
+        job.target = moved
+        checkpoint(s, job, "migrate", cause, keep)
+        return to
+    need = job.ranks
+    here = set(nodes_of(job.placement))
+    if to is not None:
+        own = [int(p["device"]) for p in current if p["node"] == to]
+        room = sorted(free[to] + own)
+        if to in here and len(here) == 1:
+            raise Conflict(f"job {job.id} already runs on {to}", field="to", node=to)
+        if len(room) < need:
+            raise Conflict(f"node {to} has {len(room)} free device(s); job {job.id} needs {need}",
                            field="to", node=to)
-        dest = to
+        job.target = [[to, i] for i in room[:need]]
     else:
-        fits = [n for n, idx in free.items() if n != here and len(idx) >= need]
-        if not fits:
-            raise Conflict(f"no other node has {need} free device(s) for job {job.id}",
-                           hint="free some devices or add a node")
-        dest = fits[0]
-    job.target = [[dest, i] for i in free[dest][:need]]
+        others = {n: idx for n, idx in free.items() if n not in here}
+        fits = sorted((len(idx), n) for n, idx in others.items() if len(idx) >= need)
+        if fits:  # the fullest node that fits: whole nodes stay free for large gangs
+            job.target = [[fits[0][1], i] for i in others[fits[0][1]][:need]]
+        else:  # fill nodes one after the other, largest first: as few nodes as possible
+            spread: list[list[Any]] = []
+            for n, idx in sorted(others.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+                spread += [[n, i] for i in idx[: need - len(spread)]]
+            if len(spread) < need:
+                raise Conflict(f"the other nodes have {len(spread)} free device(s); job {job.id} needs {need}",
+                               hint="free some devices or add a node")
+            job.target = spread
     checkpoint(s, job, "migrate", cause, keep)
-    return dest
+    return ", ".join(dict.fromkeys(n for n, _ in job.target))
 
 
 def cancel(s: Session, job: JobRow, cause: str) -> None:
@@ -250,43 +355,162 @@ def cancel(s: Session, job: JobRow, cause: str) -> None:
 # -- what agents report -------------------------------------------------------------------------------------
 def on_result(s: Session, a: ActionRow, ok: bool, data: dict[str, Any], error: str | None, keep: int) -> None:
     job = s.get(JobRow, a.job_id)
-    if job is None or a.kind == "kill" or job.op != a.id:
+    if job is None:
         return
+    if a.kind == "kill":
+        if job.opstate and job.opstate.get("phase") == "failing":
+            _merge_exits(job, data.get("ranks", ()))
+            _settle_failure(s, job, a.id, keep)
+        return
+    if job.op != a.op:
+        return
+    group = list(s.scalars(select(ActionRow).where(ActionRow.op == a.op)))
+    if any(g.status in ("pending", "sent") for g in group):
+        return  # the other nodes have not answered yet
+    failed = [g for g in group if g.status == "failed"]
+    err = "; ".join(f"{g.node}: {(g.result or {}).get('error')}" for g in failed)
     cause = a.id
     job.op = None
-    purpose, job.op_purpose = job.op_purpose, None
     if a.kind in ("launch", "restore"):
-        if not ok and a.kind == "restore":
+        _started(s, job, a.kind, group, failed, err, cause)
+    elif a.kind == "cut":
+        _cut_done(s, job, group, failed, err, cause)
+    elif a.kind == "park":
+        _parked(s, job, failed, err, cause, keep)
+    elif a.kind == "checkpoint":
+        _dumped(s, job, group, failed, err, cause, keep)
+    elif a.kind == "finish":
+        _finished(s, job, cause, keep)
+
+
+def _started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: list[ActionRow], err: str,
+             cause: str) -> None:
+    job.op_purpose = None
+    if failed:
+        for g in group:  # the nodes where it did start must not keep half a job running
+            if g.status == "done":
+                new_action(s, job, g.node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
+        if kind == "restore":
             # Possibly transient (a node's disk, the store): try again, from the same checkpoint, as a restart.
-            lost(s, job, cause, f"restore on {a.node} failed: {error}")
+            lost(s, job, cause, f"restore failed ({err})", stop_others=False)
             return
-        if not ok:
-            job.error = error
-            transition(s, job, S.FAILED, cause, f"{a.kind} failed: {error}")
-            return
-        pids = {int(r["rank"]): r["pid"] for r in data.get("ranks", [])}
-        job.placement = [{**p, "pid": pids.get(int(p["rank"]))} for p in job.placement]
-        job.started_at = time.time()
-        if state(job) is S.RESTORING:
-            transition(s, job, S.RUNNING, cause, f"restored, pids {sorted(pids.values())}")
+        job.error = err
+        transition(s, job, S.FAILED, cause, f"{kind} failed: {err}")
+        return
+    pids = {int(r["rank"]): r["pid"] for g in group for r in (g.result or {}).get("ranks", [])}
+    job.placement = [{**p, "pid": pids.get(int(p["rank"]))} for p in job.placement]
+    job.started_at = time.time()
+    detail = f"pids {[pids.get(r) for r in range(job.ranks)]}"
+    if state(job) is S.RESTORING:
+        transition(s, job, S.RUNNING, cause, f"restored, {detail}")
+    else:
+        record(s, "started", job_id=job.id, node=group[0].node, cause=cause, detail=detail)
+
+
+def _ckpt_failed(s: Session, job: JobRow, cause: str, err: str) -> None:
+    purpose, job.op_purpose = job.op_purpose, None
+    job.target = None
+    job.opstate = None
+    transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {err}")
+
+
+def _finish(s: Session, job: JobRow, then: str, cause: str, **state_: Any) -> None:
+    """The last step over several nodes: kill the held ranks, or let every rank go on. After the dump
+    step every rank builds a new group (on the same keys everywhere), else the gates just open."""
+    assert job.opstate is not None
+    rebuild = job.opstate.get("phase") == "dump"
+    job.opstate = {**job.opstate, "phase": "finish", "finish": then, **state_}
+    op = new_id("o")
+    for node in nodes_of(job.placement):
+        new_action(s, job, node, "finish", {
+            "job_id": job.id, "attempt": job.attempt, "then": then, "rebuild": rebuild,
+            "rendezvous": job.opstate.get("rendezvous") if rebuild else None}, cause, op=op)
+
+
+def _cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str,
+              cause: str) -> None:
+    assert job.opstate is not None
+    if failed:
+        _finish(s, job, "resume", cause, error=err)
+        return
+    target = max((int(c) for g in group for c in (g.result or {}).get("counts", {}).values()), default=0)
+    job.opstate = {**job.opstate, "phase": "park", "target": target}
+    op = new_id("o")
+    for node in nodes_of(job.placement):
+        new_action(s, job, node, "park", {"job_id": job.id, "attempt": job.attempt,
+                                          "epoch": job.opstate["epoch"], "target": target}, cause, op=op)
+
+
+def _parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: str, keep: int) -> None:
+    assert job.opstate is not None
+    if failed:
+        _finish(s, job, "resume", cause, error=err)
+        return
+    ck = job.opstate["checkpoint_id"]
+    nodes = nodes_of(job.placement)
+    parts = {n: f"{ck}.p{k}" for k, n in enumerate(nodes)}
+    rdv = rendezvous(job, ck)
+    job.opstate = {**job.opstate, "phase": "dump", "parts": list(parts.values()), "rendezvous": rdv}
+    op = new_id("o")
+    then = "continue" if job.opstate["then"] == "continue" else "hold"
+    keep_ids = _keep_ids(s, job, keep, list(parts.values()))
+    holder = min(job.placement, key=lambda p: int(p["rank"]))["node"]
+    for node in nodes:
+        new_action(s, job, node, "checkpoint", {
+            "job_id": job.id, "attempt": job.attempt, "then": then, "keep": keep, "checkpoint_id": parts[node],
+            "keep_ids": keep_ids, "rendezvous": rdv, "fs": node == holder,
+            "cut": {"epoch": job.opstate["epoch"], "target": job.opstate["target"]}}, cause, op=op)
+
+
+def _dumped(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str, cause: str,
+            keep: int) -> None:
+    assert job.opstate is not None
+    multi = job.opstate.get("phase") == "dump"
+    if failed:
+        if multi:
+            _finish(s, job, "resume", cause, error=err)
         else:
-            record(s, "started", job_id=job.id, node=a.node, cause=cause,
-                   detail=f"pids {sorted(pids.values())}")
+            _ckpt_failed(s, job, cause, err)
         return
-    # a checkpoint
-    if not ok:
-        job.target = None
-        transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {error}")
+    ck = job.opstate["checkpoint_id"]
+    results = [g.result or {} for g in group]
+    infos = [r["checkpoint"] for r in results]
+    parts = [i["id"] for i in infos]
+    _commit(s, job, ck, parts, sum(int(i["bytes"]) for i in infos), sum(int(i["stored_bytes"]) for i in infos),
+            max(float(i["created_at"]) for i in infos), keep)
+    if multi:
+        _finish(s, job, "resume" if job.opstate["then"] == "continue" else "kill", cause)
         return
-    ck = data["checkpoint"]
-    s.add(CheckpointRow(id=ck["id"], job_id=job.id, created_at=ck["created_at"], bytes=ck["bytes"],
-                        stored_bytes=ck["stored_bytes"], retained=True))
-    kept = set(data.get("kept", ()))
-    if kept:
-        for row in s.scalars(select(CheckpointRow).where(CheckpointRow.job_id == job.id)):
-            row.retained = row.id in kept or row.id == ck["id"]
+    _after_commit(s, job, cause, keep)
+
+
+def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, stored: int, created: float,
+            keep: int) -> None:
+    """The job checkpoint exists from here on: every part is stored. Older ones beyond ``keep`` are no
+    longer retained (the agents delete their parts from the store)."""
+    s.add(CheckpointRow(id=ck, job_id=job.id, created_at=created, bytes=nbytes, stored_bytes=stored,
+                        retained=True, parts=parts))
+    s.flush()
+    rows = checkpoints(s, job.id)
+    for row in rows[: max(0, len(rows) - keep)]:
+        row.retained = False
     job.last_checkpoint_at = time.time()
-    detail = f"checkpoint {ck['id']} ({ck['bytes']} bytes)"
+    job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({nbytes} bytes"
+                   + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
+
+
+def _finished(s: Session, job: JobRow, cause: str, keep: int) -> None:
+    assert job.opstate is not None
+    if job.opstate.get("error"):
+        _ckpt_failed(s, job, cause, job.opstate["error"])
+        return
+    _after_commit(s, job, cause, keep)
+
+
+def _after_commit(s: Session, job: JobRow, cause: str, keep: int) -> None:
+    purpose, job.op_purpose = job.op_purpose, None
+    detail = (job.opstate or {}).get("detail", "checkpoint")
+    job.opstate = None
     if purpose == "periodic":
         transition(s, job, S.RUNNING, cause, detail)
     elif purpose in ("hold", "preempt"):
@@ -300,40 +524,101 @@ def on_result(s: Session, a: ActionRow, ok: bool, data: dict[str, Any], error: s
     else:  # migrate
         job.placement = []
         target = [DeviceRef(n, int(i)) for n, i in job.target]
-        eid = transition(s, job, S.MIGRATING, cause, detail + f", to {target[0].node}")
+        eid = transition(s, job, S.MIGRATING, cause, detail + f", to {', '.join(nodes_of_devices(target))}")
         start(s, job, target, eid, keep)
+
+
+def nodes_of_devices(devices: list[DeviceRef]) -> list[str]:
+    return list(dict.fromkeys(d.node for d in devices))
+
+
+def _merge_exits(job: JobRow, ranks: Iterable[dict[str, Any]]) -> None:
+    exited = dict(job.exited or {})
+    for r in ranks:
+        exited.setdefault(str(r["rank"]), {k: r.get(k) for k in ("code", "signal", "at", "stopped")})
+    job.exited = exited
+
+
+def _bad(r: dict[str, Any]) -> bool:
+    return not r.get("stopped") and (r.get("signal") is not None or r.get("code") != 0)
 
 
 def on_exit(s: Session, job: JobRow, attempt: int, ranks: list[dict[str, Any]], cause: str,
             keep: int) -> bool:
-    """The job's ranks exited on their own (or were killed from outside Tidal). False when stale."""
+    """Ranks of the job exited on their own (or were killed from outside Tidal). False when stale.
+
+    The job succeeds once every rank has exited with code 0. When a rank fails, the others would fail at
+    their next collective: they are stopped, and the failure is settled once every rank's end is known,
+    the earliest failing rank being the root cause and the others its consequences."""
     if job.attempt != attempt or state(job) not in ACTIVE:
         return False
-    codes = [r.get("code") for r in ranks]
-    signals = [r.get("signal") for r in ranks if r.get("signal") is not None]
-    if state(job) is S.CHECKPOINTING:
-        transition(s, job, S.RUNNING, cause, "exited during a checkpoint")
-    job.op = None
-    job.op_purpose = None
-    if signals:
-        lost(s, job, cause, f"rank killed by signal {signals[0]} from outside Tidal")
+    _merge_exits(job, ranks)
+    exited = job.exited or {}
+    failing = job.opstate is not None and job.opstate.get("phase") == "failing"
+    if not failing and any(_bad(r) for r in exited.values()):
+        drop_actions(s, job.id)
+        job.op = None
+        here = {p["node"] for p in job.placement if str(p["rank"]) in {str(r["rank"]) for r in ranks}}
+        others = [n for n in nodes_of(job.placement) if n not in here]
+        job.opstate = {"phase": "failing", "purpose": job.op_purpose}
+        for n in others:
+            new_action(s, job, n, "kill", {"job_id": job.id, "attempt": job.attempt, "report": True}, cause,
+                       track=False)
+    if job.opstate is not None and job.opstate.get("phase") == "failing":
+        _settle_failure(s, job, cause, keep)
         return True
-    bad = [c for c in codes if c != 0]
-    if bad:
-        job.exit_code = int(bad[0]) if bad[0] is not None else 1
-        transition(s, job, S.FAILED, cause, f"a rank exited with code {job.exit_code}")
-    else:
+    if len(exited) == job.ranks:
+        _leave_op(s, job, cause)
         job.exit_code = 0
         transition(s, job, S.SUCCEEDED, cause, "every rank exited with code 0")
     return True
 
 
-def lost(s: Session, job: JobRow, cause: str, why: str) -> None:
-    """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
-    committed checkpoint (or launched afresh without one), up to ``max_restarts`` times."""
-    drop_actions(s, job.id)
+def _leave_op(s: Session, job: JobRow, cause: str) -> None:
+    if state(job) is S.CHECKPOINTING:
+        transition(s, job, S.RUNNING, cause, "exited during a checkpoint")
     job.op = None
     job.op_purpose = None
+    job.opstate = None
+
+
+def _settle_failure(s: Session, job: JobRow, cause: str, keep: int) -> None:
+    """Once every rank's end is known: the earliest failure is the cause."""
+    exited = job.exited or {}
+    if len(exited) < job.ranks or state(job) not in ACTIVE:
+        return
+    bad = sorted(((r.get("at") or 0.0, int(k), r) for k, r in exited.items() if _bad(r)), key=lambda t: t[:2])
+    if not bad:  # only ranks Tidal stopped: nothing failed on its own (cannot happen; be safe)
+        _leave_op(s, job, cause)
+        lost(s, job, cause, "its ranks were stopped", stop_others=False)
+        return
+    _, root, r = bad[0]
+    rest = [f"rank {k}" for _, k, _ in bad[1:]]
+    stopped = sorted(int(k) for k, x in exited.items() if x.get("stopped"))
+    after = "".join([f"; then failed: {', '.join(rest)}" if rest else "",
+                     f"; stopped by Tidal: ranks {stopped}" if stopped else ""])
+    _leave_op(s, job, cause)
+    if r.get("signal") is not None:
+        lost(s, job, cause, f"rank {root} killed by signal {r['signal']} from outside Tidal{after}",
+             stop_others=False)
+        return
+    job.exit_code = int(r.get("code") if r.get("code") is not None else 1)
+    job.error = f"rank {root} exited with code {job.exit_code} (root cause){after}"
+    transition(s, job, S.FAILED, cause, job.error)
+
+
+def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True) -> None:
+    """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
+    committed checkpoint (or launched afresh without one), up to ``max_restarts`` times. Its ranks still
+    running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known)."""
+    drop_actions(s, job.id)
+    for node in nodes_of(job.placement) if stop_others else ():
+        n = s.get(NodeRow, node)
+        if n is not None and n.up:
+            new_action(s, job, node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
+    job.op = None
+    job.op_purpose = None
+    job.opstate = None
     job.target = None
     limit = int(job.spec.get("max_restarts", 3))
     if job.restarts >= limit:

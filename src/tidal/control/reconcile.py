@@ -137,8 +137,7 @@ class Reconciler:
                 elif (a.kind is ActionKind.PREEMPT and not a.kill and jobs.state(job) is S.RUNNING
                       and job.op is None):
                     jobs.checkpoint(s, job, "preempt", cause, self.keep)
-                elif (a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None
-                      and len({d.node for d in a.placement}) == 1):
+                elif a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None:
                     job.target = [[d.node, d.index] for d in a.placement]
                     jobs.checkpoint(s, job, "migrate", cause, self.keep)
                 # Resize and time-slicing wait for the elastic issue (not LIVE_EXECUTABLE).

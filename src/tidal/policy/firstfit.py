@@ -3,7 +3,8 @@ full policy (DESIGN.md §4), so that it is replaced rather than rewritten.
 
 Stateless: every call reads the whole view. Waiting jobs (pending, or preempted and not held) are taken by
 tier (premium first) then submission order and placed, all ranks on one node, on the node with the
-fewest free devices that still fits them (best fit keeps whole nodes for large gangs). A premium or
+fewest free devices that still fits them (best fit keeps whole nodes for large gangs); a job larger than
+any node fills the emptiest nodes one after the other. A premium or
 standard job that does not fit preempts running basic jobs (checkpoint, never kill), newest first, on the
 node where the fewest must go. Devices that preemptions will free are set aside for the job that asked
 for them, so nothing else takes them and no more jobs are preempted than needed.
@@ -48,9 +49,13 @@ class FirstFitPolicy:
         for j in waiting:
             need = j.max_d
             node = _best_fit(free, need)
+            devs = []
             if node is not None:
                 devs = [DeviceRef(node, i) for i in free[node][:need]]
                 del free[node][:need]
+            elif need > max((n.devices for n in view.topology.nodes()), default=0):
+                devs = _spread(free, need)  # larger than any node: fill nodes one after the other
+            if devs:
                 kind = ActionKind.RESUME if j.state is JobState.PREEMPTED else ActionKind.PLACE
                 out.append(self._action(kind, j, devs, cause, "fits"))
                 continue
@@ -79,6 +84,20 @@ class FirstFitPolicy:
         self._n += 1
         return Action(id=f"{self.name}-{self._n}", kind=kind, job_id=j.id,
                       placement=rank_map(tuple(devs), j.ranks) if devs else (), cause=cause, reason=reason)
+
+
+def _spread(free: dict[str, list[int]], need: int) -> list[DeviceRef]:
+    """Devices on as few nodes as possible (the emptiest first), or [] when they do not suffice."""
+    if sum(len(v) for v in free.values()) < need:
+        return []
+    devs: list[DeviceRef] = []
+    for n in sorted(free, key=lambda n: (-len(free[n]), n)):
+        take = free[n][: need - len(devs)]
+        devs += [DeviceRef(n, i) for i in take]
+        del free[n][: len(take)]
+        if len(devs) == need:
+            break
+    return devs
 
 
 def _best_fit(free: dict[str, list[int]], need: int) -> str | None:

@@ -169,7 +169,7 @@ def create_app(ctx: Context) -> FastAPI:
             elif what == "cancel":
                 jobs.cancel(s, job, cause)
             elif what == "migrate":
-                extra["to"] = jobs.migrate(s, job, kw.get("to"), cause, ctx.keep)
+                extra["to"] = jobs.migrate(s, job, kw.get("to"), cause, ctx.keep, rank=kw.get("rank"))
             return {"id": job.id, "state": job.state, "held": job.held, **extra}
 
     @app.post("/v1/jobs/{job_id}/preempt")
@@ -186,7 +186,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.post("/v1/jobs/{job_id}/migrate")
     def migrate(job_id: str, p: User, body: MigrateRequest | None = None) -> dict[str, Any]:
-        return _op(job_id, p, "migrate", to=body.to if body else None)
+        return _op(job_id, p, "migrate", to=body.to if body else None, rank=body.rank if body else None)
 
     @app.get("/v1/jobs/{job_id}/checkpoints")
     def list_checkpoints(job_id: str, p: User) -> list[dict[str, Any]]:
@@ -309,7 +309,8 @@ def _summary(j: JobRow) -> dict[str, Any]:
 
 
 def _ckpt(c: Any) -> dict[str, Any]:
-    return {"id": c.id, "created_at": c.created_at, "bytes": c.bytes, "stored_bytes": c.stored_bytes}
+    return {"id": c.id, "created_at": c.created_at, "bytes": c.bytes, "stored_bytes": c.stored_bytes,
+            "parts": list(c.parts or [c.id])}
 
 
 def _event(e: EventRow) -> dict[str, Any]:
@@ -327,6 +328,7 @@ def _detail(s: Session, j: JobRow) -> dict[str, Any]:
         "terminal": JobState(j.state) in TERMINAL,
         "busy": j.op is not None,
         "progress": j.progress,
+        "exited": j.exited or {},
         "placement": [{"rank": p["rank"], "node": p["node"], "device": p["device"], "pid": p["pid"]}
                       for p in j.placement],
         "checkpoints": [_ckpt(c) for c in jobs.checkpoints(s, j.id)],

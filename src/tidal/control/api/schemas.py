@@ -23,6 +23,7 @@ class JobSubmit(BaseModel):
 
 class MigrateRequest(BaseModel):
     to: str | None = None
+    rank: int | None = None  # move only this rank (to ``to``)
 
 
 class UserCreate(BaseModel):
@@ -46,7 +47,8 @@ class AgentHello(BaseModel):
 
 class Heartbeat(BaseModel):
     agent_id: str
-    # job id → {"attempt", "cpu_s", "rss_bytes", "output_bytes"} for the jobs running on the node
+    # job id → {"attempt", "cpu_s", "rss_bytes", "output_bytes", "steps", "collectives", ...} for the jobs
+    # running on the node
     jobs: dict[str, dict[str, float]] = Field(default_factory=dict)
 
 
@@ -62,6 +64,8 @@ class RankExit(BaseModel):
     rank: int
     code: int | None = None
     signal: int | None = None
+    at: float | None = None  # when it exited (the earliest failure is a job's root cause)
+    stopped: bool = False  # stopped by Tidal after another rank failed
 
 
 class ExitReport(BaseModel):

@@ -64,8 +64,12 @@ class JobRow(Base):
     op: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the action in flight
     op_purpose: Mapped[str | None] = mapped_column(String(16), nullable=True)
     last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # What the agent last saw of the ranks: {"time", "cpu_s", "rss_bytes", "output_bytes"}.
+    # What the agents last saw of the ranks: {"time", "cpu_s", "rss_bytes", "output_bytes", "steps", ...}.
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The steps of an operation over several nodes (a checkpoint's cut, dump and finish), else None.
+    opstate: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Ranks of the current attempt that have exited: {rank: {"code", "signal", "at", "stopped"}}.
+    exited: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class ActionRow(Base):
@@ -74,7 +78,8 @@ class ActionRow(Base):
     id: Mapped[str] = mapped_column(String(64), primary_key=True)
     job_id: Mapped[str] = mapped_column(String(32), index=True)
     node: Mapped[str] = mapped_column(String(128), index=True)
-    kind: Mapped[str] = mapped_column(String(16))  # launch | restore | checkpoint | kill
+    kind: Mapped[str] = mapped_column(String(16))  # launch | restore | checkpoint | cut | finish | kill
+    op: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)  # one per node of an operation
     payload: Mapped[dict[str, Any]] = mapped_column(JSON)
     status: Mapped[str] = mapped_column(String(16), index=True)  # pending | sent | done | failed | dropped
     agent_id: Mapped[str | None] = mapped_column(String(64), nullable=True)  # who it was sent to
@@ -105,4 +110,5 @@ class CheckpointRow(Base):
     created_at: Mapped[float] = mapped_column(Float)
     bytes: Mapped[int] = mapped_column(BigInteger)  # logical size of the images and files
     stored_bytes: Mapped[int] = mapped_column(BigInteger)  # new bytes the store had to write
+    parts: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # store checkpoints, one per node
     retained: Mapped[bool] = mapped_column(Boolean, default=True)

@@ -24,12 +24,14 @@ from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
-from tidal.mechanisms.interpose.channel import RankChannel, Store, cut, new_epoch, resume
+from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
 from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
 
 FORMAT = 1
-Then = Literal["continue", "kill"]
+# After the commit: the job goes on, is killed, or stays frozen until release() or kill() (a job spread
+# over several nodes is committed only once every node has stored its part).
+Then = Literal["continue", "kill", "hold"]
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,10 @@ def _remove_staging(staging: Path) -> None:
 class Job:
     """The ranks of one job placed on nodes of this machine."""
 
-    def __init__(self, job_id: str, ranks: Sequence[RankProcess], fs: FsTracker, store: CheckpointStore,
+    def __init__(self, job_id: str, ranks: Sequence[RankProcess], fs: FsTracker | None, store: CheckpointStore,
                  runner: CriuRunner | None = None, ghost_limit: int = 256 << 20) -> None:
+        """``fs``: the working directory's tracker, on the one node that saves and restores it (None on
+        the job's other nodes: they share the directory)."""
         self.job_id = job_id
         self.ranks = list(ranks)
         self.fs = fs
@@ -87,20 +91,21 @@ class Job:
         self._last: dict[int, LastDump] = {r.spec.rank: LastDump() for r in self.ranks}
         self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
         self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
+        self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
 
     def channels(self) -> list[RankChannel]:
         return [r.channel for r in self.ranks if r.channel is not None]
 
     @classmethod
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
-               **kw: Any) -> Job:
+               track_fs: bool = True, **kw: Any) -> Job:
         if not placement:
             raise MechanismError("a job needs at least one rank")
         workdir = placement[0][0].workdir
         if not workdir.is_dir():
             raise MechanismError(f"working directory {workdir} does not exist",
                                  hint="it must exist at the same path on every node")
-        fs = FsTracker.at_launch(workdir)
+        fs = FsTracker.at_launch(workdir) if track_fs else None
         ranks: list[RankProcess] = []
         try:
             for spec, node in placement:
@@ -119,6 +124,7 @@ class Job:
         return done
 
     def kill(self) -> None:
+        self._held = None
         for r in self.ranks:
             r.kill()
         self._drop_last()
@@ -131,18 +137,43 @@ class Job:
         self._last[rank].keep(images, entries, images.parent.parent / f"{self.job_id}-last-r{rank}")
 
     # -- checkpoint -------------------------------------------------------------------------------------
-    def checkpoint(self, then: Then = "continue", keep: int | None = None) -> CheckpointInfo:
-        """Take a checkpoint of every rank; ``then`` says whether the job continues or is killed after
-        the commit. ``keep``: retain only the newest ``keep`` committed checkpoints."""
-        if then not in ("continue", "kill"):
-            raise ValueError(f"then must be 'continue' or 'kill', not {then!r}")
+    # A cut across nodes is driven from outside, step by step (each step on every node before the next):
+    # counts → park → checkpoint(cut_at=...) → release() or kill(). Until released, the ranks wait at their
+    # next collective.
+    def counts(self, epoch: int) -> dict[str, int]:
+        """How many collectives each interposed rank here has announced."""
+        self._held = ([], epoch)
+        return counts(self.channels(), epoch, self.cut_timeout)
+
+    def park(self, epoch: int, target: int) -> None:
+        """Let the ranks here run up to collective ``target`` and wait for it to complete."""
+        self._held = ([], epoch)
+        park(self.channels(), epoch, target, self.cut_timeout)
+
+    def checkpoint(self, then: Then = "continue", keep: int | None = None, *, checkpoint_id: str | None = None,
+                   cut_at: tuple[int, int] | None = None, rendezvous: Store | None = None) -> CheckpointInfo:
+        """Take a checkpoint of every rank; ``then`` says whether the job continues, is killed or stays
+        frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints.
+        ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`counts` and :meth:`park`; the
+        ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
+        collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when
+        they go on (default: the same store)."""
+        if then not in ("continue", "kill", "hold"):
+            raise ValueError(f"then must be 'continue', 'kill' or 'hold', not {then!r}")
         node = self.ranks[0].node
         need = sum(r.image_estimate() for r in self.ranks)
         t0 = time.perf_counter()
         # Bring torch.distributed to a consistent cut first (ranks without it have nothing to cut). It
         # leaves every rank as it was if it fails.
-        channels, epoch = self.channels(), new_epoch()
-        self.last_cut = cut(channels, epoch, self.cut_timeout)
+        channels = self.channels()
+        let_go = cut_at is None
+        if cut_at is None:
+            epoch = new_epoch()
+            self.last_cut = cut(channels, epoch, self.cut_timeout)
+        else:
+            epoch, self.last_cut = cut_at
+            self._held = ([], epoch)
+            teardown(channels, epoch, self.cut_timeout)
         staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}", need)
         frozen: list[RankProcess] = []
         writer = None
@@ -153,16 +184,17 @@ class Job:
                 frozen.append(r)
             dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
             t_dump = time.perf_counter()
-            snap = self.fs.capture(staging / "fs")
+            snap = self.fs.capture(staging / "fs") if self.fs is not None else None
             for r, d in zip(self.ranks, dumps, strict=True):
                 _copy_prefix(r.node.log_path(r.spec), staging / f"rank-{r.spec.rank}.log", d.log_bytes)
             t_fs = time.perf_counter()
             if then == "continue":
                 self._thaw(frozen)
                 released = True
-                resume(channels, epoch, None, wait=False)
+                if let_go:
+                    resume(channels, epoch, rendezvous, wait=False)
             t_pause = time.perf_counter()
-            writer = self.store.writer(self.job_id)
+            writer = self.store.writer(self.job_id, checkpoint_id)
             entries: dict[int, dict[str, Entry]] = {}
             for d in dumps:
                 windows = page_file_windows(d.images)
@@ -175,7 +207,7 @@ class Job:
                     for f in sorted(d.images.iterdir()) if f.suffix == ".img"
                 }
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
-            for path in snap.captured:
+            for path in snap.captured if snap else ():
                 writer.add_file(f"fs/{path}", staging / "fs" / path)
             info = writer.commit(self._meta(dumps, snap))
             writer = None
@@ -189,8 +221,9 @@ class Job:
                     writer.abort()
             if not released:
                 self._thaw(frozen)
-                with contextlib.suppress(Exception):
-                    resume(channels, epoch, None, wait=False)
+                if let_go:
+                    with contextlib.suppress(Exception):
+                        resume(channels, epoch, rendezvous, wait=False)
             if isinstance(exc, CheckpointError | RankExited):
                 raise
             if isinstance(exc, TidalError):
@@ -206,12 +239,26 @@ class Job:
         if then == "kill":
             self.kill()
             t_pause = time.perf_counter()
+        elif then == "hold":
+            self._held = (frozen, epoch)
+            t_pause = time.perf_counter()
         self.last_timing = CheckpointTiming(
             pause_s=t_pause - t0, dump_s=t_dump - t0, fs_s=t_fs - t_dump,
-            commit_s=t_commit - (t_fs if then == "kill" else t_pause), total_s=time.perf_counter() - t0)
+            commit_s=t_commit - (t_pause if then == "continue" else t_fs), total_s=time.perf_counter() - t0)
         if keep is not None:
             self.store.retain(self.job_id, keep)
         return info
+
+    def release(self, rendezvous: Store | None = None, rebuild: bool = False) -> None:
+        """Let ranks waiting after a step of a cut across nodes go on: thaw those held frozen, rebuild
+        the process groups (``rebuild``: also where not dropped: every rank of the job must be on the
+        new one) and open the gate."""
+        if self._held is None:
+            return
+        frozen, epoch = self._held
+        self._held = None
+        self._thaw(frozen)
+        resume(self.channels(), epoch, rendezvous, wait=False, rebuild=rebuild)
 
     def _thaw(self, ranks: list[RankProcess]) -> None:
         for r in ranks:
@@ -229,11 +276,11 @@ class Job:
             finally:
                 _remove_staging(staging)  # nothing reuses pre-dump images yet
 
-    def _meta(self, dumps: list[RankDump], snap: FsSnapshot) -> dict[str, Any]:
+    def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "job_id": self.job_id,
-            "workdir": str(self.fs.workdir),
+            "workdir": str(self.ranks[0].spec.workdir),
             "ranks": {
                 str(d.rank): {
                     "log_bytes": d.log_bytes, "out_pipe": d.out_pipe, "status_pipe": d.status_pipe,
@@ -242,8 +289,8 @@ class Job:
                 }
                 for r, d in zip(self.ranks, dumps, strict=True)
             },
-            "fs": snap.to_json(),
-            "baseline": self.fs.baseline_json(),
+            "fs": snap.to_json() if snap else None,  # this part carries the working directory
+            "baseline": self.fs.baseline_json() if self.fs else None,
         }
 
     # -- restore ----------------------------------------------------------------------------------------
@@ -282,72 +329,92 @@ class Job:
 
     @classmethod
     def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
-                checkpoint_id: str | None = None, prestaged: Mapping[int, LastDump] | None = None,
-                rendezvous: Store | None = None, **kw: Any) -> Job:
-        """Restore the job (every rank) from ``checkpoint_id`` (default: the latest committed one).
+                checkpoint_id: str | Sequence[str] | None = None, prestaged: Mapping[int, LastDump] | None = None,
+                rendezvous: Store | None = None, track_fs: bool = True, **kw: Any) -> Job:
+        """Restore the ranks of ``placement`` from ``checkpoint_id`` (default: the latest committed one),
+        or from its parts (one per node it was spread over; the placement may take any of their ranks).
         ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
-        ``rendezvous``: where the ranks rebuild their torch.distributed group (default: where it was)."""
-        reader = cls._reader(store, job_id, checkpoint_id)
-        checkpoint_id = reader.info.id
-        meta = reader.meta
-        if meta.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {checkpoint_id} has unknown format {meta.get('format')!r}",
-                                  object=checkpoint_id)
+        ``rendezvous``: where the ranks rebuild their torch.distributed group (default: where it was).
+        ``track_fs``: this node puts the working directory back (exactly one node of a job does)."""
+        parts = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) else list(checkpoint_id)
+        readers = [cls._reader(store, job_id, p) for p in parts]
+        owner: dict[int, CheckpointReader] = {}
+        fs_reader: CheckpointReader | None = None
+        for reader in readers:
+            meta = reader.meta
+            if meta.get("format") != FORMAT:
+                raise CheckpointError(f"checkpoint {reader.info.id} has unknown format {meta.get('format')!r}",
+                                      object=reader.info.id)
+            owner.update({int(r): reader for r in meta["ranks"]})
+            if meta.get("fs") is not None:
+                fs_reader = reader
         by_rank = {spec.rank: (spec, node) for spec, node in placement}
-        if sorted(by_rank) != sorted(int(r) for r in meta["ranks"]):
-            raise CheckpointError(f"checkpoint {checkpoint_id} holds ranks {sorted(meta['ranks'])}, "
-                                  f"placement gives {sorted(by_rank)}", object=checkpoint_id)
-        workdir = Path(meta["workdir"])
-        fs = FsTracker.from_json(workdir, meta["baseline"])
+        missing = sorted(set(by_rank) - set(owner))
+        if missing or (len(parts) == 1 and sorted(by_rank) != sorted(owner)):
+            raise CheckpointError(f"checkpoint {', '.join(r.info.id for r in readers)} holds ranks "
+                                  f"{sorted(owner)}, placement gives {sorted(by_rank)}", object=readers[0].info.id)
+        workdir = Path(readers[0].meta["workdir"])
         if not workdir.is_dir():
             raise CheckpointError(f"cannot restore job {job_id}: working directory {workdir} does not exist "
                                   "on this node", object=str(workdir),
                                   hint="the working directory must exist at the same path on every node")
+        fs = None
+        if track_fs:
+            if fs_reader is None:
+                raise CheckpointError(f"no part of checkpoint {readers[0].info.id} carries the working directory",
+                                      object=readers[0].info.id)
+            fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"])
         node0 = placement[0][1]
-        need = sum(reader.entry(n).size for n in reader.names() if "/images/" in n)
+        mine = {r: owner[r] for r in by_rank}
+        need = sum(rd.entry(n).size for r, rd in mine.items() for n in rd.names()
+                   if n.startswith(f"ranks/{r}/images/"))
         staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need)
         ranks: list[RankProcess] = []
         t0 = time.perf_counter()
         try:
             # Fetch and verify every image before touching the working directory or any log.
-            pairs = [(n, staging / n) for n in reader.names() if n.startswith("ranks/") and "/images/" in n]
-            bases = {}
-            for name, dest in pairs:
-                private_dir(dest.parent)
-                staged = (prestaged or {}).get(int(name.split("/")[1]))
-                base = staged.previous(dest.name) if staged else None
-                if base is not None:
-                    bases[name] = base
-            reader.extract_all(pairs, bases=bases)
-            t_fetch = time.perf_counter()
-            snap = FsSnapshot.from_json(meta["fs"])
-
-            def fetch(paths: list[str], into: Path) -> None:
-                items = [(f"fs/{p}", into / p) for p in paths]
-                for _, dest in items:
+            for r, reader in sorted(mine.items()):
+                pairs = [(n, staging / n) for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
+                bases = {}
+                staged = (prestaged or {}).get(r)
+                for name, dest in pairs:
                     private_dir(dest.parent)
-                reader.extract_all(items)
+                    base = staged.previous(dest.name) if staged else None
+                    if base is not None:
+                        bases[name] = base
+                reader.extract_all(pairs, bases=bases)
+            t_fetch = time.perf_counter()
+            if fs is not None and fs_reader is not None:
+                snap = FsSnapshot.from_json(fs_reader.meta["fs"])
+                src = fs_reader
 
-            fs.restore(snap, fetch, staging / "fs")
-            for r in meta["ranks"]:
-                spec, node = by_rank[int(r)]
+                def fetch(paths: list[str], into: Path) -> None:
+                    items = [(f"fs/{p}", into / p) for p in paths]
+                    for _, dest in items:
+                        private_dir(dest.parent)
+                    src.extract_all(items)
+
+                fs.restore(snap, fetch, staging / "fs")
+            for r, reader in mine.items():
+                spec, node = by_rank[r]
                 reader.extract(f"ranks/{r}/output.log", node.log_path(spec))
             t_fs = time.perf_counter()
-            for r, info in sorted(meta["ranks"].items(), key=lambda kv: int(kv[0])):
-                spec, node = by_rank[int(r)]
-                dump = RankDump(int(r), staging / "ranks" / r / "images", int(info["log_bytes"]),
+            runner = kw.get("runner") or CriuRunner()
+            for r, reader in sorted(mine.items()):
+                spec, node = by_rank[r]
+                info = reader.meta["ranks"][str(r)]
+                dump = RankDump(r, staging / "ranks" / str(r) / "images", int(info["log_bytes"]),
                                 info["out_pipe"], info["status_pipe"], info.get("ctl_in_pipe"),
                                 info.get("ctl_out_pipe"), bool(info.get("interposed")))
-                runner = kw.get("runner") or CriuRunner()
                 ranks.append(RankProcess.restore(spec, node, dump, runner))
             job = cls(job_id, ranks, fs, store, **kw)
             # The verified images just restored are exactly the committed ones: the next checkpoint of
             # this job can compare against them.
-            for r in meta["ranks"]:
-                images = staging / "ranks" / r / "images"
+            for r, reader in mine.items():
+                images = staging / "ranks" / str(r) / "images"
                 names = [n for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
-                job._last[int(r)].keep(images, {n.rsplit("/", 1)[1]: reader.entry(n) for n in names},
-                                       staging.parent / f"{job_id}-last-r{r}")
+                job._last[r].keep(images, {n.rsplit("/", 1)[1]: reader.entry(n) for n in names},
+                                  staging.parent / f"{job_id}-last-r{r}")
         except BaseException:
             for rp in ranks:
                 with contextlib.suppress(Exception):

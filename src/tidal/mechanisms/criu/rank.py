@@ -151,6 +151,7 @@ class RankProcess:
         self._status_r = status_r
         self._status_text = b""
         self._exit: ExitStatus | None = None
+        self.exit_time: float | None = None  # wall clock, when its init was seen to end
         self._exited = threading.Event()
         self._frozen = False
         p = pump()
@@ -268,6 +269,7 @@ class RankProcess:
 
     def _on_status_eof(self) -> None:
         # The init closed its lifeline end: it has exited (or is exiting). Reap it.
+        self.exit_time = time.time()
         try:
             _, status = os.waitpid(self.pid, 0)
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None

@@ -142,13 +142,19 @@ def counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[
 
 
 def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: float) -> None:
-    """Step 2: every rank issues collectives up to ``target``, waits for them, and drops its group."""
+    """Step 2: every rank issues collectives up to ``target`` and waits for them; none goes further."""
     live = _live(channels)
     deadline = time.monotonic() + timeout
     for c in live:
         c.send(op="target", epoch=epoch, target=target)
     for c in live:
         c.expect(("parked",), epoch, deadline, f"reach the cut at collective {target}")
+
+
+def teardown(channels: Sequence[RankChannel], epoch: int, timeout: float) -> None:
+    """Step 3 (every rank of the job parked): drop the process groups, so no socket is left to dump."""
+    live = _live(channels)
+    deadline = time.monotonic() + timeout
     for c in live:
         c.send(op="teardown", epoch=epoch)
     for c in live:
@@ -156,12 +162,12 @@ def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: floa
 
 
 def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, timeout: float = 120,
-           wait: bool = True) -> None:
+           wait: bool = True, rebuild: bool = False) -> None:
     """Let every rank go on: rebuild its group if it was dropped (on ``store``; None: the same store,
-    fresh keys), open the gate. ``wait``: until every rank has rebuilt."""
+    fresh keys) or if ``rebuild``, and open the gate. ``wait``: until every rank has done so."""
     live = _live(channels)
     for c in live:
-        c.send(op="resume", epoch=epoch, store=store.to_json() if store else None)
+        c.send(op="resume", epoch=epoch, store=store.to_json() if store else None, rebuild=rebuild)
     if not wait:
         return
     deadline = time.monotonic() + timeout
@@ -170,14 +176,16 @@ def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, tim
 
 
 def cut(channels: Sequence[RankChannel], epoch: int, timeout: float) -> int:
-    """The whole cut on ranks owned here: counts, target = the largest, park. On failure every rank is
-    let go again (its group was not dropped unless every rank had parked). Returns the target."""
+    """The whole cut when every rank is owned here: counts, target = the largest, park, tear down. On
+    failure every rank is let go again (its group was dropped only if every rank had parked). Returns the
+    target."""
     try:
         got = counts(channels, epoch, timeout)
         target = max(got.values(), default=0)
         park(channels, epoch, target, timeout)
     except BaseException:
         with contextlib.suppress(CheckpointError):  # a stopped rank reads its resume when continued
-            resume(channels, epoch, None, timeout=5)
+            resume(channels, epoch, None, wait=False)
         raise
+    teardown(channels, epoch, timeout)
     return target

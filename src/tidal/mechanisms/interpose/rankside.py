@@ -134,6 +134,8 @@ class Interposer:
             else:  # the same store, fresh keys: every rank gets the same epoch, so the same prefix
                 self.prefix = f"{self.prefix}/r{epoch}"
             group = self.group
+            if group is not None and msg.get("rebuild") and group._inner is not None:
+                group._drop_inner()  # every rank is parked: nothing is in flight on it
             if group is not None and group._inner is None:
                 group._build_inner()
             with self.cond:

@@ -179,6 +179,15 @@ class CheckpointStore:
         self.gc()
         return [i.id for i in doomed]
 
+    def keep_only(self, job_id: str, keep: set[str]) -> builtins.list[str]:
+        """Delete the job's committed checkpoints whose ids are not in ``keep``, then collect garbage."""
+        doomed = [i.id for i in self.list(job_id) if i.id not in keep]
+        for cid in doomed:
+            self._delete_checkpoint(job_id, cid)
+        if doomed:
+            self.gc()
+        return doomed
+
     def delete_job(self, job_id: str) -> None:
         """Delete every checkpoint of the job (do not call while the job is being checkpointed)."""
         check_id("job id", job_id)
