@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Interposer benchmark: what Tidal's torch.distributed interposer costs a DDP job, in one run.
+
+* **Steady-state overhead.** The same DDP job (``benchmarks/ddp_steps.py``: an MLP, gloo on CPU, one line
+  per step with the rank's clock) under plain ``torchrun --nproc-per-node W`` and as W Tidal ranks (PID
+  namespaces, the interposer loaded, Tidal's rendezvous store), no checkpoint in the window. Runs of the
+  two alternate, so both see the same machine; the step time of a run is its mean over the measured
+  steps (the first ones, warm-up, are left out), the figure per setup the median over its runs.
+* **Steps from a checkpoint request to the cut.** Checkpoints of a running W-rank job requested at
+  seeded random moments: each rank's last printed step when the request is made, against the last step
+  in the output stored with the checkpoint (the output up to the dump).
+* **Pause of a W = 4 job checkpoint** (the job keeps running afterwards): from the request until every
+  rank runs again (cut, freeze, dump, working directory), and the cut alone.
+* **Start-up of a Python process** with and without the interposer's ``sitecustomize``.
+
+Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
+Targets: overhead ≤ 1 %, cut within 2 steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.provision import find_criu
+from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.interpose import SITE_DIR
+from tidal.mechanisms.interpose.channel import cut, new_epoch, resume
+from tidal.mechanisms.interpose.storeserver import RendezvousServer
+from tidal.mechanisms.storage import CheckpointStore
+
+WORKLOAD = Path(__file__).resolve().with_name("ddp_steps.py")
+LINE = re.compile(r"^rank (\d+) step (\d+) t ([0-9.]+) ", re.M)
+
+
+def say(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def base_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    env.pop("PYTHONPATH", None)
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def step_times(text: str) -> dict[int, float]:
+    """step -> the rank's clock when it printed that step"""
+    return {int(m[2]): float(m[3]) for m in LINE.finditer(text)}
+
+
+def mean_step(text: str, warmup: int) -> float:
+    t = step_times(text)
+    last = max(t)
+    return (t[last] - t[warmup]) / (last - warmup)
+
+
+def p10_step(text: str, warmup: int) -> float:
+    """The 10th percentile of single step times: the undisturbed step, less sensitive to other load."""
+    t = step_times(text)
+    deltas = sorted(t[s] - t[s - 1] for s in range(warmup + 1, max(t) + 1))
+    return deltas[len(deltas) // 10]
+
+
+def last_step(text: str) -> int:
+    steps = [int(m[2]) for m in LINE.finditer(text)]
+    return steps[-1] if steps else -1
+
+
+def wait_for(cond: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.01)
+
+
+class Tidal:
+    """Launches W-rank jobs as Tidal ranks on one node root, with Tidal's rendezvous store."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.server = RendezvousServer()
+        self.store = CheckpointStore(str(base / "store"))
+        self.node = Node("bench", base / "node")
+        self.launches = 0
+
+    def launch(self, world: int, args: list[str], workdir: Path) -> tuple[Job, list[RankSpec]]:
+        self.launches += 1
+        prefix = f"bench-{self.launches}"
+        specs = [RankSpec(f"bench{self.launches}", r, (sys.executable, str(WORKLOAD), *args), workdir, {
+            **base_env(), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+            "TIDAL_STORE": self.server.addr, "TIDAL_STORE_PREFIX": prefix,
+        }) for r in range(world)]
+        job = Job.launch(specs[0].job_id, [(s, self.node) for s in specs], self.store)
+        return job, specs
+
+    def run(self, world: int, args: list[str], workdir: Path) -> str:
+        job, specs = self.launch(world, args, workdir)
+        status = job.wait(600)
+        if any(not s.ok for s in status):
+            raise RuntimeError(f"Tidal ranks failed: {[str(s) for s in status]}: "
+                               f"{self.node.log_path(specs[0]).read_text()[-1000:]}")
+        return self.node.log_path(specs[0]).read_text()
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def torchrun(world: int, args: list[str], workdir: Path) -> str:
+    logs = workdir / "logs"
+    shutil.rmtree(logs, ignore_errors=True)
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                          "--log-dir", str(logs), "--redirects", "3", str(WORKLOAD), *args],
+                         cwd=workdir, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         timeout=600)
+    if out.returncode != 0:
+        raise RuntimeError(f"torchrun failed: {out.stderr[-1000:]}")
+    (rank0,) = logs.glob("*/attempt_0/0/stdout.log")
+    return rank0.read_text()
+
+
+def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path) -> dict[str, Any]:
+    args = ["--steps", str(steps)]
+    work = base / f"overhead-w{world}"
+    work.mkdir(parents=True, exist_ok=True)
+    warmup = min(50, steps // 4)
+    runs: dict[str, list[str]] = {"plain": [], "tidal": []}
+    for i in range(reps):
+        order = ("plain", "tidal") if i % 2 == 0 else ("tidal", "plain")
+        for which in order:
+            say(f"W={world}: run {i + 1} of {reps}, {which}")
+            runs[which].append(torchrun(world, args, work) if which == "plain" else tidal.run(world, args, work))
+    plain = [mean_step(x, warmup) for x in runs["plain"]]
+    ours = [mean_step(x, warmup) for x in runs["tidal"]]
+    plain10 = [p10_step(x, warmup) for x in runs["plain"]]
+    ours10 = [p10_step(x, warmup) for x in runs["tidal"]]
+    p, t = statistics.median(plain), statistics.median(ours)
+    return {"steps": steps, "measured_steps": steps - 1 - warmup, "reps": reps,
+            "plain_step_s": plain, "tidal_step_s": ours, "plain_median_s": p, "tidal_median_s": t,
+            "overhead_fraction": t / p - 1, "plain_p10_step_s": plain10, "tidal_p10_step_s": ours10,
+            "overhead_fraction_p10": statistics.median(ours10) / statistics.median(plain10) - 1}
+
+
+def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict[str, Any]:
+    """Checkpoints (the job goes on) at seeded random moments; steps from each request to its cut; the pause."""
+    work = base / f"cut-w{world}"
+    work.mkdir(parents=True, exist_ok=True)
+    job, specs = tidal.launch(world, ["--steps", "1000000"], work)
+    logs = [tidal.node.log_path(s) for s in specs]
+    rng = random.Random(seed)
+    steps_to_cut: list[int] = []
+    pauses: list[float] = []
+    dumps: list[float] = []
+    cut_only: list[float] = []
+    try:
+        wait_for(lambda: min(last_step(p.read_text()) for p in logs) >= 20, 300, "the job to train")
+        channel = job.channels()[0]
+        channel.last_stat = None
+        channel.request_stat()
+        wait_for(lambda: channel.last_stat is not None, 30, "the rank's progress")
+        stat = channel.last_stat
+        assert stat is not None
+        per_step = stat["collectives"] / max(1, stat["steps"])
+        for i in range(requests):
+            say(f"W={world}: checkpoint request {i + 1} of {requests}")
+            # A random moment: a random rank reaches a random step 1..15 ahead of where it was.
+            r = rng.randrange(world)
+            target = last_step(logs[r].read_text()) + rng.randint(1, 15)
+            wait_for(lambda r=r, target=target: last_step(logs[r].read_text()) >= target, 120, "a step")
+            before = [last_step(p.read_text()) for p in logs]
+            info = job.checkpoint(then="continue", keep=1)
+            assert job.last_timing is not None
+            pauses.append(job.last_timing.pause_s)
+            dumps.append(job.last_timing.dump_s)
+            reader = tidal.store.reader(specs[0].job_id, info.id)
+            at_cut = [last_step(reader.read_bytes(f"ranks/{s.rank}/output.log").decode()) for s in specs]
+            steps_to_cut.append(max(a - b for a, b in zip(at_cut, before, strict=True)))
+            # The cut alone (no dump): request, park every rank, tear the groups down; then let them go on.
+            epoch = new_epoch()
+            t = time.perf_counter()
+            cut(job.channels(), epoch, 60)
+            cut_only.append(time.perf_counter() - t)
+            resume(job.channels(), epoch, None, wait=True)
+    finally:
+        job.kill()
+    return {"collectives_per_step": per_step, "requests": requests, "steps_to_cut": steps_to_cut,
+            "steps_to_cut_max": max(steps_to_cut),
+            "pause_s": pauses, "pause_median_s": statistics.median(pauses), "pause_max_s": max(pauses),
+            "dump_s": dumps, "cut_s": cut_only, "cut_median_s": statistics.median(cut_only)}
+
+
+def probe(tidal: Tidal, calls: int, base: Path) -> dict[str, Any]:
+    """The interposer's own cost per collective, measured in the ranks of one W = 2 job (see ddp_steps.py)."""
+    work = base / "probe"
+    work.mkdir(parents=True, exist_ok=True)
+    out = tidal.run(2, ["--steps", "1", "--probe", str(calls)], work)
+    m = re.search(r"^probe wrapped_us ([0-9.]+) direct_us ([0-9.]+) wrapped_cpu_us ([0-9.]+) direct_cpu_us ([0-9.]+)$",
+                  out, re.M)
+    if m is None:
+        raise RuntimeError(f"no probe result in {out[-500:]!r}")
+    wrapped, direct, wrapped_cpu, direct_cpu = (float(m[i]) * 1e-6 for i in range(1, 5))
+    return {"calls": calls, "wrapped_s": wrapped, "direct_s": direct, "wrapped_cpu_s": wrapped_cpu,
+            "direct_cpu_s": direct_cpu, "added_s": wrapped_cpu - direct_cpu}
+
+
+def startup(reps: int) -> dict[str, Any]:
+    """``python -c pass`` as a rank's first Python process would start it, with and without the interposer."""
+    plain: list[float] = []
+    ours: list[float] = []
+    for i in range(reps):
+        for which in (("plain", "tidal") if i % 2 == 0 else ("tidal", "plain")):
+            env = base_env()
+            fds: tuple[int, ...] = ()
+            if which == "tidal":
+                req_r, req_w = os.pipe()
+                rep_r, rep_w = os.pipe()
+                env["PYTHONPATH"] = str(SITE_DIR)
+                env["TIDAL_INTERPOSE_CTL"] = f"{req_r},{rep_w}"
+                fds = (req_r, rep_w)
+            t = time.perf_counter()
+            subprocess.run([sys.executable, "-c", "pass"], env=env, pass_fds=fds, check=True)
+            elapsed = time.perf_counter() - t
+            if which == "tidal":
+                os.close(rep_w)
+                assert b'"hello"' in os.read(rep_r, 4096)
+                for fd in (req_r, req_w, rep_r):
+                    os.close(fd)
+                ours.append(elapsed)
+            else:
+                plain.append(elapsed)
+    return {"reps": reps, "plain_median_s": statistics.median(plain), "tidal_median_s": statistics.median(ours),
+            "added_s": statistics.median(ours) - statistics.median(plain)}
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                if ln.startswith("model name")), platform.processor())
+    mem = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
+               if ln.startswith("MemTotal"))
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
+            "criu": find_criu().version_str, "python": platform.python_version(), "torch": torch.__version__,
+            "load_average_at_start": os.getloadavg()}
+
+
+@contextlib.contextmanager
+def workspace(path: Path) -> Iterator[Path]:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, help="write the results here")
+    p.add_argument("--dir", type=Path, default=Path("/var/tmp/tidal-bench-interpose"), help="work directory")
+    p.add_argument("--worlds", default="2,4", help="world sizes for the overhead comparison")
+    p.add_argument("--steps", type=int, default=400, help="steps per overhead run")
+    p.add_argument("--reps", type=int, default=4, help="runs of each setup per world size")
+    p.add_argument("--requests", type=int, default=8, help="checkpoint requests per world size")
+    p.add_argument("--seed", type=int, default=4)
+    args = p.parse_args()
+    if os.geteuid() != 0:
+        print("error: the benchmark runs ranks in PID namespaces and needs root", file=sys.stderr)
+        return 1
+    become_subreaper()
+    worlds = [int(w) for w in args.worlds.split(",")]
+    out: dict[str, Any] = {"machine": machine(), "overhead": {}, "cut": {}}
+    with workspace(args.dir) as base:
+        tidal = Tidal(base)
+        try:
+            out["startup"] = startup(20)
+            out["probe"] = probe(tidal, 4000, base)
+            for w in worlds:
+                out["overhead"][str(w)] = overhead(tidal, w, args.steps, args.reps, base)
+            for w in sorted({2, 4} | set(worlds)):
+                out["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base)
+        finally:
+            tidal.close()
+    out["overhead_fraction"] = max(o["overhead_fraction"] for o in out["overhead"].values())
+    out["steps_to_cut_max"] = max(c["steps_to_cut_max"] for c in out["cut"].values())
+    out["job_pause_s"] = out["cut"]["4"]["pause_median_s"]
+    out["job_pause_max_s"] = out["cut"]["4"]["pause_max_s"]
+    out["cut_s"] = out["cut"]["4"]["cut_median_s"]
+    out["startup_added_s"] = out["startup"]["added_s"]
+    # The interposer's own cost per step: its added cost per collective times the collectives of a step,
+    # against the step time (the paired measurement, free of the run-to-run noise of the comparison).
+    per_step = out["cut"]["2"]["collectives_per_step"]
+    out["overhead_fraction_from_probe"] = {
+        w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
+    m = out["machine"]
+    print(f"machine: {m['cpu']}, {m['cores']} cores, kernel {m['kernel']}, CRIU {m['criu']}, torch {m['torch']}, "
+          f"load average at start {m['load_average_at_start'][0]:.2f}")
+    print(f"{'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} {'runs':>5}")
+    for w, o in out["overhead"].items():
+        print(f"{w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
+              f"{o['overhead_fraction'] * 100:>8.2f}% {o['reps']:>5}")
+    print(f"{'W':>3} {'requests':>9} {'steps to cut (max)':>19} {'pause median s':>15} {'pause max s':>12} "
+          f"{'cut alone s':>12}")
+    for w, c in out["cut"].items():
+        print(f"{w:>3} {c['requests']:>9} {c['steps_to_cut_max']:>19} {c['pause_median_s']:>15.3f} "
+              f"{c['pause_max_s']:>12.3f} {c['cut_median_s']:>12.3f}")
+    pr = out["probe"]
+    print(f"per collective (W = 2, {pr['calls']} small all-reduces, paired): wall {pr['wrapped_s'] * 1e6:.1f} us "
+          f"through the interposer, {pr['direct_s'] * 1e6:.1f} us on gloo directly; CPU of the calling thread "
+          f"{pr['wrapped_cpu_s'] * 1e6:.1f} us against {pr['direct_cpu_s'] * 1e6:.1f} us "
+          f"(+{pr['added_s'] * 1e6:.1f} us); "
+          f"{per_step:.2f} collectives per step → " + ", ".join(
+              f"W={w}: {f * 100:.3f} % of a step" for w, f in out["overhead_fraction_from_probe"].items()))
+    s = out["startup"]
+    print(f"python start-up: {s['plain_median_s'] * 1e3:.1f} ms plain, {s['tidal_median_s'] * 1e3:.1f} ms with the "
+          f"interposer (+{s['added_s'] * 1e3:.1f} ms)")
+    print(f"overhead_fraction {out['overhead_fraction']:.4f} (target ≤ 0.01), steps_to_cut_max "
+          f"{out['steps_to_cut_max']} (target ≤ 2), job_pause_s {out['job_pause_s']:.3f} (W = 4)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(out, indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
