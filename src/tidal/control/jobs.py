@@ -327,16 +327,18 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, keep: int, rank
                            field="to", node=to)
         job.target = [[to, i] for i in room[:need]]
     else:
+        # Every rank onto a device the job does not hold: other nodes first; one node if one fits (the
+        # fullest, so whole nodes stay free for large gangs), else as few nodes as possible.
         others = {n: idx for n, idx in free.items() if n not in here}
         fits = sorted((len(idx), n) for n, idx in others.items() if len(idx) >= need)
-        if fits:  # the fullest node that fits: whole nodes stay free for large gangs
+        if fits:
             job.target = [[fits[0][1], i] for i in others[fits[0][1]][:need]]
-        else:  # fill nodes one after the other, largest first: as few nodes as possible
+        else:
             spread: list[list[Any]] = []
-            for n, idx in sorted(others.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            for n, idx in sorted(free.items(), key=lambda kv: (kv[0] in here, -len(kv[1]), kv[0])):
                 spread += [[n, i] for i in idx[: need - len(spread)]]
             if len(spread) < need:
-                raise Conflict(f"the other nodes have {len(spread)} free device(s); job {job.id} needs {need}",
+                raise Conflict(f"only {len(spread)} device(s) are free; job {job.id} needs {need} others",
                                hint="free some devices or add a node")
             job.target = spread
     checkpoint(s, job, "migrate", cause, keep)

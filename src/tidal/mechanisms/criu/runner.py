@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
 import subprocess
+from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
@@ -13,6 +17,23 @@ HARMLESS = ("Can't setup RLIMIT_NOFILE",)
 # A task caught in the middle of exiting cannot be seized until it has exited (CRIU says so itself):
 # these dump failures are worth one more try after letting the rank run for a moment.
 TRANSIENT = ("Unseizable non-zombie", "zombie found while seizing", "Timeout reached")
+
+
+# CRIU's parasite mounts a private procfs for a task in another PID namespace at a fixed path of the
+# task's mount namespace: two dumps at once on one machine (two node roots of one job) collide there
+# ("Can't create a directory (-17)"). Dumps on a machine take turns.
+DUMP_LOCK = Path(os.environ.get("TIDAL_LOCK_DIR", "/run/lock" if os.path.isdir("/run/lock") else "/tmp")) / (
+    "tidal-criu-dump.lock")
+
+
+@contextlib.contextmanager
+def _dump_turn() -> Iterator[None]:
+    fd = os.open(DUMP_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 class TransientDumpError(CheckpointError):
@@ -52,7 +73,8 @@ class CriuRunner:
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]
         args.append("--leave-running")
-        self._run(args, images / "dump.log", what=f"criu dump of pid {pid}")
+        with _dump_turn():
+            self._run(args, images / "dump.log", what=f"criu dump of pid {pid}")
 
     def pre_dump(self, pid: int, images: Path, *, freezer: Path | None = None) -> None:
         """Iterative pre-copy: only where the kernel tracks dirty memory."""
@@ -63,7 +85,8 @@ class CriuRunner:
         args = ["pre-dump", "-t", str(pid), "-D", str(images), "--track-mem", "--manage-cgroups=ignore"]
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]
-        self._run(args, images / "pre-dump.log", what=f"criu pre-dump of pid {pid}")
+        with _dump_turn():
+            self._run(args, images / "pre-dump.log", what=f"criu pre-dump of pid {pid}")
 
     def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str]) -> None:
         args = ["restore", "-D", str(images), "--restore-detached", "--leave-stopped",
