@@ -330,3 +330,45 @@ def test_scripts_without_torch_distributed_run_unchanged(cluster: Cluster, tmp_p
             assert (tmp_path / name / "work" / f.name).read_bytes() == f.read_bytes()
     assert b"user sitecustomize ran" in log(jobs["usersite"], 0).read_bytes()
     assert b"user sitecustomize ran" not in log(jobs["plain"], 0).read_bytes()
+
+
+# Rank 0 loads the interposer at once, then waits for a file before running the script; rank 1 waits for it
+# before it even starts Python.
+GATED = ("import os, runpy, sys, time\n"
+         "while not os.path.exists('go'): time.sleep(0.01)\n"
+         "sys.argv = sys.argv[1:]\n"
+         "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.parametrize("then", ["continue", "kill"])
+def test_checkpoint_before_every_rank_loaded_the_interposer(cluster: Cluster, torchrun: StartRef, then: Then) -> None:
+    """A checkpoint while one rank has loaded the interposer and another has not started Python yet: both
+    still meet on one rendezvous afterwards, also when the job is restored onto another store."""
+    argv = ddp_argv(20)
+    ref = torchrun(argv, 2)
+    first = RendezvousServer()
+    specs = rank_specs(cluster, [sys.executable, "-c", GATED, *argv], 2, first.addr, prefix())
+    late = ["sh", "-c", 'until [ -e go ]; do sleep 0.01; done; exec "$@"', "sh", sys.executable, *argv]
+    specs[1] = RankSpec("job", 1, tuple(late), cluster.workdir, specs[1].env)
+    moved = None
+    try:
+        job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+        channels = [r.channel for r in job.ranks]
+        assert channels[0] is not None and channels[1] is not None
+        assert channels[0].hello.wait(60)
+        job.checkpoint(then=then)
+        assert job.last_cut == 0 and not channels[1].hello.is_set()
+        if then == "kill":
+            first.close()  # the store is gone: every restored rank must use the new one
+            moved = RendezvousServer()
+            job = Job.restore(cluster.store, "job", [(s, cluster.nodes[1]) for s in specs],
+                              rendezvous=Store(moved.addr, prefix()))
+        (cluster.workdir / "go").touch()
+        assert [s.code for s in job.wait(120)] == [0, 0]
+    finally:
+        first.close()
+        if moved is not None:
+            moved.close()
+    for r in range(2):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+    assert (cluster.workdir / "params.bin").read_bytes() == ref.params

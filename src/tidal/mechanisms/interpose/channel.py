@@ -35,6 +35,9 @@ class RankChannel:
         self._buf = b""
         self._lock = threading.Lock()
         self.last_stat: dict[str, Any] | None = None
+        # Requests for a rank that has not loaded its interposer yet, sent when it says hello.
+        self._hello_lock = threading.Lock()
+        self._at_hello: list[dict[str, Any]] = []
         pump().add(rfd, self._on_data, self._on_eof)
 
     def _on_data(self, data: bytes) -> None:
@@ -46,7 +49,12 @@ class RankChannel:
             except ValueError:
                 continue
             if msg.get("op") == "hello":
-                self.hello.set()
+                with self._hello_lock:  # what waited for it goes out before any request sent after it
+                    for later in self._at_hello:
+                        with contextlib.suppress(CheckpointError):
+                            self.send(**later)
+                    self._at_hello.clear()
+                    self.hello.set()
             elif msg.get("op") == "stat":
                 self.last_stat = msg
             else:
@@ -65,6 +73,14 @@ class RankChannel:
                     view = view[os.write(self.wfd, view):]
             except OSError as exc:
                 raise CheckpointError(f"rank {self.name}: its interposer channel is closed ({exc})") from exc
+
+    def send_when_ready(self, **msg: Any) -> None:
+        """Send now, or once the rank has loaded its interposer (it has not said hello yet)."""
+        with self._hello_lock:
+            if not self.hello.is_set():
+                self._at_hello.append(msg)
+                return
+        self.send(**msg)
 
     def expect(self, ops: Sequence[str], epoch: int, deadline: float, what: str) -> dict[str, Any]:
         """The next reply of this epoch whose op is one of ``ops`` (``error`` raises)."""
@@ -166,8 +182,11 @@ def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, tim
     """Let every rank go on: rebuild its group if it was dropped (on ``store``; None: the same store,
     fresh keys) or if ``rebuild``, and open the gate. ``wait``: until every rank has done so."""
     live = _live(channels)
-    for c in live:
-        c.send(op="resume", epoch=epoch, store=store.to_json() if store else None, rebuild=rebuild)
+    for c in channels:
+        # A rank that has not loaded its interposer yet (it was checkpointed early in its start) gets it
+        # as soon as it has: it must build its group on the same store as the others.
+        if not c.closed.is_set():
+            c.send_when_ready(op="resume", epoch=epoch, store=store.to_json() if store else None, rebuild=rebuild)
     if not wait:
         return
     deadline = time.monotonic() + timeout

@@ -72,6 +72,7 @@ class Interposer:
         self.works: list[Any] = []
         self.unsupported: str | None = None
         self.store_addr = store  # "host:port" of the rendezvous store, changed by each resume
+        self.base_prefix = prefix  # of the store keys: the launch's, or the last resume's with a store
         self.prefix = prefix  # of the store keys of the next (re)build
         self.group: TidalGroupBase | None = None
         self.steps = 0
@@ -130,13 +131,17 @@ class Interposer:
         elif op == "resume":
             store = msg.get("store")
             if store:
-                self.store_addr, self.prefix = store["addr"], store["prefix"]
-            else:  # the same store, fresh keys: every rank gets the same epoch, so the same prefix
-                self.prefix = f"{self.prefix}/r{epoch}"
+                self.store_addr, self.base_prefix = store["addr"], store["prefix"]
+                self.prefix = self.base_prefix
             group = self.group
             if group is not None and msg.get("rebuild") and group._inner is not None:
                 group._drop_inner()  # every rank is parked: nothing is in flight on it
             if group is not None and group._inner is None:
+                if not store:
+                    # The same store, fresh keys: every rank rebuilds at this epoch, so on the same prefix,
+                    # whatever requests it saw before. A rank without a group yet keeps its prefix, as do
+                    # ranks that had not loaded the interposer when the request came.
+                    self.prefix = f"{self.base_prefix}/r{epoch}"
                 group._build_inner()
             with self.cond:
                 self.pending, self.target = False, None
