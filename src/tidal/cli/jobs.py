@@ -82,6 +82,7 @@ def _since(job: dict[str, Any], seq: int) -> list[dict[str, Any]]:
 
 
 def register(app: typer.Typer) -> None:
+    _resize_cmd(app)
     @app.command(context_settings={"allow_interspersed_args": False})
     def submit(
         command: list[str] = typer.Argument(None, help="the command, after --"),
@@ -150,6 +151,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"progress: {steps}{prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB "
                           f"resident, {prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
         if job["placement"]:
+            pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
+            console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "
+                          f"allowed {job['min_devices']}..{job['max_devices']}")
             t = Table("rank", "node", "device", "pid")
             for p in job["placement"]:
                 t.add_row(str(p["rank"]), p["node"], str(p["device"]), str(p["pid"] or "-"))
@@ -263,6 +267,35 @@ def register(app: typer.Typer) -> None:
             raise TidalError(f"job {job_id} was not migrated: {evs[-1]['detail'] if evs else 'unknown'}",
                              hint="it goes on running where it was")
         console.print(f"job {job_id} {job['state']}" + (f" on {','.join(sorted(nodes))}" if nodes else ""))
+
+
+def _resize_cmd(app: typer.Typer) -> None:
+    @app.command()
+    def resize(job_id: str,
+               devices: int = typer.Option(None, "--devices", "-d", help="run the job's W ranks on D devices"),
+               auto: bool = typer.Option(False, "--auto", help="let the scheduler choose D again"),
+               no_wait: bool = typer.Option(False, "--no-wait"),
+               timeout: float = typer.Option(300.0)) -> None:
+        """Run a job on another number of devices D (its world size W stays): a consistent cut, a
+        checkpoint of every rank, a restore with ranks packed onto D devices. D stays pinned until --auto."""
+        if (devices is None) == (not auto):
+            raise ValidationError("give either --devices D or --auto", field="devices")
+        api = Api()
+        before = api.get(f"/v1/jobs/{job_id}")
+        seq = before["events"][-1]["seq"] if before["events"] else 0
+        r = _request(api, job_id, "resize", timeout, json={"devices": None if auto else devices})
+        if auto:
+            console.print(f"job {job_id} is resized by the scheduler again (now on {r['devices']} device(s))")
+            return
+        if no_wait:
+            return
+        job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in STABLE, timeout, "resizing")
+        if job["state"] == "running" and job["devices"] != devices:
+            evs = _since(job, seq)
+            raise TidalError(f"job {job_id} was not resized: {evs[-1]['detail'] if evs else 'unknown'}",
+                             hint="it goes on running as it was")
+        where = ", ".join(f"{p['node']}:{p['device']}" for p in job["placement"])
+        console.print(f"job {job_id} {job['state']} on {job['devices']} device(s) (rank → device: {where})")
 
 
 def _last_detail(job: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control.history import new_id, record
 from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow, User
-from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
+from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
 
 S = JobState
@@ -345,6 +345,76 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, keep: int, rank
     return ", ".join(dict.fromkeys(n for n, _ in job.target))
 
 
+def pack(free: dict[str, list[int]], own: list[DeviceRef], ranks: int, devices: int) -> list[DeviceRef] | None:
+    """Rank → device for ``ranks`` ranks on ``devices`` devices chosen among ``free`` and the job's ``own``:
+    as few nodes as possible (the job's own nodes first, then those with most room), ranks spread evenly
+    and contiguous ranks together. None when there are not enough devices."""
+    room: dict[str, set[int]] = {n: set(idx) for n, idx in free.items()}
+    for d in own:
+        if d.node in room:
+            room[d.node].add(d.index)
+    mine = {d.node for d in own}
+    chosen: list[DeviceRef] = []
+    for n in sorted(room, key=lambda n: (n not in mine, -len(room[n]), n)):
+        chosen += [DeviceRef(n, i) for i in sorted(room[n])[: devices - len(chosen)]]
+        if len(chosen) == devices:
+            return list(rank_map(tuple(chosen), ranks))
+    return None
+
+
+def device_count(job: JobRow) -> int:
+    return len({(p["node"], p["device"]) for p in job.placement})
+
+
+def resize(s: Session, job: JobRow, devices: int | None, cause: str, keep: int) -> dict[str, Any]:
+    """``tidal resize``: run the job's W ranks on ``devices`` devices (a consistent cut, a checkpoint of
+    every rank, a restore with the new packing), and pin that number until ``devices=None`` (``--auto``)
+    gives it back to the scheduler."""
+    st = state(job)
+    lo, hi = int(job.spec.get("min_devices") or 1), int(job.spec.get("max_devices") or job.ranks)
+    if devices is None:
+        job.pinned_devices = None
+        record(s, "resize_auto", job_id=job.id, cause=cause, detail="the scheduler may resize it again")
+        return {"devices": device_count(job) or None, "pinned": False}
+    if devices < 1:
+        raise ValidationError(f"--devices must be at least 1, not {devices}", field="devices")
+    if devices > job.ranks:
+        raise ValidationError(f"job {job.id} has {job.ranks} rank(s): it cannot use {devices} devices "
+                              "(at most one rank per device)", field="devices")
+    if not lo <= devices <= hi:
+        raise ValidationError(f"job {job.id} may run on {lo}..{hi} devices, not {devices}", field="devices",
+                              hint="its bounds are set at submission (--min-devices/--max-devices)")
+    if st in TERMINAL:
+        raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if st is not S.RUNNING:
+        if st in (S.PENDING, S.HELD, S.PREEMPTED):
+            raise Conflict(f"job {job.id} is not running (it is {job.state}): only a running job can be "
+                           "resized", job=job.id, state=job.state)
+        raise Conflict(f"job {job.id} is busy ({_busy(job)}); try again in a moment", job=job.id, busy=True)
+    if job.op is not None:
+        raise Conflict(f"job {job.id} is busy ({_busy(job)}); try again in a moment", job=job.id, busy=True)
+    now = device_count(job)
+    if devices == now:
+        job.pinned_devices = devices
+        record(s, "resize_pinned", job_id=job.id, cause=cause, detail=f"stays on {devices} device(s), pinned")
+        return {"devices": devices, "pinned": True}
+    own = [DeviceRef(p["node"], int(p["device"])) for p in job.placement]
+    target = pack(free_devices(s), own, job.ranks, devices)
+    if target is None:
+        raise Conflict(f"there is no room for job {job.id} on {devices} devices", field="devices",
+                       hint="it goes on running as it was; free some devices or add a node")
+    job.pinned_devices = devices
+    resize_to(s, job, target, cause, keep, why=f"from {now} to {devices} device(s), pinned by its owner")
+    return {"devices": devices, "pinned": True}
+
+
+def resize_to(s: Session, job: JobRow, target: list[DeviceRef], cause: str | None, keep: int, why: str) -> None:
+    """Move the job to ``target`` (rank → device, D distinct devices) through a checkpoint."""
+    job.target = [[d.node, d.index] for d in target]
+    record(s, "resize", job_id=job.id, cause=cause, detail=why)
+    checkpoint(s, job, "resize", cause, keep)
+
+
 def cancel(s: Session, job: JobRow, cause: str) -> None:
     st = state(job)
     if st in TERMINAL:
@@ -523,10 +593,14 @@ def _after_commit(s: Session, job: JobRow, cause: str, keep: int) -> None:
         job.placement = []
         job.target = None
         transition(s, job, S.PREEMPTED, cause, detail + ", its destination is gone: requeued")
-    else:  # migrate
+    else:  # migrate or resize
+        before = device_count(job)
         job.placement = []
         target = [DeviceRef(n, int(i)) for n, i in job.target]
-        eid = transition(s, job, S.MIGRATING, cause, detail + f", to {', '.join(nodes_of_devices(target))}")
+        where = f", to {', '.join(nodes_of_devices(target))}"
+        if purpose == "resize":
+            where += f" on {len(set(target))} device(s) (was {before})"
+        eid = transition(s, job, S.MIGRATING, cause, detail + where)
         start(s, job, target, eid, keep)
 
 

@@ -176,9 +176,11 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
         if st is S.RUNNING and j.op is not None:
             st = S.CHECKPOINTING if j.op_purpose not in ("launch", "restore") else S.RESTORING
         placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement)
+        lo, hi = int(j.spec.get("min_devices") or 1), int(j.spec.get("max_devices") or j.ranks)
+        if j.pinned_devices:  # resized by hand: the scheduler keeps that size
+            lo = hi = j.pinned_devices
         views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=Tier.parse(j.tier), submitted_at=j.submitted_at,
-                              state=st, min_devices=int(j.spec.get("min_devices") or 1),
-                              max_devices=int(j.spec.get("max_devices") or j.ranks), placement=placement,
+                              state=st, min_devices=lo, max_devices=hi, placement=placement,
                               started_at=j.started_at, project=str(j.spec.get("project") or "default"))
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)

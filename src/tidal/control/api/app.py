@@ -25,6 +25,7 @@ from tidal.control.api.schemas import (
     JobSubmit,
     MigrateRequest,
     Register,
+    ResizeRequest,
     UserCreate,
 )
 from tidal.control.store.db import Database
@@ -168,6 +169,8 @@ def create_app(ctx: Context) -> FastAPI:
                 jobs.resume(s, job, cause)
             elif what == "cancel":
                 jobs.cancel(s, job, cause)
+            elif what == "resize":
+                extra.update(jobs.resize(s, job, kw.get("devices"), cause, ctx.keep))
             elif what == "migrate":
                 extra["to"] = jobs.migrate(s, job, kw.get("to"), cause, ctx.keep, rank=kw.get("rank"))
             return {"id": job.id, "state": job.state, "held": job.held, **extra}
@@ -187,6 +190,10 @@ def create_app(ctx: Context) -> FastAPI:
     @app.post("/v1/jobs/{job_id}/migrate")
     def migrate(job_id: str, p: User, body: MigrateRequest | None = None) -> dict[str, Any]:
         return _op(job_id, p, "migrate", to=body.to if body else None, rank=body.rank if body else None)
+
+    @app.post("/v1/jobs/{job_id}/resize")
+    def resize(job_id: str, body: ResizeRequest, p: User) -> dict[str, Any]:
+        return _op(job_id, p, "resize", devices=body.devices)
 
     @app.get("/v1/jobs/{job_id}/checkpoints")
     def list_checkpoints(job_id: str, p: User) -> list[dict[str, Any]]:
@@ -329,6 +336,9 @@ def _detail(s: Session, j: JobRow) -> dict[str, Any]:
         "busy": j.op is not None,
         "progress": j.progress,
         "exited": j.exited or {},
+        "devices": len({(p["node"], p["device"]) for p in j.placement}),
+        "min_devices": j.spec.get("min_devices") or 1, "max_devices": j.spec.get("max_devices") or j.ranks,
+        "pinned_devices": j.pinned_devices,
         "placement": [{"rank": p["rank"], "node": p["node"], "device": p["device"], "pid": p["pid"]}
                       for p in j.placement],
         "checkpoints": [_ckpt(c) for c in jobs.checkpoints(s, j.id)],

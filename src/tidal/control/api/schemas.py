@@ -26,6 +26,10 @@ class MigrateRequest(BaseModel):
     rank: int | None = None  # move only this rank (to ``to``)
 
 
+class ResizeRequest(BaseModel):
+    devices: int | None = None  # None: give D back to the scheduler (--auto)
+
+
 class UserCreate(BaseModel):
     name: str
     role: str = "user"

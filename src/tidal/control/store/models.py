@@ -70,6 +70,8 @@ class JobRow(Base):
     opstate: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # Ranks of the current attempt that have exited: {rank: {"code", "signal", "at", "stopped"}}.
     exited: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Devices D set by ``tidal resize``: the scheduler leaves D alone until ``--auto`` clears it.
+    pinned_devices: Mapped[int | None] = mapped_column(Integer, nullable=True)
 
 
 class ActionRow(Base):

@@ -336,7 +336,10 @@ class Job:
         ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
         ``rendezvous``: where the ranks rebuild their torch.distributed group (default: where it was).
         ``track_fs``: this node puts the working directory back (exactly one node of a job does)."""
-        parts = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) else list(checkpoint_id)
+        # One checkpoint (or the latest): every rank must be placed. Parts: any of their ranks.
+        whole = checkpoint_id is None or isinstance(checkpoint_id, str)
+        parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
+            else list(checkpoint_id)
         readers = [cls._reader(store, job_id, p) for p in parts]
         owner: dict[int, CheckpointReader] = {}
         fs_reader: CheckpointReader | None = None
@@ -350,7 +353,7 @@ class Job:
                 fs_reader = reader
         by_rank = {spec.rank: (spec, node) for spec, node in placement}
         missing = sorted(set(by_rank) - set(owner))
-        if missing or (len(parts) == 1 and sorted(by_rank) != sorted(owner)):
+        if missing or (whole and sorted(by_rank) != sorted(owner)):
             raise CheckpointError(f"checkpoint {', '.join(r.info.id for r in readers)} holds ranks "
                                   f"{sorted(owner)}, placement gives {sorted(by_rank)}", object=readers[0].info.id)
         workdir = Path(readers[0].meta["workdir"])

@@ -1,5 +1,6 @@
 """Jobs spread over several nodes: actions belong to an operation (one per node), a checkpoint is made
-of parts (one per node), and a job remembers its multi-step operation and its ranks' exits.
+of parts (one per node), and a job remembers its multi-step operation, its ranks' exits and the number
+of devices a user pinned it to (resize).
 
 Revision ID: 0003
 Revises: 0002
@@ -26,10 +27,12 @@ def upgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
         batch.add_column(sa.Column("opstate", sa.JSON, nullable=True))
         batch.add_column(sa.Column("exited", sa.JSON, nullable=True))
+        batch.add_column(sa.Column("pinned_devices", sa.Integer, nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("jobs") as batch:
+        batch.drop_column("pinned_devices")
         batch.drop_column("exited")
         batch.drop_column("opstate")
     with op.batch_alter_table("checkpoints") as batch:

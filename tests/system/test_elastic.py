@@ -1,0 +1,116 @@
+"""Elastic resize by replica splicing: a job's W ranks run on any D devices; resizing it (a consistent cut,
+a checkpoint of every rank, a restore with the new packing) leaves its results byte-identical to plain
+``torchrun`` with W processes."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.system.conftest import JOB, LiveCluster, wait_for
+from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, torchrun
+
+
+def _devices(j: dict[str, Any]) -> list[tuple[str, int]]:
+    return [(p["node"], p["device"]) for p in sorted(j["placement"], key=lambda p: p["rank"])]
+
+
+def _affinity(pid: int) -> str:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return next(ln.split(":", 1)[1].strip() for ln in text.splitlines() if ln.startswith("Cpus_allowed_list"))
+
+
+@pytest.mark.criu
+@pytest.mark.torch
+def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_path: Path) -> None:
+    world, steps, held = 4, 120, 115
+    gate = tmp_path / "gate"
+    args = ["--steps", str(steps), "--step-time", "0.01", "--collectives", "--gate", f"{gate}:{held}"]
+    gate.touch()
+    expected, params = torchrun(tmp_path, world, args)
+    gate.unlink()
+
+    c = make_cluster(nodes=2, devices=2)
+    work = tmp_path / "work"
+    work.mkdir()
+    job = c.cli("submit", "-q", "--ranks", "4", "--min-devices", "1", "--", sys.executable, str(DDP), *args,
+                cwd=work, env=ENV).stdout.strip()
+    j = c.wait_state(job, "running", timeout=120)
+    assert len(set(_devices(j))) == 4 and len({n for n, _ in _devices(j)}) == 2
+    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+
+    cpus = {n["name"]: n["cpus"] for n in c.api().get("/v1/nodes").json()}
+    seen = [4]
+    for d in (2, 1, 4):
+        n = _steps_done(c, job)
+        out = c.cli("resize", job, "--devices", str(d), timeout=300).stdout
+        assert f"on {d} device(s)" in out, (out, [e["detail"] for e in c.job(job)["events"][-6:]])
+        j = c.wait_state(job, "running")
+        devs = _devices(j)
+        assert len(set(devs)) == d and j["devices"] == d and j["pinned_devices"] == d
+        # Contiguous ranks share a device, evenly; sharing ranks share its CPU set.
+        assert devs == [sorted(set(devs))[r * d // world] for r in range(world)]
+        for p in j["placement"]:
+            child = int(Path(f"/proc/{p['pid']}/task/{p['pid']}/children").read_text().split()[0])
+            want = cpus[p["node"]][p["device"]]
+            assert _affinity(child) == (f"{want[0]}-{want[-1]}" if len(want) > 1 else str(want[0]))
+        seen.append(d)
+        wait_for(lambda n=n: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after a resize")
+    assert seen == [4, 2, 1, 4]
+    j = c.show(job)
+    resizes = [e for e in j["events"] if e["kind"] == "resize"]
+    assert [e["detail"].split(",")[0] for e in resizes] == ["from 4 to 2 device(s)", "from 2 to 1 device(s)",
+                                                            "from 1 to 4 device(s)"]
+    assert len(j["checkpoints"]) == 3
+    show = c.cli("show", job).stdout
+    assert "ranks: 4 on 4 device(s) (pinned by resize)" in show
+
+    gate.touch()
+    assert c.cli("wait", job, check=False, timeout=600).returncode == 0
+    assert _rank_lines(c, job, world) == expected
+    assert (work / "params.bin").read_bytes() == params
+
+
+@pytest.mark.criu
+def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Path) -> None:
+    c: LiveCluster = make_cluster(nodes=1, devices=2)
+    env = {"GATE": str(gate)}
+    job = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB, cwd=workdir,
+                env=env).stdout.strip()
+    c.wait_state(job, "running")
+    for d, msg in (("0", "--devices must be at least 1, not 0"),
+                   ("3", f"job {job} has 2 rank(s): it cannot use 3 devices")):
+        p = c.cli("resize", job, "--devices", d, check=False)
+        assert p.returncode != 0 and msg in p.stderr, p.stderr
+    assert c.cli("resize", job, check=False).returncode != 0  # neither --devices nor --auto
+
+    # Shrink to one device: the freed one takes another job; growing back then finds no room.
+    c.cli("resize", job, "--devices", "1")
+    assert c.job(job)["devices"] == 1
+    other = c.cli("submit", "-q", "--", "sh", "-c", JOB, cwd=workdir, env=env).stdout.strip()
+    c.wait_state(other, "running")
+    p = c.cli("resize", job, "--devices", "2", check=False)
+    assert p.returncode != 0 and f"there is no room for job {job} on 2 devices" in p.stderr, p.stderr
+    j = c.job(job)
+    assert j["state"] == "running" and j["devices"] == 1 and not j["busy"]
+
+    # Bounds from submission; pending and finished jobs.
+    rigid = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "2", "--", "sh", "-c", JOB, cwd=workdir,
+                  env=env).stdout.strip()
+    p = c.cli("resize", rigid, "--devices", "1", check=False)
+    assert p.returncode != 0 and f"job {rigid} may run on 2..2 devices, not 1" in p.stderr, p.stderr
+    c.cli("cancel", rigid)
+    p = c.cli("resize", rigid, "--devices", "2", check=False)
+    assert p.returncode != 0 and f"job {rigid} has already cancelled" in p.stderr, p.stderr
+    pending = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB, cwd=workdir,
+                    env=env).stdout.strip()
+    p = c.cli("resize", pending, "--devices", "1", check=False)
+    assert p.returncode != 0 and "is not running (it is pending)" in p.stderr, p.stderr
+    out = c.cli("resize", job, "--auto").stdout
+    assert "resized by the scheduler again" in out and c.job(job)["pinned_devices"] is None
+    gate.touch()
+    for j in (job, other):
+        assert c.cli("wait", j, check=False, timeout=300).returncode == 0
