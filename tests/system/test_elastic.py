@@ -114,3 +114,50 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
     gate.touch()
     for j in (job, other):
         assert c.cli("wait", j, check=False, timeout=300).returncode == 0
+
+
+@pytest.mark.criu
+@pytest.mark.torch
+def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster, tmp_path: Path) -> None:
+    world, steps, held = 4, 200, 195
+    gate = tmp_path / "gate"
+    args = ["--steps", str(steps), "--step-time", "0.01", "--collectives", "--gate", f"{gate}:{held}"]
+    gate.touch()
+    expected, params = torchrun(tmp_path, world, args)
+    gate.unlink()
+
+    # One node of four devices: the policy shrinks a job by the devices it holds on the node where room is
+    # needed (a job spread over nodes is preempted instead).
+    c = make_cluster(nodes=1, devices=4, policy="singularity")
+    work = tmp_path / "work"
+    work.mkdir()
+    job = c.cli("submit", "-q", "--ranks", "4", "--min-devices", "2", "--", sys.executable, str(DDP), *args,
+                cwd=work, env=ENV).stdout.strip()
+    assert c.wait_state(job, "running", timeout=120)["devices"] == 4
+    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+
+    # A premium job needs two devices: the basic job is shrunk to its minimum, not preempted.
+    done = tmp_path / "premium-done"
+    premium = c.cli("submit", "-q", "--tier", "premium", "--ranks", "2", "--", "sh", "-c",
+                    f"while [ ! -e {done} ]; do sleep 0.05; done", cwd=work).stdout.strip()
+    c.wait_state(premium, "running", timeout=120)
+    j = c.wait_state(job, "running")
+    assert j["devices"] == 2 and not j["pinned_devices"]
+    assert [e["kind"] for e in j["events"]].count("preempted") == 0, [(e["kind"], e["cause"], e["detail"]) for e in j["events"]]
+    shrink = [e for e in j["events"] if e["kind"] == "resize"]
+    assert len(shrink) == 1 and shrink[0]["detail"].startswith("from 4 to 2 device(s) by the scheduler"), shrink
+
+    # It ends: the basic job grows back into the idle devices.
+    done.touch()
+    c.wait_state(premium, "succeeded", timeout=120)
+    wait_for(lambda: c.job(job)["devices"] == 4 and not c.job(job)["busy"], timeout=120,
+             what="the job to grow back")
+    j = c.show(job)
+    grow = [e for e in j["events"] if e["kind"] == "resize"]
+    assert [e["detail"].split(" by ")[0] for e in grow] == ["from 4 to 2 device(s)", "from 2 to 4 device(s)"]
+    assert len(j["checkpoints"]) == 2
+
+    gate.touch()
+    assert c.cli("wait", job, check=False, timeout=600).returncode == 0
+    assert _rank_lines(c, job, world) == expected
+    assert (work / "params.bin").read_bytes() == params

@@ -112,7 +112,7 @@ def test_actions_live_executable_flags() -> None:
     live = {k: Action("a", k, "j").live_executable for k in ActionKind}
     assert live == {
         ActionKind.PLACE: True, ActionKind.PREEMPT: True, ActionKind.RESUME: True, ActionKind.MIGRATE: True,
-        ActionKind.RESIZE: False, ActionKind.TIME_SLICE: False,
+        ActionKind.RESIZE: True, ActionKind.TIME_SLICE: False,
     }
     assert not Action("a", ActionKind.PREEMPT, "j", kill=True).live_executable
 

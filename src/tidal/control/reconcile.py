@@ -122,12 +122,16 @@ class Reconciler:
             job = rows.get(a.job_id)
             if job is None:
                 continue
-            if a.placement and not all(d.index in free.get(d.node, ()) for d in a.devices):
+            # A move or resize may keep some of the job's own devices.
+            own = ({(p["node"], int(p["device"])) for p in job.placement}
+                   if a.kind in (ActionKind.MIGRATE, ActionKind.RESIZE) else set())
+            new = [d for d in a.devices if (d.node, d.index) not in own]
+            if a.placement and not all(d.index in free.get(d.node, ()) for d in new):
                 # A policy may count on devices that a preemption it just asked for will free (as in the
                 # simulator, where preemption is instant). Here they are free only once the checkpoint is
                 # committed: a later pass places the job then.
                 continue
-            for d in a.devices:
+            for d in new:
                 free[d.node].remove(d.index)
             cause = f"{a.id}-{self._run}"
             try:
@@ -140,7 +144,12 @@ class Reconciler:
                 elif a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None:
                     job.target = [[d.node, d.index] for d in a.placement]
                     jobs.checkpoint(s, job, "migrate", cause, self.keep)
-                # Resize and time-slicing wait for the elastic issue (not LIVE_EXECUTABLE).
+                elif (a.kind is ActionKind.RESIZE and jobs.state(job) is S.RUNNING and job.op is None
+                      and not job.pinned_devices):
+                    before, after = jobs.device_count(job), len(a.devices)
+                    jobs.resize_to(s, job, list(a.placement), cause, self.keep,
+                                   why=f"from {before} to {after} device(s) by the scheduler: {a.reason}")
+                # Time-slicing of different jobs on one device is simulator-only (not LIVE_EXECUTABLE).
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
 
@@ -150,7 +159,10 @@ class Reconciler:
         waits and either a device is free or a waiting job outranks basic (it may preempt)."""
         waiting = (JobRow.state == S.PENDING.value) | ((JobRow.state == S.PREEMPTED.value) & ~JobRow.held)
         if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
-            return False
+            # Nothing waits: only growing a shrunk job into idle devices is left to decide.
+            return self.policy.name != "firstfit" and any(jobs.free_devices(s).values()) and any(
+                jobs.device_count(j) < int(j.spec.get("max_devices") or j.ranks) and not j.pinned_devices
+                for j in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))))
         if any(jobs.free_devices(s).values()):
             return True
         urgent = waiting & (JobRow.tier != Tier.BASIC.value)
@@ -191,12 +203,13 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
 
 def make_policy(name: str) -> Policy:
     """``firstfit`` (default), or ``singularity`` (the full policy, limited to what the live cluster can
-    execute today: placement, checkpoint preemption and migration; no resizing or time-slicing)."""
+    execute: placement, checkpoint preemption, migration, shrinking and growing; no time-slicing of
+    different jobs on one device)."""
     if name == "firstfit":
         return FirstFitPolicy()
     if name == "singularity":
         from tidal.policy.singularity import Singularity, SingularityConfig
 
-        cfg = SingularityConfig(min_run_s=5.0, shrink=False, grow=False, time_slice=False, defrag=False)
+        cfg = SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
         return Singularity(cfg)
     raise ValueError(f"unknown policy {name!r} (firstfit, singularity)")

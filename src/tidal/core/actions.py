@@ -18,8 +18,9 @@ class ActionKind(enum.Enum):
     TIME_SLICE = "time_slice"  # start/resume a job on devices that another job keeps (Gandiva)
 
 
-# What the live control plane can run today; resize and time-slice wait for the elastic issue.
-LIVE_EXECUTABLE = frozenset({ActionKind.PLACE, ActionKind.PREEMPT, ActionKind.RESUME, ActionKind.MIGRATE})
+# What the live control plane can run; time-slicing different jobs on one device is simulator-only.
+LIVE_EXECUTABLE = frozenset({ActionKind.PLACE, ActionKind.PREEMPT, ActionKind.RESUME, ActionKind.MIGRATE,
+                             ActionKind.RESIZE})
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
