@@ -32,6 +32,8 @@ bench: criu
 	$(PY) benchmarks/checkpoint.py --json bench-results/checkpoint.json
 	$(PY) benchmarks/api.py --json bench-results/api.json
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
+	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
+	$(PY) benchmarks/elastic.py --json bench-results/elastic.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -160,6 +160,15 @@ def test_ddp_w2_operations_and_faults(make_cluster, tmp_path: Path, monkeypatch:
     assert _nodes(j) == ["node-1", "node-2"]
     wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
+    # Progress from the interposer, for the scheduler and `tidal show`: steps, collectives, their rates.
+    def progress() -> dict[str, Any] | None:
+        p = c.job(job).get("progress") or {}
+        return p if p.get("steps", 0) >= 1 and "collectives_per_s" in p else None
+
+    prog = wait_for(progress, timeout=60, what="progress from the interposer")
+    assert prog["collectives"] > prog["steps"] and prog["steps_per_s"] >= 0
+    assert "steps (" in c.cli("show", job).stdout
+
     c.cli("migrate", job, "--rank", "1", "--to", "node-3", timeout=300)
     assert _nodes(c.wait_state(job, "running"))[1] == "node-3"
     c.cli("preempt", job, timeout=300)

@@ -68,7 +68,7 @@ class Running:
     shipped: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: set[int] = field(default_factory=set)  # ranks the agent killed because another one failed
-    rate: tuple[float, int] | None = None  # (time, steps) at the previous progress report
+    rate: tuple[float, int, int] | None = None  # (time, steps, collectives) at the previous progress report
 
 
 def _status(rp: RankProcess, stopped: set[int]) -> dict[str, Any]:
@@ -373,11 +373,13 @@ class Executor:
             stats = [c.last_stat for c in run.job.channels() if c.last_stat]
             if stats:
                 steps = max(int(st["steps"]) for st in stats)
-                info["steps"] = steps
-                info["collectives"] = max(int(st["collectives"]) for st in stats)
+                colls = max(int(st["collectives"]) for st in stats)
+                info["steps"], info["collectives"] = steps, colls
                 if run.rate is not None and now > run.rate[0]:
-                    info["steps_per_s"] = round((steps - run.rate[1]) / (now - run.rate[0]), 3)
-                run.rate = (now, steps)
+                    dt = now - run.rate[0]
+                    info["steps_per_s"] = round((steps - run.rate[1]) / dt, 3)
+                    info["collectives_per_s"] = round((colls - run.rate[2]) / dt, 3)
+                run.rate = (now, steps, colls)
             for c in run.job.channels():
                 c.request_stat()  # answered by the next report
             out[run.job_id] = info

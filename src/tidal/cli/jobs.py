@@ -146,8 +146,9 @@ def register(app: typer.Typer) -> None:
         if prog and job["placement"]:
             steps = ""
             if "steps" in prog:
-                rate = f", {prog['steps_per_s']:.2f} steps/s" if "steps_per_s" in prog else ""
-                steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives, "
+                rate = f" ({prog['steps_per_s']:.2f}/s)" if "steps_per_s" in prog else ""
+                crate = f" ({prog['collectives_per_s']:.1f}/s)" if "collectives_per_s" in prog else ""
+                steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
             console.print(f"progress: {steps}{prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB "
                           f"resident, {prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
         if job["placement"]:

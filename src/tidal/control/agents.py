@@ -75,9 +75,10 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
     for key in ("steps", "collectives"):
         if any(key in v for v in nodes.values()):
             out[key] = max(int(v[key]) for v in nodes.values() if key in v)
-    rates = [float(v["steps_per_s"]) for v in nodes.values() if "steps_per_s" in v]
-    if rates:
-        out["steps_per_s"] = min(rates)
+    for key in ("steps_per_s", "collectives_per_s"):
+        rates = [float(v[key]) for v in nodes.values() if key in v]
+        if rates:
+            out[key] = min(rates)
     return out
 
 
