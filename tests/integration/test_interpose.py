@@ -56,15 +56,16 @@ class Reference:
     def __init__(self, root: Path, argv: list[str], world: int) -> None:
         self.out, self.world = root, world
         root.mkdir()
-        self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                                      "--log-dir", str(root / "logs"), "--redirects", "3", *argv],
-                                     cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        with open(root / "torchrun.err", "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                          str(world), "--log-dir", str(root / "logs"), "--redirects", "3", *argv],
+                                         cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=err)
         self._logs: list[bytes] | None = None
 
     def _finish(self) -> list[bytes]:
         if self._logs is None:
-            _, err = self.proc.communicate(timeout=300)
-            assert self.proc.returncode == 0, err.decode(errors="replace")[-2000:]
+            self.proc.wait(300)
+            assert self.proc.returncode == 0, (self.out / "torchrun.err").read_text(errors="replace")[-2000:]
             self._logs = []
             for r in range(self.world):
                 (rank_dir,) = (self.out / "logs").glob(f"*/attempt_0/{r}")
@@ -89,16 +90,20 @@ class Reference:
 StartRef = Callable[[list[str], int], Reference]
 
 
-@pytest.fixture
-def torchrun(tmp_path: Path) -> Iterator[StartRef]:
-    started: list[Reference] = []
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRef]:
+    """Starts the plain ``torchrun`` run of a command once per module (tests with the same command share it)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    started: dict[tuple[tuple[str, ...], int], Reference] = {}
 
     def start(argv: list[str], world: int) -> Reference:
-        started.append(Reference(tmp_path / f"torchrun-{len(started)}", argv, world))
-        return started[-1]
+        key = (tuple(argv), world)
+        if key not in started:
+            started[key] = Reference(root / f"run-{len(started)}", argv, world)
+        return started[key]
 
     yield start
-    for ref in started:
+    for ref in started.values():
         ref.kill()
 
 
@@ -125,8 +130,11 @@ def last_step(text: bytes) -> int:
     return int(steps[-1]) if steps else -1
 
 
-def ddp_argv(steps: int, step_time: float = 0.05) -> list[str]:
-    return [str(DDP), "--steps", str(steps), "--step-time", str(step_time), "--collectives", "--hidden", "64"]
+def ddp_argv(steps: int, step_time: float = 0.05, gate: tuple[Path, int] | None = None) -> list[str]:
+    """``gate``: (file, step): from that step on, every rank waits until the file exists (so does the plain
+    torchrun run of the same command), so that the job cannot end before the test lets it."""
+    argv = [str(DDP), "--steps", str(steps), "--step-time", str(step_time), "--collectives", "--hidden", "64"]
+    return argv + (["--gate", f"{gate[0]}:{gate[1]}"] if gate else [])
 
 
 def prefix() -> str:
@@ -139,12 +147,12 @@ BASE = 4
 PER_STEP = 4
 
 
-@pytest.mark.parametrize(("world", "step_time", "steps", "periodic"), [(2, 0.05, 130, 3), (4, 0.05, 130, 1)],
-                         ids=["W2", "W4"])
+@pytest.mark.parametrize(("world", "periodic"), [(2, 3), (4, 1)], ids=["W2", "W4"])
 def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendezvous: RendezvousServer,
-                                                        torchrun: StartRef, world: int, step_time: float, steps: int,
-                                                        periodic: int) -> None:
-    argv = ddp_argv(steps, step_time)
+                                                        torchrun: StartRef, world: int, periodic: int) -> None:
+    steps, gate = 100, 95
+    release = cluster.root / "release"
+    argv = ddp_argv(steps, 0.05, (release, gate))
     ref = torchrun(argv, world)
     rng = random.Random(1000 + world)
     pre = prefix()
@@ -154,9 +162,10 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
     cuts: list[int] = []
 
     def at_random_moment() -> None:
-        """Wait until a random rank has printed a step a random 0..3 steps beyond where it was."""
+        """Wait until a random rank has printed a step a random 0..3 steps beyond where it was (or has
+        reached the gate)."""
         r = rng.randrange(world)
-        wait_step(job, r, max(0, last_step(log(job, r).read_bytes())) + rng.randrange(4))
+        wait_step(job, r, min(gate - 1, max(0, last_step(log(job, r).read_bytes())) + rng.randrange(4)))
 
     def checkpoint(then: Then) -> None:
         before = [last_step(log(job, r).read_bytes()) for r in range(world)]
@@ -193,6 +202,7 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
     spread: list[tuple[RankSpec, Node]] = [(s, nodes[2] if s.rank < half else nodes[0]) for s in specs]
     job = Job.restore(cluster.store, "job", spread, rendezvous=Store(rendezvous.addr, f"{pre}/3"))
     assert {r.spec.rank: r.node.name for r in job.ranks} == {s.rank: n.name for s, n in spread}
+    release.touch()
     assert [s.code for s in job.wait(180)] == [0] * world
     assert cuts[-1] > cuts[0]
     assert len(cluster.store.list("job")) == len(cuts)
@@ -205,7 +215,7 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
 def test_subgroups_and_p2p_refuse_the_cut_and_go_on(cluster: Cluster, rendezvous: RendezvousServer,
                                                     torchrun: StartRef, mode: str,
                                                     reason: str) -> None:
-    argv = [str(UNSUPPORTED), "--mode", mode, "--steps", "40", "--step-time", "0.05"]
+    argv = [str(UNSUPPORTED), "--mode", mode, "--steps", "60", "--step-time", "0.05"]
     ref = torchrun(argv, 2)
     specs = rank_specs(cluster, [sys.executable, *argv], 2, rendezvous.addr, prefix())
     job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
@@ -233,14 +243,16 @@ def _python_pid(job: Job, rank: int) -> int:
 def test_stopped_rank_times_out_keeps_last_checkpoint_and_finishes(cluster: Cluster, rendezvous: RendezvousServer,
                                                                   torchrun: StartRef,
                                                                   ) -> None:
-    argv = ddp_argv(60, 0.05)
+    gate = 30
+    release = cluster.root / "release"
+    argv = ddp_argv(40, 0.05, (release, gate))
     ref = torchrun(argv, 2)
     specs = rank_specs(cluster, [sys.executable, *argv], 2, rendezvous.addr, prefix())
     job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
     job.cut_timeout = 1.0
     wait_step(job, 1, 2)
     good = job.checkpoint(then="continue")
-    wait_step(job, 1, last_step(log(job, 1).read_bytes()) + 2)
+    wait_step(job, 1, min(gate - 1, last_step(log(job, 1).read_bytes()) + 2))
     stopped = _python_pid(job, 1)
     os.kill(stopped, signal.SIGSTOP)
     try:
@@ -256,9 +268,10 @@ def test_stopped_rank_times_out_keeps_last_checkpoint_and_finishes(cluster: Clus
     finally:
         os.kill(stopped, signal.SIGCONT)
     # Once the rank goes on, so does the job, and the next request succeeds.
-    wait_step(job, 1, last_step(log(job, 1).read_bytes()) + 2)
+    wait_step(job, 1, min(gate - 1, last_step(log(job, 1).read_bytes()) + 2))
     second = job.checkpoint(then="continue")
     assert [c.id for c in cluster.store.list("job")] == [good.id, second.id]
+    release.touch()
     assert [s.code for s in job.wait(120)] == [0, 0]
     for r in range(2):
         assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
@@ -344,7 +357,7 @@ GATED = ("import os, runpy, sys, time\n"
 def test_checkpoint_before_every_rank_loaded_the_interposer(cluster: Cluster, torchrun: StartRef, then: Then) -> None:
     """A checkpoint while one rank has loaded the interposer and another has not started Python yet: both
     still meet on one rendezvous afterwards, also when the job is restored onto another store."""
-    argv = ddp_argv(20)
+    argv = ddp_argv(30)
     ref = torchrun(argv, 2)
     first = RendezvousServer()
     specs = rank_specs(cluster, [sys.executable, "-c", GATED, *argv], 2, first.addr, prefix())
