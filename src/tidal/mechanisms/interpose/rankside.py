@@ -36,15 +36,18 @@ then, and ``resume`` lets every rank go on).
 
 from __future__ import annotations
 
-import contextlib
-import datetime
 import gc
-import json
 import os
 import sys
 import threading
 import time
-from typing import Any
+
+# Loaded at the start of every Python process of a rank: only what the channel needs at once is imported
+# here (json when the first request comes), so that a script's start-up is not slowed down noticeably.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import datetime
+    from typing import Any
 
 UNSUPPORTED_SUBGROUPS = "the job uses sub-groups (torch.distributed.new_group)"
 UNSUPPORTED_P2P = "the job uses point-to-point operations (send/recv)"
@@ -82,7 +85,11 @@ class Interposer:
 
     # -- the agent channel --------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+        import json
+
+        self.write((json.dumps(msg) + "\n").encode())
+
+    def write(self, data: bytes) -> None:
         with self._wlock:
             view = memoryview(data)
             while view:
@@ -98,6 +105,9 @@ class Interposer:
             if not chunk:
                 return  # the agent is gone; the rank's init fences the rank
             buf += chunk
+            import contextlib
+            import json
+
             while b"\n" in buf:
                 line, buf = buf.split(b"\n", 1)
                 try:
@@ -224,6 +234,8 @@ def _make_group_class(dist: Any) -> type:
         def _drop_inner(self) -> None:
             inner, self._inner, self._store = self._inner, None, None
             if inner is not None:
+                import contextlib
+
                 with contextlib.suppress(Exception):
                     inner.shutdown()
             del inner
@@ -359,5 +371,5 @@ def install(rfd: int, wfd: int) -> None:
         _patch(sys.modules["torch.distributed"])
     else:
         sys.meta_path.insert(0, _Hook())
-    IP.send(op="hello", pid=os.getpid())
+    IP.write(b'{"op": "hello", "pid": %d}\n' % os.getpid())
     threading.Thread(target=IP.serve, name="tidal-interposer", daemon=True).start()

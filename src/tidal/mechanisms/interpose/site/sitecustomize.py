@@ -14,16 +14,15 @@ def _tidal() -> None:
     rfd, wfd = (int(x) for x in spec.split(","))
     os.set_inheritable(rfd, False)
     os.set_inheritable(wfd, False)
-    import importlib.util
+    from importlib.machinery import SourceFileLoader
 
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.path.join(os.path.dirname(here), "rankside.py")
-    mspec = importlib.util.spec_from_file_location("_tidal_interpose", path)
-    if mspec is None or mspec.loader is None:
-        return
-    module = importlib.util.module_from_spec(mspec)
+    # The plain loader, not importlib.util: this runs at the start of every Python process of a rank.
+    module = type(sys)("_tidal_interpose")
+    module.__file__ = path
     sys.modules["_tidal_interpose"] = module
-    mspec.loader.exec_module(module)
+    SourceFileLoader("_tidal_interpose", path).exec_module(module)
     module.install(rfd, wfd)
 
 
@@ -35,7 +34,7 @@ def _chain() -> None:
     rest = [p for p in sys.path if os.path.abspath(p or ".") != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
     if spec is not None and spec.loader is not None:
-        import importlib.util
+        import importlib.util  # only when there is another sitecustomize to run
 
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
