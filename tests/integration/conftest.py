@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,11 +45,13 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(tmp_path: Path, criu: object) -> Cluster:
+def cluster(tmp_path: Path, criu: object) -> Iterator[Cluster]:
     workdir = tmp_path / "work"
     workdir.mkdir()
     nodes = [Node(f"node-{i}", tmp_path / f"node-{i}") for i in (1, 2, 3)]
-    return Cluster(tmp_path, workdir, CheckpointStore(str(tmp_path / "store")), nodes)
+    yield Cluster(tmp_path, workdir, CheckpointStore(str(tmp_path / "store")), nodes)
+    for n in nodes:  # images a test's jobs kept in /dev/shm for their next dump
+        n.clear_staging()
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 60, what: str = "condition") -> None:

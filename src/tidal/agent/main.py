@@ -117,6 +117,7 @@ class Agent:
         self.register()
         # Only now that this process holds the node's lease: whatever an earlier agent left is fenced.
         reap_leftovers(self.key)
+        self.node.clear_staging()  # and what it kept in memory for them
         for target in (self.heartbeats, self.logs):
             threading.Thread(target=target, daemon=True, name=f"tidal-{target.__name__}").start()
         self.poll()

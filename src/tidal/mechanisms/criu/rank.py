@@ -94,6 +94,13 @@ class Node:
     def log_path(self, spec: RankSpec) -> Path:
         return self.rank_dir(spec) / "output.log"
 
+    def clear_staging(self) -> None:
+        """Drop every staging area of this node root (images kept for the next dump, half-done restores):
+        call only when no rank of it runs, e.g. when an agent takes the node over. What a dead owner left
+        in ``/dev/shm`` would otherwise hold memory until the machine reboots."""
+        shutil.rmtree(self._fast, ignore_errors=True)
+        shutil.rmtree(self.root / "staging", ignore_errors=True)
+
     def staging(self, name: str, need_bytes: int = 0) -> Path:
         """A private scratch directory for ``need_bytes`` of images: in memory when there is room."""
         if need_bytes and FAST_STAGING.is_dir():
