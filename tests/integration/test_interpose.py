@@ -1,8 +1,9 @@
 """The interposer with real ranks under real CRIU: DDP jobs of 2 and 4 ranks are cut consistently at any
 moment, checkpointed, killed and restored on other node roots, and every rank's output and the final
 parameters stay byte-identical to plain ``torchrun``. Jobs that cannot be cut yet are refused and go on;
-a stopped rank makes the request time out without harm; jobs without torch.distributed are frozen
-together; scripts that do not use torch.distributed see no difference."""
+a stopped rank makes the request time out without harm; a request before every rank has loaded the
+interposer does not split the rendezvous; jobs without torch.distributed are frozen together; scripts
+that do not use torch.distributed see no difference."""
 
 from __future__ import annotations
 
@@ -241,8 +242,7 @@ def _python_pid(job: Job, rank: int) -> int:
 
 
 def test_stopped_rank_times_out_keeps_last_checkpoint_and_finishes(cluster: Cluster, rendezvous: RendezvousServer,
-                                                                  torchrun: StartRef,
-                                                                  ) -> None:
+                                                                  torchrun: StartRef) -> None:
     gate = 30
     release = cluster.root / "release"
     argv = ddp_argv(40, 0.05, (release, gate))
