@@ -212,7 +212,7 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
     assert (cluster.workdir / "params.bin").read_bytes() == ref.params
 
 
-@pytest.mark.parametrize(("mode", "reason"), [("new_group", "sub-groups"), ("send_recv", "point-to-point")])
+@pytest.mark.parametrize(("mode", "reason"), [("new_group", "sub-groups"), ("p2p", "point-to-point")])
 def test_subgroups_and_p2p_refuse_the_cut_and_go_on(cluster: Cluster, rendezvous: RendezvousServer,
                                                     torchrun: StartRef, mode: str,
                                                     reason: str) -> None:

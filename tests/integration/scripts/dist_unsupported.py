@@ -1,5 +1,6 @@
 """A small torch.distributed job that the interposer cannot cut yet: it uses a sub-group
-(``--mode new_group``) or point-to-point operations (``--mode send_recv``, ``--mode batch``).
+(``--mode new_group``) or point-to-point operations (``--mode p2p``: ``send``/``recv`` on even steps,
+``batch_isend_irecv`` on odd ones).
 
 Each step prints ``rank R step N value HEX``; run it as ``torchrun --nproc-per-node 2``.
 """
@@ -15,7 +16,7 @@ import torch.distributed as dist
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--mode", choices=["new_group", "send_recv", "batch"], required=True)
+    ap.add_argument("--mode", choices=["new_group", "p2p"], required=True)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--step-time", type=float, default=0.0)
     args = ap.parse_args()
@@ -34,7 +35,7 @@ def main() -> None:
             # A ring: every rank sends its value to the next and receives the previous one's.
             got = torch.zeros(4)
             nxt, prev = (rank + 1) % world, (rank - 1) % world
-            if args.mode == "batch":
+            if step % 2:
                 ops = [dist.P2POp(dist.isend, value, nxt), dist.P2POp(dist.irecv, got, prev)]
                 for w in dist.batch_isend_irecv(ops):
                     w.wait()
