@@ -1,6 +1,7 @@
 """The workload of ``benchmarks/interpose.py``: an ordinary DDP training loop (gloo, CPU) that prints one
-line per step with the rank's own clock, ``rank R step N t SECONDS``, so that step times can be read from
-its output under ``torchrun`` and under Tidal alike. Nothing in its training loop knows about Tidal.
+line per step with the rank's own clocks, ``rank R step N t SECONDS cpu SECONDS`` (wall clock, and the
+CPU time of the whole process), so that step times can be read from its output under ``torchrun`` and
+under Tidal alike. Nothing in its training loop knows about Tidal.
 
 ``--probe N`` (run as Tidal ranks) first times N small all-reduces through the interposer's group against
 N on the gloo group it delegates to, in alternating blocks in the same processes, so that the interposer's
@@ -45,7 +46,8 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        print(f"rank {rank} step {step} t {time.perf_counter():.6f} loss {loss.item().hex()}", flush=True)
+        print(f"rank {rank} step {step} t {time.perf_counter():.6f} cpu {time.process_time():.6f} "
+              f"loss {loss.item().hex()}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 
