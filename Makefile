@@ -33,7 +33,6 @@ bench: criu
 	$(PY) benchmarks/api.py --json bench-results/api.json
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
-	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
 	$(PY) benchmarks/elastic.py --json bench-results/elastic.json
 
 clean:
