@@ -82,3 +82,42 @@ def test_helios_setup_runs_per_virtual_cluster() -> None:
         r = run_one(p, name)
         assert all(j.finish is not None for j in r.jobs)
         assert all(j.home == j.project for j in r.jobs)
+
+
+# Every action (time, kind, job, devices, kill) the baselines took on 4,000 Philly jobs of a busy period at
+# load 1.5 on 64 × 8 devices, before the engine and the policies were made faster: a speed-up must not
+# change a single decision of a baseline.
+BASELINE_DECISIONS = {
+    "fifo": (4000, "f1f699a29a0d68be"),
+    "priority-requeue": (6524, "7fc67f3ae5a75a04"),
+    "tiresias": (6496, "f9eb9f6556211519"),
+    "gandiva": (4151, "2b679fd535675afd"),
+    "sjf": (4000, "334a67ec5da06642"),
+    "srtf": (9912, "698479472fc675a2"),
+}
+
+
+@needs_trace
+def test_baseline_decisions_are_unchanged() -> None:
+    import hashlib
+    import json
+    from typing import Any
+
+    from tidal.sim.experiment import prepare
+
+    p = prepare(PHILLY, "64x8", load=1.5)
+    jobs = p.jobs[15000:19000]
+    got = {}
+    for name in BASELINE_DECISIONS:
+        actions: list[bytes] = []
+
+        def log(rec: dict[str, Any], out: list[bytes] = actions) -> None:
+            if rec["type"] == "action":
+                out.append(json.dumps([rec["time"], rec["kind"], rec["job"], rec["placement"], rec["kill"]]).encode())
+
+        Simulator(p.cluster.topology, jobs, make_policy(name), log=log).run()
+        h = hashlib.sha256()
+        for a in actions:
+            h.update(a)
+        got[name] = (len(actions), h.hexdigest()[:16])
+    assert got == BASELINE_DECISIONS

@@ -213,3 +213,86 @@ def test_a_waiting_guaranteed_gang_reserves_a_node() -> None:
     v2 = view(2, 2, run(f"s{other}", 1, P, [(other, 0)]), run("x", 1, B, [(other, 1)]), pend("g", 2, S, submitted=1))
     assert summary(pol.decide(v2, [done], NOW + 1)) == [("place", "g", [(node, 0), (node, 1)])]
     assert "g" not in pol.reservations.by_job
+
+
+def test_short_lane_goes_before_waiting_standard_within_its_share() -> None:
+    # One free device for the lane (share 1/3 of 3): b1 takes it ahead of s1; b2 would exceed the share and
+    # waits with the other basic work; s1 takes the last free device.
+    cfg = SingularityConfig(short_lane_device_s=3600.0, short_lane_share=1 / 3)
+    v = view(1, 3, run("s0", 1, S, [(0, 0)]),
+             pend("s1", 1, S, submitted=1.0), pend("b1", 1, B, submitted=2.0), pend("b2", 1, B, submitted=3.0))
+    pol = Singularity(cfg)
+    assert summary(pol.decide(v, [], NOW)) == [
+        ("place", "b1", [("c0-n0", 1)]),
+        ("place", "s1", [("c0-n0", 2)]),
+    ]
+    # A new standard job may not preempt the lane's job; a premium one may.
+    jobs = {"s0": run("s0", 1, S, [(0, 0)]), "b1": run("b1", 1, B, [(0, 1)], started=NOW),
+            "s1": run("s1", 1, S, [(0, 2)], started=NOW), "b2": pend("b2", 1, B, submitted=3.0)}
+    v2 = ClusterView(v.topology, {**jobs, "s2": pend("s2", 1, S, submitted=NOW + 1)})
+    assert pol.decide(v2, [Event("e1", NOW + 1, EventKind.JOB_SUBMITTED, job_id="s2")], NOW + 1) == []
+    v3 = ClusterView(v.topology, {**jobs, "s2": pend("s2", 1, S, submitted=NOW + 1),
+                                  "p": pend("p", 1, P, submitted=NOW + 2)})
+    assert summary(pol.decide(v3, [Event("e2", NOW + 2, EventKind.JOB_SUBMITTED, job_id="p")], NOW + 2)) == [
+        ("preempt", "b1", []),
+        ("place", "p", [("c0-n0", 1)]),
+    ]
+
+
+def test_short_lane_is_rebuilt_from_the_view() -> None:
+    # After a rebuild the lane holds the short basic jobs, oldest start first, up to its share.
+    cfg = SingularityConfig(short_lane_device_s=3600.0, short_lane_share=1 / 3)
+    v = view(1, 3, run("a", 1, B, [(0, 0)], started=NOW - 20), run("b", 1, B, [(0, 1)], started=NOW - 10),
+             run("long", 1, B, [(0, 2)], started=NOW - 30, attained=4000.0), pend("s", 1, S))
+    pol = Singularity(cfg)
+    assert summary(pol.decide(v, [], NOW)) == [("preempt", "b", []), ("place", "s", [("c0-n0", 1)])]
+    assert list(pol.lane_held) == ["a"]
+
+
+def test_basic_queue_is_ordered_by_discretised_attained_service() -> None:
+    # Queues split at 1, 10 and 100 device-hours; arrival order within a queue.
+    v = view(1, 1, run("r", 1, P, [(0, 0)]),
+             *(JobView(j, 1, B, sub, JobState.PREEMPTED, attained_device_s=att)
+               for j, sub, att in [("x", 1.0, 400_000.0), ("y", 2.0, 40_000.0), ("z", 3.0, 4_000.0),
+                                   ("w", 4.0, 0.0), ("v", 5.0, 50_000.0)]))
+    pol = Singularity(SingularityConfig(short_lane_device_s=0.0))
+    pol.decide(v, [], NOW)
+    assert [r.id for r in pol.queue.iter_tier(0, {})] == ["w", "z", "y", "v", "x"]
+
+
+def test_a_rebuilt_state_equals_one_built_job_by_job() -> None:
+    # The rebuild allocates every running job in one pass: the same indexes, in the same order, as
+    # allocating them one at a time (time-sliced devices included).
+    import random
+
+    from tidal.policy.state import SchedState
+
+    rng = random.Random(3)
+    for _ in range(40):
+        topo = Topology.uniform(rng.randint(1, 5), rng.choice([1, 2, 4, 8]))
+        nodes = list(topo.nodes())
+        jobs: dict[str, JobView] = {}
+        for i in range(rng.randint(0, 20)):
+            n = rng.choice(nodes)
+            w = rng.randint(1, n.devices)
+            devs = tuple(DeviceRef(n.name, x) for x in rng.sample(range(n.devices), w))
+            jobs[f"j{i}"] = JobView(f"j{i}", w, rng.choice(list(Tier)), rng.random(), JobState.RUNNING,
+                                    placement=rank_map(devs, w), started_at=rng.random(), project=rng.choice("pq"))
+        bulk = SchedState(ClusterView(topo, jobs))
+        one = SchedState(ClusterView(topo, {}))
+        for jv in sorted(jobs.values(), key=lambda j: (j.submitted_at, j.id)):
+            rec = one._new_rec(jv)
+            one.allocate(rec, list(jv.devices), now=rec.started_at)
+            rec.shared = any(one.load[d.node][d.index] > 1 for d in rec.devices)
+
+        def dump(st: SchedState) -> tuple[object, ...]:
+            return (
+                {n: list(v) for n, v in st.load.items()}, {n: list(v) for n, v in st.free_idx.items()},
+                {c: [list(b) for b in bs] for c, bs in st.buckets.items()}, list(st.cluster_free.items()),
+                {n: list(v) for n, v in st.node_jobs.items()}, st.node_tier, st.tier_devices,
+                [{c: [list(b) for b in bs] for c, bs in r.items()} for r in st.room], st._room_of,
+                [(r.id, r.seq, r.running, r.shared, r.devices) for r in st.jobs.values()],
+                list(st.running), list(st.usage.items()), st.free_total,
+            )
+
+        assert dump(bulk) == dump(one)

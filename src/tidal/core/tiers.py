@@ -15,7 +15,7 @@ class Tier(enum.Enum):
     @property
     def rank(self) -> int:
         """0 for basic, 1 standard, 2 premium: a higher rank is served first."""
-        return _RANK[self]
+        return self._rank  # type: ignore[attr-defined,no-any-return]  # set below: no enum hashing per call
 
     @property
     def target(self) -> float | None:
@@ -57,3 +57,5 @@ class Tier(enum.Enum):
 _RANK = {Tier.BASIC: 0, Tier.STANDARD: 1, Tier.PREMIUM: 2}
 _TARGET: dict[Tier, float | None] = {Tier.BASIC: None, Tier.STANDARD: 0.70, Tier.PREMIUM: 0.95}
 TIERS_BY_RANK = (Tier.BASIC, Tier.STANDARD, Tier.PREMIUM)
+for _t, _r in _RANK.items():
+    _t._rank = _r  # type: ignore[attr-defined]

@@ -75,7 +75,7 @@ def _nodes_with_room(st: SchedState, cluster: str, n: int, below_tier: int | Non
         return
     room = st.room[below_tier][cluster]
     for v in range(n, len(room)):
-        yield from list(room[v])
+        yield from room[v]  # no copy: the callers only read while iterating
 
 
 def _room_on_node(

@@ -41,6 +41,15 @@ class PendingQueue:
         self._where[rec.id] = item
         self._recs[rec.id] = rec
 
+    def add_many(self, recs: list[JobRec]) -> None:
+        """Add jobs not yet queued (a rebuild): one sort instead of an insertion each."""
+        items = [(self._key(r), r.seq, r.id) for r in recs]
+        self._items.extend(items)
+        self._items.sort()
+        for it, r in zip(items, recs, strict=True):
+            self._where[r.id] = it
+            self._recs[r.id] = r
+
     def remove(self, job_id: str) -> None:
         item = self._where.pop(job_id, None)
         if item is None:
@@ -65,19 +74,22 @@ class PendingQueue:
         return self._recs[self._items[0][2]] if self._items else None
 
 
-def las_key(threshold: float) -> Callable[[JobRec], Key]:
-    """Two-level LAS: service below ``threshold`` device-seconds first, then arrival."""
+def las_key(threshold: float, levels: int = 2, factor: float = 10.0) -> Callable[[JobRec], Key]:
+    """Discretised LAS: ``levels`` queues split at ``threshold``, ``threshold × factor``, ... device-seconds
+    of service, least served first, arrival order within a queue."""
+    bounds = [threshold * factor**i for i in range(levels - 1)]
 
     def key(rec: JobRec) -> Key:
-        return (0.0 if rec.attained < threshold else 1.0, rec.submit)
+        a = rec.attained
+        return (float(sum(1 for b in bounds if a >= b)), rec.submit)
 
     return key
 
 
 class TieredFairQueue:
     def __init__(self, las_threshold: float, weights: Mapping[str, float] | None = None,
-                 fair_share: bool = True, las_tiers: tuple[int, ...] = (0, 1, 2)) -> None:
-        las = las_key(las_threshold)
+                 fair_share: bool = True, las_tiers: tuple[int, ...] = (0, 1, 2), las_levels: int = 2) -> None:
+        las = las_key(las_threshold, las_levels)
 
         def fifo(rec: JobRec) -> Key:
             return (0.0, rec.submit)
@@ -99,6 +111,18 @@ class TieredFairQueue:
         if rec.id not in q:
             self._n += 1
         q.add(rec)
+
+    def add_many(self, recs: list[JobRec]) -> None:
+        """Add jobs not yet queued (a rebuild), grouped per queue and sorted once."""
+        groups: dict[tuple[int, str], list[JobRec]] = {}
+        for rec in recs:
+            groups.setdefault((rec.tier, rec.project if self._fair else ""), []).append(rec)
+        for (tier, project), group in groups.items():
+            q = self._q[tier].get(project)
+            if q is None:
+                q = self._q[tier][project] = PendingQueue(self._keys[tier])
+            q.add_many(group)
+            self._n += len(group)
 
     def remove(self, rec: JobRec) -> bool:
         q = self._q[rec.tier].get(rec.project if self._fair else "")

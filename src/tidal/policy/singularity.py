@@ -8,12 +8,15 @@ Per decision, pending jobs are taken in :class:`TieredFairQueue` order and each 
 4. given a node by migrating small jobs away (defragmentation);
 5. for basic jobs: time-sliced on the devices of a running basic job of the same size.
 Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of their own.
+Basic jobs with little service go through a short lane, right after premium, within a share of the
+devices (see ``SingularityConfig.short_lane_device_s``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
@@ -25,7 +28,7 @@ from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
 from tidal.policy.placement import useful_sizes
 from tidal.policy.preemption import make_room
-from tidal.policy.queue_order import TieredFairQueue
+from tidal.policy.queue_order import PendingQueue, TieredFairQueue
 from tidal.policy.quota import within_quota
 from tidal.policy.reservation import Reservations
 from tidal.policy.state import JobRec
@@ -37,6 +40,8 @@ class SingularityConfig:
     min_run_s: float = 300.0  # no preemption/resize/migration within this of a job's last change
     las_threshold_device_s: float = 3600.0  # within a tier and project: < 1 device-hour of service first
     las_tiers: tuple[int, ...] = (0,)  # LAS order for basic only; guaranteed tiers in arrival order
+    # Basic queues split at 1, 10 and 100 device-hours: a backlog drains smallest first (mean JCT).
+    las_levels: int = 4
     fair_share: bool = True
     project_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     quotas: Mapping[str, float] = dataclasses.field(default_factory=dict)  # project → share of capacity
@@ -51,6 +56,13 @@ class SingularityConfig:
     time_slice: bool = False
     preempt: bool = True  # guaranteed tiers take devices from lower tiers
     reserve: bool = True  # the first waiting gang of each guaranteed tier drains nodes for itself
+    # Short lane: basic jobs with less service than this are considered right after premium, before
+    # waiting standard work, while jobs started from the lane hold at most ``short_lane_share`` of the
+    # devices; standard work may not preempt those (premium may, and so may the gang a reservation is
+    # draining nodes for). 0 turns the lane off. Without it, at load 1.5 on Philly every basic job, a
+    # 5-minute one too, waited out weeks of guaranteed backlog (docs/simulator.md).
+    short_lane_device_s: float = 14_400.0
+    short_lane_share: float = 0.12
 
 
 class Singularity(BasePolicy):
@@ -60,7 +72,7 @@ class Singularity(BasePolicy):
         super().__init__()
         self.cfg = cfg or SingularityConfig()
         self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
-                                     self.cfg.las_tiers)
+                                     self.cfg.las_tiers, self.cfg.las_levels)
         self.shrunk: dict[str, None] = {}
         self.sharable: dict[int, dict[str, None]] = {}
         self.guests: dict[str, None] = {}
@@ -74,6 +86,10 @@ class Singularity(BasePolicy):
         self._kinds: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited_ids: set[str] = set()
+        self.lane = PendingQueue(_arrival)
+        self.lane_held: dict[str, int] = {}  # basic jobs started from the lane → devices
+        self._lane_devices = 0
+        self._lane_until: list[tuple[float, int, str]] = []  # when each leaves the lane (its service)
 
     # ---- indexes ------------------------------------------------------------------------------------
     def on_rebuild(self, now: float) -> None:
@@ -81,25 +97,43 @@ class Singularity(BasePolicy):
         assert st is not None
         self._cluster_devices = {c.name: c.devices for c in st.topology.clusters()}
         self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
-                                     self.cfg.las_tiers)
+                                     self.cfg.las_tiers, self.cfg.las_levels)
         self.shrunk, self.sharable, self.guests = {}, {}, {}
+        self.lane = PendingQueue(_arrival)
+        self.lane_held, self._lane_devices, self._lane_until = {}, 0, []
         self._kinds = [Counter(), Counter(), Counter()]
-        for rec in st.pending.values():
-            self.on_pending(rec, now)
+        waiting = list(st.pending.values())
+        self.queue.add_many(waiting)
+        for rec in waiting:
+            self._kinds[rec.tier][self._kind(rec)] += 1
+        lane = [r for r in waiting if r.tier == 0 and r.attained < self.cfg.short_lane_device_s]
+        if lane:
+            self.lane.add_many(lane)
         for rec in st.running.values():
             self.on_changed(rec)
             if rec.shared:
                 self.guests[rec.id] = None  # after a rebuild the guest/host roles are unknown: both may move
+        # Which jobs came from the short lane is not in the view: take the short basic jobs, oldest start
+        # first, up to the lane's share.
+        thr, cap = self.cfg.short_lane_device_s, self.cfg.short_lane_share * st.capacity
+        short = sorted((r for r in st.running.values() if r.tier == 0 and r.service(now) < thr),
+                       key=lambda r: (r.started_at, r.seq))
+        for rec in short:
+            if self._lane_devices + len(rec.devices) <= cap:
+                self._lane(rec)
 
     def on_pending(self, rec: JobRec, now: float) -> None:
         if rec not in self.queue:
             self._kinds[rec.tier][self._kind(rec)] += 1
         self.queue.add(rec)
+        if rec.tier == 0 and rec.attained < self.cfg.short_lane_device_s:
+            self.lane.add(rec)
 
     def on_gone(self, rec: JobRec, now: float) -> None:
         if rec.id in self.reservations.by_job:
             assert self.st is not None
             self.reservations.drop(rec.id, self.st, hidden=self._hidden)
+        self.lane.remove(rec.id)
         if self.queue.remove(rec):
             k = self._kind(rec)
             self._kinds[rec.tier][k] -= 1
@@ -124,6 +158,7 @@ class Singularity(BasePolicy):
         return True
 
     def _unindex(self, rec: JobRec) -> None:
+        self._lane_devices -= self.lane_held.pop(rec.id, 0)
         self.shrunk.pop(rec.id, None)
         self.guests.pop(rec.id, None)
         s = self.sharable.get(rec.W)
@@ -132,9 +167,12 @@ class Singularity(BasePolicy):
 
     def on_changed(self, rec: JobRec) -> None:
         guest = rec.id in self.guests
+        lane = rec.id in self.lane_held
         self._unindex(rec)
         if not rec.running:
             return
+        if lane:
+            self._lane(rec)
         if rec.shared:
             if guest:
                 self.guests[rec.id] = None
@@ -145,17 +183,48 @@ class Singularity(BasePolicy):
             self.sharable.setdefault(rec.W, {})[rec.id] = None
 
     # ---- the decision -------------------------------------------------------------------------------
-    def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[Iterator[JobRec]]:
-        """Per tier, highest first, the jobs to consider: all waiting ones after devices were freed,
-        else only the new arrivals (nothing else changed for the others)."""
+    def _lane(self, rec: JobRec) -> None:
+        self.lane_held[rec.id] = len(rec.devices)
+        self._lane_devices += len(rec.devices)
+        left = (self.cfg.short_lane_device_s - rec.attained) / max(len(rec.devices), 1)
+        heapq.heappush(self._lane_until, (rec.started_at + left, rec.seq, rec.id))
+
+    def _lane_expire(self, now: float) -> None:
+        """Jobs whose service reached the lane's limit leave it (a heap by the time they reach it, so the
+        work per decision does not grow with the lane)."""
         st = self.st
         assert st is not None
+        thr = self.cfg.short_lane_device_s
+        due: list[tuple[float, int, str]] = []
+        while self._lane_until and self._lane_until[0][0] <= now:
+            due.append(heapq.heappop(self._lane_until))
+        for _, seq, jid in due:
+            rec = st.jobs.get(jid)
+            if rec is None or jid not in self.lane_held:
+                continue
+            if rec.service(now) >= thr:
+                self._lane_devices -= self.lane_held.pop(jid)
+            else:  # rounding, or the job changed size since: look again later
+                left = (thr - rec.service(now)) / max(len(rec.devices), 1)
+                heapq.heappush(self._lane_until, (max(now + left, now + 1e-9), seq, jid))
+
+    def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[tuple[bool, Iterator[JobRec]]]:
+        """Per tier, highest first, the jobs to consider: all waiting ones after devices were freed,
+        else only the new arrivals (nothing else changed for the others). The short lane (basic jobs
+        with little service, ``True``) comes between premium and standard."""
+        st = self.st
+        assert st is not None
+        lane = self.cfg.short_lane_device_s > 0
         if not freed:
             for tier in (2, 1, 0):
-                yield iter(sorted((r for r in new if r.tier == tier), key=lambda r: r.seq))
+                if tier == 1 and lane:
+                    yield True, iter(sorted((r for r in new if r.id in self.lane), key=lambda r: r.seq))
+                yield False, iter(sorted((r for r in new if r.tier == tier), key=lambda r: r.seq))
             return
         for tier in (2, 1, 0):
-            yield self.queue.iter_tier(tier, st.usage)
+            if tier == 1 and lane:
+                yield True, iter(self.lane)
+            yield False, self.queue.iter_tier(tier, st.usage)
 
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
         st = self.st
@@ -171,10 +240,22 @@ class Singularity(BasePolicy):
         everywhere = tuple(st.cluster_names)
         self.reservations.hide(st)
         self._hidden = True
+        if cfg.short_lane_device_s > 0:
+            self._lane_expire(now)
+        cap = cfg.short_lane_share * st.capacity
         try:
-            for tier_jobs in self._candidates(new, freed):
+            for lane, tier_jobs in self._candidates(new, freed):
                 for rec in tier_jobs:
-                    if not self._consider(rec, now, failed, wake, everywhere):
+                    if lane:
+                        if self._lane_devices + rec.hi > cap:
+                            if self._lane_devices + 1 > cap:
+                                break
+                            continue
+                        if not self._consider(rec, now, failed, wake, everywhere):
+                            break
+                        if rec.running:
+                            self._lane(rec)
+                    elif not self._consider(rec, now, failed, wake, everywhere):
                         break
             if cfg.grow:
                 grow(self, now)
@@ -194,8 +275,9 @@ class Singularity(BasePolicy):
         cfg = self.cfg
         if rec.id not in st.pending or rec.id in self._preempted_now:
             return True  # a job preempted in this decision waits for the next one: no churn
-        self._visited[rec.tier][self._kind(rec)] += 1
-        self._visited_ids.add(rec.id)
+        if rec.id not in self._visited_ids:
+            self._visited[rec.tier][self._kind(rec)] += 1
+            self._visited_ids.add(rec.id)
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
             return False  # even a 1-device job of this tier could not start
@@ -245,9 +327,12 @@ class Singularity(BasePolicy):
             return True
         if cfg.preempt and rec.tier > 0 and within_quota(st, rec, cfg.quotas):
             tier = rec.tier
+            # Jobs of the short lane are left to finish, except for premium and for the gang that drains
+            # nodes (else a stream of short jobs could keep it off them for ever).
+            held = {} if tier == 2 or rec.id in self.reservations.by_job else self.lane_held
             out = make_room(
                 st, clusters, rec.hi, now,
-                eligible=lambda j: j.tier < tier,
+                eligible=lambda j: j.tier < tier and j.id not in held,
                 order=lambda j: (float(j.tier), -j.last_change),
                 min_run_s=cfg.min_run_s, shrink=cfg.shrink, below_tier=tier,
             )
@@ -294,6 +379,10 @@ class Singularity(BasePolicy):
         self.share(rec, host, now)
         self.guests[rec.id] = None
         return True
+
+
+def _arrival(rec: JobRec) -> tuple[float, ...]:
+    return (rec.submit,)
 
 
 @functools.lru_cache(maxsize=4096)

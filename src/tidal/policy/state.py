@@ -16,6 +16,9 @@ RUNNING_STATES = frozenset(
 WAITING_STATES = frozenset({JobState.PENDING, JobState.PREEMPTED})
 
 
+_NO_DEVICES: list[DeviceRef] = []
+
+
 class JobRec:
     """The policy's record of one live job (pending or holding devices)."""
 
@@ -55,7 +58,7 @@ class JobRec:
         self.seq = seq
         self.home = jv.home_cluster
         self.last_cluster = jv.last_cluster
-        self.devices: list[DeviceRef] = []
+        self.devices: list[DeviceRef] = _NO_DEVICES  # shared while waiting (never mutated): fewer objects
         self.started_at = jv.started_at if jv.started_at is not None else 0.0
         self.last_change = self.started_at  # last start, resume, migration or resize
         self.attained = jv.attained_device_s
@@ -114,37 +117,104 @@ class SchedState:
         self.usage: dict[str, int] = {}  # devices held per project
         self._seq = 0
         self.cluster_names = [c.name for c in topo.clusters()]
+        room1, room2 = self.room[1], self.room[2]
+        rof1, rof2 = self._room_of[1], self._room_of[2]
         for region in topo.regions:
             for c in region.clusters:
                 m = c.devices_per_node
-                self.cluster_m[c.name] = m
-                self.cluster_region[c.name] = region.name
-                self.buckets[c.name] = [{} for _ in range(m + 1)]
-                for t in (1, 2):
-                    self.room[t][c.name] = [{} for _ in range(m + 1)]
-                self.cluster_free[c.name] = 0
+                cn = c.name
+                self.cluster_m[cn] = m
+                self.cluster_region[cn] = region.name
+                buckets = self.buckets[cn] = [{} for _ in range(m + 1)]
+                r1 = room1[cn] = [{} for _ in range(m + 1)]
+                r2 = room2[cn] = [{} for _ in range(m + 1)]
+                total = 0
                 for n in c.nodes:
-                    self.node_cluster[n.name] = c.name
-                    self.node_size[n.name] = n.devices
-                    self.load[n.name] = [0] * n.devices
-                    self.free_idx[n.name] = list(range(n.devices))
-                    self.buckets[c.name][n.devices][n.name] = None
-                    self.cluster_free[c.name] += n.devices
-                    self.node_jobs[n.name] = {}
-                    self.node_tier[n.name] = [0, 0, 0]
-                    for t in (1, 2):
-                        self.room[t][c.name][min(n.devices, m)][n.name] = None
-                        self._room_of[t][n.name] = min(n.devices, m)
-                    self.free_total += n.devices
-                    self.capacity += n.devices
+                    name, size = n.name, n.devices
+                    self.node_cluster[name] = cn
+                    self.node_size[name] = size
+                    self.load[name] = [0] * size
+                    self.free_idx[name] = list(range(size))
+                    buckets[size][name] = None
+                    self.node_jobs[name] = {}
+                    self.node_tier[name] = [0, 0, 0]
+                    v = size if size < m else m
+                    r1[v][name] = None
+                    r2[v][name] = None
+                    rof1[name] = rof2[name] = v
+                    total += size
+                self.cluster_free[cn] = total
+                self.free_total += total
+                self.capacity += total
         # Jobs in arrival order, so that rebuilding gives the same order as incremental updates.
+        waiting = (JobState.PENDING, JobState.PREEMPTED)
+        holding: list[tuple[JobRec, tuple[DeviceRef, ...]]] = []
         for jv in sorted(view.jobs.values(), key=lambda j: (j.submitted_at, j.id)):
-            if jv.state in WAITING_STATES:
+            state = jv.state
+            if state is waiting[0] or state is waiting[1]:
                 self.add_pending(jv)
-            elif jv.state in RUNNING_STATES and jv.placement:
-                rec = self._new_rec(jv)
-                self.allocate(rec, list(jv.devices), now=rec.started_at)
-                rec.shared = any(self.load[d.node][d.index] > 1 for d in rec.devices)
+            elif state in RUNNING_STATES and jv.placement:
+                holding.append((self._new_rec(jv), jv.devices))
+        self._allocate_all(holding)
+
+    def _allocate_all(self, holding: list[tuple[JobRec, tuple[DeviceRef, ...]]]) -> None:
+        """``allocate`` for every job holding devices in a fresh state, in one pass: the same indexes,
+        dictionaries in the same order (nodes sit in a bucket in the order they entered it), without
+        moving a node between buckets once per job."""
+        moved: dict[str, int] = {}  # node → when it last changed bucket
+        moved_room: list[dict[str, int]] = [{}, {}, {}]
+        stamp = 0
+        load_of, free_of, node_jobs, node_tier = self.load, self.free_idx, self.node_jobs, self.node_tier
+        size_of, room_of = self.node_size, self._room_of
+        tier_devices, usage, running = self.tier_devices, self.usage, self.running
+        taken = 0
+        for rec, devices in holding:
+            t = rec.tier
+            nodes: dict[str, None] = {}
+            for d in devices:
+                node = d.node
+                load = load_of[node]
+                if load[d.index] == 0:
+                    taken += 1
+                    moved[node] = stamp = stamp + 1
+                load[d.index] += 1
+                node_tier[node][t] += 1
+                nodes[node] = None
+            for node in nodes:
+                node_jobs[node][rec.id] = None
+                free = load_of[node].count(0)
+                size = size_of[node]
+                nt = node_tier[node]
+                v1 = min(size, free + nt[0])
+                v2 = min(size, free + nt[0] + nt[1])
+                if v1 != room_of[1][node]:
+                    room_of[1][node] = v1
+                    moved_room[1][node] = stamp = stamp + 1
+                if v2 != room_of[2][node]:
+                    room_of[2][node] = v2
+                    moved_room[2][node] = stamp = stamp + 1
+            tier_devices[t] += len(devices)
+            usage[rec.project] = usage.get(rec.project, 0) + len(devices)
+            rec.running = True
+            running[rec.id] = rec
+            rec.devices = list(devices)
+            rec.shared = any(load_of[d.node][d.index] > 1 for d in devices)
+        if not holding:
+            return
+        self.free_total -= taken
+        for node in moved:
+            free_of[node] = [i for i, x in enumerate(load_of[node]) if x == 0]
+            self.cluster_free[self.node_cluster[node]] -= size_of[node] - len(free_of[node])
+        # Nodes that never moved keep their place; the others follow in the order of their last move.
+        for node, _ in sorted(moved.items(), key=lambda kv: kv[1]):
+            b = self.buckets[self.node_cluster[node]]
+            del b[size_of[node]][node]
+            b[len(free_of[node])][node] = None
+        for t in (1, 2):
+            for node, _ in sorted(moved_room[t].items(), key=lambda kv: kv[1]):
+                b = self.room[t][self.node_cluster[node]]
+                del b[size_of[node]][node]
+                b[room_of[t][node]][node] = None
 
     # ---- jobs -------------------------------------------------------------------------------------
     def _new_rec(self, jv: JobView) -> JobRec:
@@ -209,9 +279,10 @@ class SchedState:
             rec.started_at = now
             self.pending.pop(rec.id, None)
             self.running[rec.id] = rec
+            rec.devices = list(devices)
         else:
             self.settle(rec, now)
-        rec.devices.extend(devices)
+            rec.devices.extend(devices)
 
     def settle(self, rec: JobRec, now: float) -> None:
         """Fold the service since ``started_at`` into the record before its devices change."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -113,8 +113,8 @@ class Simulator:
         self.capacity = topology.devices
         self.trace = list(jobs)
         self.jobs: dict[str, SimJob] = {}
-        self.views: dict[str, JobView] = {}
-        self.view = ClusterView(topology, MappingProxyType(self.views))
+        self.live: dict[str, SimJob] = {}  # submitted and not finished: what the view shows
+        self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)))
         self.device_jobs: dict[DeviceRef, list[SimJob]] = {}
         self.busy_until: dict[DeviceRef, float] = {}
         self.heap: list[tuple[float, int, int, str, int]] = []
@@ -177,8 +177,8 @@ class Simulator:
             self.log(e.to_record())
         return e
 
-    def _set_view(self, j: SimJob) -> None:
-        self.views[j.id] = JobView(
+    def _job_view(self, j: SimJob) -> JobView:
+        return JobView(
             id=j.id, ranks=j.W, tier=j.tier, submitted_at=j.submit, state=j.state, project=j.project,
             min_devices=1, max_devices=j.W,
             placement=tuple(j.devices[r * len(j.devices) // j.W] for r in range(j.W)) if j.devices else (),
@@ -332,7 +332,6 @@ class Simulator:
             for o in touched:
                 if o is not j:
                     self._update_rate(o)
-        self._set_view(j)
 
     def _unaccount(self, device_s: float) -> None:
         # Work that will be redone was not useful: take it back out of the goodput (from the window
@@ -364,7 +363,7 @@ class Simulator:
                 _, kind, _, jid, ver = heapq.heappop(self.heap)
                 if kind == _ARRIVE:
                     j = self.jobs[jid]
-                    self._set_view(j)
+                    self.live[jid] = j
                     events.append(self._event(EventKind.JOB_SUBMITTED, jid))
                 elif kind == _WAKE:
                     self._wakes.discard(now)
@@ -388,7 +387,7 @@ class Simulator:
                     j.version += 1
                     for o in touched:
                         self._update_rate(o)
-                    del self.views[jid]
+                    del self.live[jid]
                     self.done += 1
                     events.append(self._event(EventKind.JOB_FINISHED, jid))
             if not events:
@@ -423,3 +422,21 @@ class Simulator:
             live_executable_actions=self.live_n,
             sim_only_actions=self.sim_only_n,
         )
+
+
+class _LiveViews(Mapping[str, JobView]):
+    """The jobs of the view, each built from the simulated job when the policy reads it (it reads a job
+    on its arrival and when it rebuilds): no view object is made per action."""
+
+    def __init__(self, live: dict[str, SimJob], make: Callable[[SimJob], JobView]) -> None:
+        self._live = live
+        self._make = make
+
+    def __getitem__(self, job_id: str) -> JobView:
+        return self._make(self._live[job_id])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live)

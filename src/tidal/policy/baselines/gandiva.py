@@ -28,6 +28,7 @@ GANDIVA = SingularityConfig(
     max_migrations=4,
     time_slice=True,
     preempt=False,
+    short_lane_device_s=0.0,  # arrival order only
 )
 
 

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from tidal.policy.base import BasePolicy
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.preemption import make_room
-from tidal.policy.queue_order import PendingQueue
+from tidal.policy.queue_order import TierQueues
 from tidal.policy.state import JobRec
 
 
@@ -26,11 +26,12 @@ class PriorityRequeue(BasePolicy):
     def __init__(self, min_run_s: float = 0.0) -> None:
         super().__init__()
         self.min_run_s = min_run_s
-        self.queue = PendingQueue(lambda r: (-r.tier, r.submit))
+        # Per priority and size, so that a scan skips whole sizes that just failed to fit (same order).
+        self.queue = TierQueues(_arrival)
 
     def on_rebuild(self, now: float) -> None:
         assert self.st is not None
-        self.queue = PendingQueue(lambda r: (-r.tier, r.submit))
+        self.queue = TierQueues(_arrival)
         for rec in self.st.pending.values():
             self.queue.add(rec)
 
@@ -42,7 +43,9 @@ class PriorityRequeue(BasePolicy):
 
     def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[JobRec]:
         if freed:
-            yield from self.queue
+            self.queue.begin_scan()
+            for tier in (2, 1, 0):
+                yield from self.queue.tier(tier)
         else:
             yield from sorted(new, key=lambda r: (-r.tier, r.submit, r.seq))
 
@@ -51,6 +54,7 @@ class PriorityRequeue(BasePolicy):
         assert st is not None
         failed: dict[tuple[int, tuple[str, ...]], int] = {}
         wake: list[float] = []
+        everywhere = tuple(st.cluster_names)
         for rec in self._candidates(new, freed):
             if rec.id not in st.pending:
                 continue
@@ -82,5 +86,11 @@ class PriorityRequeue(BasePolicy):
                 self.start(rec, devs, now)
             else:
                 failed[memo] = min(failed.get(memo, 1 << 30), rec.W)
+                if memo[1] == everywhere:
+                    self.queue.limit(rec.tier, failed[memo])  # the jobs the memo skips: not even visited
         if wake:
             self._wakeup = min(wake)
+
+
+def _arrival(rec: JobRec) -> tuple[float, ...]:
+    return (rec.submit,)

@@ -96,8 +96,12 @@ class Tiresias(BasePolicy):
                 self._waiting_since.pop(jid, None)
 
     def _candidates(self, new: list[JobRec], freed: bool) -> Iterator[Iterator[JobRec]]:
+        st = self.st
+        assert st is not None
         for q in (TOP, LOW):
             if freed:
+                if st.free_total == 0 and not (q == TOP and st.tier_devices[LOW] > 0):
+                    return  # the scan would stop at its first job: skip building it
                 yield self.queue.tier(q)
             else:
                 yield iter(sorted((r for r in new if r.tier == q), key=lambda r: (r.submit, r.seq)))
