@@ -39,7 +39,7 @@ def test_premium_preempts_basic_which_resumes_by_itself(make_cluster, workdir: P
     assert b["state"] == "preempted" and b["held"] is False
     assert not pid_alive(pid1)
     preempted = [e for e in b["events"] if e["kind"] == "checkpointing"][-1]
-    assert preempted["cause"].startswith("firstfit-")
+    assert preempted["cause"].startswith("singularity-")
     assert p["placement"][0]["node"] == "node-1"
 
     gate.touch()  # the premium job finishes; the basic one resumes on its own and completes

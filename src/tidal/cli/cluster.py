@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
            devices_per_node: int = typer.Option(1, "--devices-per-node", "-d",
                                              help="virtual devices per node"),
            lease: float = typer.Option(5.0, help="seconds an agent's lease lasts (fencing)"),
-           policy: str = typer.Option("firstfit", help="scheduling policy: firstfit | singularity")) -> None:
+           policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit")) -> None:
         """Start a local cluster (control plane and agents in the background; state in TIDAL_HOME)."""
         from tidal.control.localcluster import up as start
 

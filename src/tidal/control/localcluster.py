@@ -113,7 +113,7 @@ def agent_argv(home: Path, url: str, name: str, devices: int) -> list[str]:
 
 
 def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: float = 5.0,
-       port: int | None = None, policy: str = "firstfit") -> tuple[ClusterState, list[str]]:
+       port: int | None = None, policy: str = "singularity") -> tuple[ClusterState, list[str]]:
     """Start the cluster, or whatever of it is not running. Returns the state and what was started."""
     if nodes < 1 or devices_per_node < 1:
         raise ConfigError("a cluster needs at least one node with at least one device")

@@ -201,10 +201,13 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
     return ClusterView(topology=topo, jobs=views, generation=generation), rows
 
 
-def make_policy(name: str) -> Policy:
-    """``firstfit`` (default), or ``singularity`` (the full policy, limited to what the live cluster can
-    execute: placement, checkpoint preemption, migration, shrinking and growing; no time-slicing of
-    different jobs on one device)."""
+DEFAULT_POLICY = "singularity"
+
+
+def make_policy(name: str = DEFAULT_POLICY) -> Policy:
+    """``singularity`` (default: Tidal's policy, the one the simulator evaluates, limited to what the live
+    cluster can execute: placement, checkpoint preemption, migration, shrinking and growing; no
+    time-slicing of different jobs on one device), or ``firstfit`` (the first, simpler policy)."""
     if name == "firstfit":
         return FirstFitPolicy()
     if name == "singularity":
@@ -212,4 +215,4 @@ def make_policy(name: str) -> Policy:
 
         cfg = SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
         return Singularity(cfg)
-    raise ValueError(f"unknown policy {name!r} (firstfit, singularity)")
+    raise ValueError(f"unknown policy {name!r} (singularity, firstfit)")

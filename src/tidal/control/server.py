@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8470)
     ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
-    ap.add_argument("--policy", default="firstfit", choices=("firstfit", "singularity"))
+    ap.add_argument("--policy", default="singularity", choices=("singularity", "firstfit"))
     args = ap.parse_args(argv)
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
