@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import subprocess
@@ -48,7 +49,9 @@ class Cluster:
 def cluster(tmp_path: Path, criu: object) -> Iterator[Cluster]:
     workdir = tmp_path / "work"
     workdir.mkdir()
-    nodes = [Node(f"node-{i}", tmp_path / f"node-{i}") for i in (1, 2, 3)]
+    # Node names key the ranks' cgroups: unique per test, so that test runs side by side never meet.
+    tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:6]
+    nodes = [Node(f"node-{i}-{tag}", tmp_path / f"node-{i}") for i in (1, 2, 3)]
     yield Cluster(tmp_path, workdir, CheckpointStore(str(tmp_path / "store")), nodes)
     for n in nodes:  # images a test's jobs kept in /dev/shm for their next dump
         n.clear_staging()

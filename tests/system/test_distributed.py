@@ -67,6 +67,7 @@ def _steps_done(c: LiveCluster, job: str) -> int:
     return len(_steps(c.cli("logs", job, "--rank", "0").stdout))
 
 
+@pytest.mark.timeout(1200)
 def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_path: Path) -> None:
     world, steps, held = 4, 300, 295
     gate = tmp_path / "gate"
@@ -142,6 +143,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
     assert evs.count("migrating") >= 1 and "preempted" in evs
 
 
+@pytest.mark.timeout(900)
 def test_ddp_w2_operations_and_faults(make_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIDAL_CUT_TIMEOUT", "4")  # a stopped rank is given up on quickly
     world, steps = 2, 40
@@ -157,7 +159,7 @@ def test_ddp_w2_operations_and_faults(make_cluster, tmp_path: Path, monkeypatch:
     job = c.cli("submit", "-q", "--ranks", str(world), "--", sys.executable, str(DDP), *args, cwd=work,
                 env=ENV).stdout.strip()
     j = c.wait_state(job, "running", timeout=120)
-    assert _nodes(j) == ["node-1", "node-2"]
+    assert len(set(_nodes(j))) == 2
     wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
     # Progress from the interposer, for the scheduler and `tidal show`: steps, collectives, their rates.

@@ -5,6 +5,7 @@ a checkpoint of every rank, a restore with the new packing) leaves its results b
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ def _affinity(pid: int) -> str:
 
 @pytest.mark.criu
 @pytest.mark.torch
+@pytest.mark.timeout(900)
 def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_path: Path) -> None:
     world, steps, held = 4, 120, 115
     gate = tmp_path / "gate"
@@ -118,6 +120,7 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
 
 @pytest.mark.criu
 @pytest.mark.torch
+@pytest.mark.timeout(900)
 def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster, tmp_path: Path) -> None:
     world, steps, held = 4, 200, 195
     gate = tmp_path / "gate"
@@ -135,6 +138,8 @@ def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster
                 cwd=work, env=ENV).stdout.strip()
     assert c.wait_state(job, "running", timeout=120)["devices"] == 4
     wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    # The live policy protects a job for 5 s after it (re)started against being resized or preempted.
+    wait_for(lambda: time.time() - c.job(job)["started_at"] > 6, timeout=60, what="the minimum run time")
 
     # A premium job needs two devices: the basic job is shrunk to its minimum, not preempted.
     done = tmp_path / "premium-done"

@@ -338,8 +338,8 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, keep: int, rank
             for n, idx in sorted(free.items(), key=lambda kv: (kv[0] in here, -len(kv[1]), kv[0])):
                 spread += [[n, i] for i in idx[: need - len(spread)]]
             if len(spread) < need:
-                raise Conflict(f"only {len(spread)} device(s) are free; job {job.id} needs {need} others",
-                               hint="free some devices or add a node")
+                raise Conflict(f"no other node has room for job {job.id}: it needs {need} device(s) it does "
+                               f"not hold, {len(spread)} are free", hint="free some devices or add a node")
             job.target = spread
     checkpoint(s, job, "migrate", cause, keep)
     return ", ".join(dict.fromkeys(n for n, _ in job.target))

@@ -212,9 +212,12 @@ class RankProcess:
                 tasks.set_affinity([pid], spec.cpus)
             os.write(go_w, b"g")
         except BaseException:
-            for fd in (out_r, st_r, rep_r, in_w):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            if "rank" not in locals():
+                for fd in (out_r, st_r, rep_r, in_w):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            # Else the log pump owns the read ends: they close when the init, which never gets its go
+            # byte, exits (closing them here would let a later pipe reuse a number the pump still watches).
             raise
         finally:
             os.close(ctl_r)
@@ -371,7 +374,7 @@ class RankProcess:
         """The same for the interposer channel (a pipe has one inode for both ends)."""
         if self.channel is None:
             return None, None
-        return f"pipe:[{os.fstat(self.channel.wfd).st_ino}]", f"pipe:[{os.fstat(self.channel.rfd).st_ino}]"
+        return self.channel.keys
 
     def _status_pipe_key(self) -> str:
         mine = os.fstat(self._status_r).st_ino

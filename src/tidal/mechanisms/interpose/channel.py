@@ -29,6 +29,8 @@ class RankChannel:
     def __init__(self, name: str, rfd: int, wfd: int) -> None:
         self.name = name
         self.rfd, self.wfd = rfd, wfd
+        # CRIU's names of the two pipes (one inode for both ends of a pipe), for --inherit-fd at restore.
+        self.keys = (f"pipe:[{os.fstat(wfd).st_ino}]", f"pipe:[{os.fstat(rfd).st_ino}]")
         self.hello = threading.Event()
         self.closed = threading.Event()
         self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
@@ -63,10 +65,13 @@ class RankChannel:
     def _on_eof(self) -> None:
         self.closed.set()
         self._replies.put({"op": "closed"})
+        self.close()  # the rank is gone: nobody reads our requests any more
 
     def send(self, **msg: Any) -> None:
         data = (json.dumps(msg) + "\n").encode()
         with self._lock:
+            if self.wfd < 0:
+                raise CheckpointError(f"rank {self.name} has exited", object=self.name)
             try:
                 view = memoryview(data)
                 while view:
@@ -106,7 +111,9 @@ class RankChannel:
                 self.send(op="stat")
 
     def close(self) -> None:
-        for fd in (self.wfd,):
+        with self._lock:  # once: a closed number may already belong to another file
+            fd, self.wfd = self.wfd, -1
+        if fd >= 0:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
