@@ -166,7 +166,9 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path) -> dic
             "overhead_fraction": t / p - 1, "plain_p10_step_s": plain10, "tidal_p10_step_s": ours10,
             "overhead_fraction_p10": statistics.median(ours10) / statistics.median(plain10) - 1,
             "plain_cpu_step_s": plain_cpu, "tidal_cpu_step_s": ours_cpu,
-            "cpu_overhead_fraction": statistics.median(ours_cpu) / statistics.median(plain_cpu) - 1}
+            "cpu_overhead_fraction": statistics.median(ours_cpu) / statistics.median(plain_cpu) - 1,
+            # How far apart runs of the very same setup were: the resolution of the comparison here.
+            "plain_spread_fraction": (max(plain) - min(plain)) / p}
 
 
 def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict[str, Any]:
@@ -317,6 +319,7 @@ def main() -> int:
                 out["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base)
         finally:
             tidal.close()
+    out["machine"]["load_average_at_end"] = os.getloadavg()
     out["overhead_fraction"] = max(o["overhead_fraction"] for o in out["overhead"].values())
     out["cpu_overhead_fraction"] = max(o["cpu_overhead_fraction"] for o in out["overhead"].values())
     out["steps_to_cut_max"] = max(c["steps_to_cut_max"] for c in out["cut"].values())
@@ -332,14 +335,14 @@ def main() -> int:
         w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
     m = out["machine"]
     print(f"machine: {m['cpu']}, {m['cores']} cores, kernel {m['kernel']}, CRIU {m['criu']}, torch {m['torch']}, "
-          f"load average at start {m['load_average_at_start'][0]:.2f}")
+          f"load average {m['load_average_at_start'][0]:.2f} at start, {m['load_average_at_end'][0]:.2f} at end")
     print(f"{'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} {'CPU/step torchrun ms':>21} "
-          f"{'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5}")
+          f"{'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5} {'spread of torchrun runs':>24}")
     for w, o in out["overhead"].items():
         print(f"{w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
               f"{o['overhead_fraction'] * 100:>8.2f}% {statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
               f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} {o['cpu_overhead_fraction'] * 100:>12.2f}% "
-              f"{o['reps']:>5}")
+              f"{o['reps']:>5} {o['plain_spread_fraction'] * 100:>23.1f}%")
     print(f"{'W':>3} {'requests':>9} {'steps to cut (max)':>19} {'pause median s':>15} {'pause max s':>12} "
           f"{'cut alone s':>12}")
     for w, c in out["cut"].items():
