@@ -27,6 +27,7 @@ test: criu lint
 
 demo: criu
 	$(VENV)/bin/tidal demo
+	$(VENV)/bin/tidal demo --distributed
 
 bench: criu
 	$(PY) benchmarks/checkpoint.py --json bench-results/checkpoint.json

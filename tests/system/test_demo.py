@@ -22,3 +22,18 @@ def test_demo_story_end_to_end(tmp_path: Path) -> None:
     assert "final parameters: identical" in text
     # The demo cleans up after itself: no cluster processes, no state left behind.
     assert not any((tmp_path / "home").glob("demo-cluster-*"))
+
+
+def test_distributed_demo_story(tmp_path: Path) -> None:
+    tidal = Path(sys.executable).with_name("tidal")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="120")
+    out = subprocess.run([str(tidal), "demo", "--distributed", "--steps", "80"], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())  # the story wraps at the terminal width
+    for line in ("runs on two nodes", "Resized to 2 devices", "Rank 3 alone moved to node-2",
+                 "Grown back to 4 devices", "Job succeeded"):
+        assert line in text, text
+    assert "Every rank's per-step output vs plain torchrun: identical; final parameters: identical" in text
+    assert not any((tmp_path / "home").glob("demo-ddp-*"))

@@ -1,12 +1,14 @@
 """``tidal demo``: on a 2-node local cluster, a basic training job is preempted by a premium job, resumes
 on the other node, is migrated once more and finishes with exactly the output of an uninterrupted run.
-``tidal demo --mechanism`` shows the checkpoint mechanism alone, without the cluster."""
+``tidal demo --mechanism`` shows the checkpoint mechanism alone, without the cluster; ``tidal demo
+--distributed`` a 4-rank DDP job resized and moved rank by rank, identical to plain ``torchrun``."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -230,14 +232,116 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
     return ok
 
 
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
+    """A DDP job of 4 ranks over two nodes: resized, one rank moved, grown back; identical to torchrun."""
+    from tidal.cli.api import Api
+    from tidal.control import localcluster
+
+    root = checkout_root()
+    script = root / "examples" / "ddp_train.py" if root else None
+    if script is None or not script.is_file():
+        raise ConfigError("the demo needs examples/ddp_train.py from the Tidal source checkout",
+                          hint="run `make demo` in the checkout")
+    home = _demo_dir("demo-ddp-")
+    os.environ["TIDAL_HOME"] = str(home)
+    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
+        os.environ.pop(var, None)
+    settings = load_settings()
+    workdir, refdir = home / "work", home / "reference"
+    workdir.mkdir()
+    refdir.mkdir()
+    args = [str(script), "--steps", str(steps), "--step-time", "0.05", "--collectives"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    story = _Story()
+    console.print(f"[bold]Tidal demo: distributed[/] — 2 nodes with 2 devices each, state in {home}")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
+         "--master-port", str(_free_port()), "--log-dir", str(refdir / "logs"), "--redirects", "3", *args],
+        cwd=refdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ok = False
+    try:
+        localcluster.up(settings, nodes=2, devices_per_node=2, lease_s=5.0)
+        api = Api()
+        story.say("Cluster up (plain `torchrun --nproc-per-node 4` of the same script runs in the background)")
+        jid = str(api.post("/v1/jobs", json={"name": "ddp", "command": [sys.executable, *args], "ranks": 4,
+                                             "min_devices": 1, "workdir": str(workdir), "env": env})["id"])
+
+        def job() -> dict[str, Any]:
+            return dict(api.get(f"/v1/jobs/{jid}"))
+
+        def stable() -> dict[str, Any] | None:
+            j = job()
+            return j if j["state"] == "running" and not j["busy"] and all(p["pid"] for p in j["placement"]) else None
+
+        def where() -> str:
+            return ", ".join(f"r{p['rank']}→{p['node']}:{p['device']}" for p in job()["placement"])
+
+        def steps_done() -> int:
+            text = api.request("GET", f"/v1/jobs/{jid}/logs", params={"rank": 0}).text
+            return text.count("\nrank 0 step")
+
+        def act(path: str, body: dict[str, Any], what: str) -> None:
+            before = job()["attempt"]
+            api.post(f"/v1/jobs/{jid}/{path}", json=body)
+            _until(what, lambda: (j := stable()) and j["attempt"] > before, timeout=180)
+            n = steps_done()
+            _until("more steps", lambda: steps_done() >= n + 3, timeout=120)
+
+        _until("the job to run", stable)
+        story.say(f"DDP job [bold]{jid}[/] of 4 ranks (gloo) runs on two nodes: {where()}")
+        _until("its first steps", lambda: steps_done() >= 5)
+        act("resize", {"devices": 2}, "the resize")
+        story.say(f"Resized to 2 devices (2 ranks time-sliced on each; consistent cut, checkpoint, restore): "
+                  f"{where()}")
+        act("migrate", {"rank": 3, "to": "node-2"}, "the move")
+        story.say(f"Rank 3 alone moved to node-2: {where()}")
+        act("resize", {"devices": 4}, "the resize")
+        story.say(f"Grown back to 4 devices: {where()}")
+        final = _until("the job to finish", lambda: (j := job())["terminal"] and j, timeout=300)
+        reference.wait(timeout=300)
+        same = final["state"] == "succeeded" and reference.returncode == 0
+        for r in range(4):
+            mine = [ln for ln in api.request("GET", f"/v1/jobs/{jid}/logs", params={"rank": r}).text.splitlines()
+                    if ln.startswith("rank ")]
+            (ref_log,) = (refdir / "logs").glob(f"*/attempt_0/{r}/stdout.log")
+            theirs = [ln for ln in ref_log.read_text().splitlines() if ln.startswith("rank ")]
+            same = same and mine == theirs
+        same_params = (workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
+        story.say(f"Job {final['state']} after {len(final['checkpoints'])} checkpoints at consistent cuts")
+        verdict = "[bold green]identical[/]" if same else "[bold red]DIFFERENT[/]"
+        console.print(f"Every rank's per-step output vs plain torchrun: {verdict}; final parameters: "
+                      f"{'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
+        ok = same and same_params
+    finally:
+        reference.kill()
+        localcluster.down(settings)
+        if not keep:
+            shutil.rmtree(home, ignore_errors=True)
+    return ok
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
         mechanism: bool = typer.Option(False, "--mechanism", help="the checkpoint mechanism alone, no cluster"),
+        distributed: bool = typer.Option(False, "--distributed",
+                                         help="a DDP job resized and moved rank by rank (needs torch)"),
         steps: int = typer.Option(None, help="training steps of the demo job"),
         keep: bool = typer.Option(False, help="keep the demo's state directory"),
     ) -> None:
-        """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically."""
-        ok = run_demo(steps or 60, keep) if mechanism else run_cluster_demo(steps or 300, keep)
+        """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically
+        (--distributed: a 4-rank DDP job resized and moved, identical to torchrun)."""
+        if mechanism:
+            ok = run_demo(steps or 60, keep)
+        elif distributed:
+            ok = run_distributed_demo(steps or 150, keep)
+        else:
+            ok = run_cluster_demo(steps or 300, keep)
         if not ok:
             raise typer.Exit(1)
