@@ -28,7 +28,7 @@ def test_distributed_demo_story(tmp_path: Path) -> None:
     tidal = Path(sys.executable).with_name("tidal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
     env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="120")
-    out = subprocess.run([str(tidal), "demo", "--distributed", "--steps", "80"], env=env, capture_output=True,
+    out = subprocess.run([str(tidal), "demo", "--distributed"], env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr
     text = " ".join(out.stdout.split())  # the story wraps at the terminal width
