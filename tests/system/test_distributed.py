@@ -45,6 +45,18 @@ def torchrun(tmp_path: Path, world: int, args: list[str]) -> tuple[dict[int, lis
     return out, (ref / "params.bin").read_bytes()
 
 
+def gated(tmp_path: Path, world: int, steps: int, held: int, *extra: str,
+          step_time: str = "0.01") -> tuple[Path, list[str], dict[int, list[str]], bytes]:
+    """The DDP script's arguments, held from step ``held`` until the test creates the gate, and what plain
+    torchrun makes of them (run with the gate open)."""
+    gate = tmp_path / "gate"
+    args = ["--steps", str(steps), "--step-time", step_time, *extra, "--gate", f"{gate}:{held}"]
+    gate.touch()
+    expected, params = torchrun(tmp_path, world, args)
+    gate.unlink()
+    return gate, args, expected, params
+
+
 def _steps(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith("rank ")]
 
@@ -69,12 +81,8 @@ def _steps_done(c: LiveCluster, job: str) -> int:
 
 @pytest.mark.timeout(1200)
 def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_path: Path) -> None:
-    world, steps, held = 4, 300, 295
-    gate = tmp_path / "gate"
-    args = ["--steps", str(steps), "--step-time", "0.01", "--collectives", "--gate", f"{gate}:{held}"]
-    gate.touch()
-    expected, params = torchrun(tmp_path, world, args)
-    gate.unlink()
+    world, held = 4, 295
+    gate, args, expected, params = gated(tmp_path, world, 300, held, "--collectives")
 
     c = make_cluster(nodes=4, devices=2)
     work = tmp_path / "work"
@@ -146,12 +154,8 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
 @pytest.mark.timeout(900)
 def test_ddp_w2_operations_and_faults(make_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIDAL_CUT_TIMEOUT", "4")  # a stopped rank is given up on quickly
-    world, steps = 2, 40
-    gate = tmp_path / "gate"
-    args = ["--steps", str(steps), "--step-time", "0.02", "--gate", f"{gate}:{steps - 5}"]
-    gate.touch()
-    expected, params = torchrun(tmp_path, world, args)
-    gate.unlink()
+    world = 2
+    gate, args, expected, params = gated(tmp_path, world, 40, 35, step_time="0.02")
 
     c = make_cluster(nodes=4, devices=1)
     work = tmp_path / "work"

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.system.conftest import JOB, LiveCluster, wait_for
-from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, torchrun
+from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, gated
 
 
 def _devices(j: dict[str, Any]) -> list[tuple[str, int]]:
@@ -28,12 +28,8 @@ def _affinity(pid: int) -> str:
 @pytest.mark.torch
 @pytest.mark.timeout(900)
 def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_path: Path) -> None:
-    world, steps, held = 4, 120, 115
-    gate = tmp_path / "gate"
-    args = ["--steps", str(steps), "--step-time", "0.01", "--collectives", "--gate", f"{gate}:{held}"]
-    gate.touch()
-    expected, params = torchrun(tmp_path, world, args)
-    gate.unlink()
+    world, held = 4, 115
+    gate, args, expected, params = gated(tmp_path, world, 120, held, "--collectives")
 
     c = make_cluster(nodes=2, devices=2)
     work = tmp_path / "work"
@@ -122,12 +118,8 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
 @pytest.mark.torch
 @pytest.mark.timeout(900)
 def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster, tmp_path: Path) -> None:
-    world, steps, held = 4, 200, 195
-    gate = tmp_path / "gate"
-    args = ["--steps", str(steps), "--step-time", "0.01", "--collectives", "--gate", f"{gate}:{held}"]
-    gate.touch()
-    expected, params = torchrun(tmp_path, world, args)
-    gate.unlink()
+    world = 4
+    gate, args, expected, params = gated(tmp_path, world, 200, 195, "--collectives")
 
     # One node of four devices: the policy shrinks a job by the devices it holds on the node where room is
     # needed (a job spread over nodes is preempted instead).
