@@ -7,6 +7,7 @@ that do not use torch.distributed see no difference."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -60,7 +61,8 @@ class Reference:
         with open(root / "torchrun.err", "wb") as err:
             self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                                           str(world), "--log-dir", str(root / "logs"), "--redirects", "3", *argv],
-                                         cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=err)
+                                         cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+                                         start_new_session=True)
         self._logs: list[bytes] | None = None
 
     def _finish(self) -> list[bytes]:
@@ -83,9 +85,10 @@ class Reference:
         return (self.out / "params.bin").read_bytes()
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        # The whole session: torchrun's workers outlive a killed torchrun (a gated one would wait forever).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
 
 StartRef = Callable[[list[str], int], Reference]
@@ -293,6 +296,15 @@ def test_ranks_without_torch_distributed_are_frozen_together(cluster: Cluster) -
     (cluster.root / "ref").mkdir()
     refs = [subprocess.Popen(a, cwd=cluster.root / "ref", env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT) for r, a in enumerate(argvs)]
+    try:
+        _frozen_together(cluster, specs, refs)
+    finally:  # a failed test must not leave its reference runs waiting forever
+        for proc in refs:
+            proc.kill()
+            proc.wait()
+
+
+def _frozen_together(cluster: Cluster, specs: list[RankSpec], refs: list[subprocess.Popen[bytes]]) -> None:
     job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
     for r in (0, 1):
         wait_for_line(log(job, r), r"^step 5 ")

@@ -5,9 +5,11 @@ on the other node, is migrated once more and finishes with exactly the output of
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -263,7 +265,7 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
     reference = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
          "--master-port", str(_free_port()), "--log-dir", str(refdir / "logs"), "--redirects", "3", *args],
-        cwd=refdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cwd=refdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     ok = False
     try:
         localcluster.up(settings, nodes=2, devices_per_node=2, lease_s=5.0)
@@ -319,7 +321,9 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
                       f"{'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
         ok = same and same_params
     finally:
-        reference.kill()
+        with contextlib.suppress(ProcessLookupError):  # torchrun and its workers
+            os.killpg(reference.pid, signal.SIGKILL)
+        reference.wait()
         localcluster.down(settings)
         if not keep:
             shutil.rmtree(home, ignore_errors=True)
