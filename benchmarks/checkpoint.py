@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import shutil
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import write_json
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
@@ -278,10 +278,7 @@ def main() -> int:
                f"{c['migration_s']:.3f}", f"{c['cold_migration_vs_plain_criu']:.2f}",
                f"{c['migration_vs_plain_criu']:.2f}", f"{c['second_checkpoint']['stored_fraction']:.4f}"]
         print(f"{n:8}" + "".join(f"{v:>13}" for v in row))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, out)
     return 0
 
 

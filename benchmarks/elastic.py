@@ -58,20 +58,18 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
 import os
 import platform
 import re
-import shutil
 import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import workspace, write_json
 from tidal.agent.devices import PERIOD_US, cpu_sets
 from tidal.core.view import rank_map
 from tidal.mechanisms.criu import tasks
@@ -339,16 +337,6 @@ def machine(devices: Devices) -> dict[str, Any]:
             "load_average_at_start": os.getloadavg()}
 
 
-@contextlib.contextmanager
-def workspace(path: Path) -> Iterator[Path]:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def summarize(windows: list[dict[str, Any]], resizes: list[dict[str, Any]], share: float) -> dict[str, Any]:
     by: dict[int, dict[str, Any]] = {}
     for d in sorted({w["devices"] for w in windows}, reverse=True):
@@ -476,10 +464,7 @@ def main() -> int:
               f"{out['timeslice_overhead_vs_dedicated'] * 100:+.1f} % against 4 dedicated devices; "
               f"paper: +1.4 … +5.6 % (4 ranks on 1 GPU)")
     print(f"run took {out['duration_s']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, out)
     return 0
 
 

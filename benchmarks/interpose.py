@@ -20,8 +20,6 @@ Targets: overhead ≤ 1 %, cut within 2 steps.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
 import platform
 import random
@@ -32,10 +30,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from harness import workspace, write_json
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
@@ -282,16 +280,6 @@ def machine() -> dict[str, Any]:
             "load_average_at_start": os.getloadavg()}
 
 
-@contextlib.contextmanager
-def workspace(path: Path) -> Iterator[Path]:
-    shutil.rmtree(path, ignore_errors=True)
-    path.mkdir(parents=True)
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--json", type=Path, help="write the results here")
@@ -361,10 +349,7 @@ def main() -> int:
           f"{s['tidal_cpu_median_s'] * 1e3:.1f} ms (+{s['added_cpu_s'] * 1e3:.1f} ms)")
     print(f"overhead_fraction {out['overhead_fraction']:.4f} (target ≤ 0.01), steps_to_cut_max "
           f"{out['steps_to_cut_max']} (target ≤ 2), job_pause_s {out['job_pause_s']:.3f} (W = 4)")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, out)
     return 0
 
 
