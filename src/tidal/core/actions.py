@@ -17,6 +17,8 @@ class ActionKind(enum.Enum):
     RESIZE = "resize"  # checkpoint, restore on a different number of devices (shrink/grow)
     TIME_SLICE = "time_slice"  # start/resume a job on devices that another job keeps (Gandiva)
 
+    __hash__ = object.__hash__  # identity: see JobState
+
 
 # What the live control plane can run; time-slicing different jobs on one device is simulator-only.
 LIVE_EXECUTABLE = frozenset({ActionKind.PLACE, ActionKind.PREEMPT, ActionKind.RESUME, ActionKind.MIGRATE,

@@ -20,6 +20,8 @@ class EventKind(enum.Enum):
     ACTION_FAILED = "action_failed"  # the policy resyncs from the view
     TICK = "tick"  # a wake-up the policy asked for (e.g. a Tiresias queue demotion)
 
+    __hash__ = object.__hash__  # identity: see JobState
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Event:

@@ -30,6 +30,10 @@ class JobState(enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
 
+    # Members are singletons: hash by identity (C) rather than by name (Enum's default, Python code run on
+    # every dict or set lookup, which the simulator does millions of times).
+    __hash__ = object.__hash__
+
 
 S = JobState
 TERMINAL = frozenset({S.SUCCEEDED, S.FAILED, S.CANCELLED})

@@ -14,6 +14,8 @@ from tidal.core.topology import DeviceRef, Topology
 def rank_map(devices: tuple[DeviceRef, ...], ranks: int) -> tuple[DeviceRef, ...]:
     """Rank → device for W ranks packed contiguously on D ≤ W devices (replica splicing)."""
     d = len(devices)
+    if d == ranks:
+        return devices  # one rank a device: the identity map
     return tuple(devices[r * d // ranks] for r in range(ranks)) if d else ()
 
 
