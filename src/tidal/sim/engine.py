@@ -131,7 +131,7 @@ class Simulator:
         self.good = 0.0
         self.alloc = 0.0
         self.decisions = 0
-        self.action_counts: dict[str, int] = {}
+        self.action_counts: dict[ActionKind, int] = {}
         self.live_n = 0
         self.sim_only_n = 0
         self.done = 0
@@ -148,25 +148,28 @@ class Simulator:
         if t <= t0:
             return
         w0, w1 = self.window
+        g_rate, a_rate = self.g_rate, self.a_rate
         lo, hi = max(t0, w0), min(t, w1)
         if hi > lo:
-            self.good += self.g_rate * (hi - lo)
-            self.alloc += self.a_rate * (hi - lo)
+            self.good += g_rate * (hi - lo)
+            self.alloc += a_rate * (hi - lo)
         # Time series over the whole run (bins of the window's width / bins), for the plots.
+        bin_w, bins_good, bins_alloc = self.bin_w, self.bins_good, self.bins_alloc
         a = t0
         while a < t:
-            i = int((a - w0) // self.bin_w)
-            b = w0 + (i + 1) * self.bin_w
+            i = int((a - w0) // bin_w)
+            b = w0 + (i + 1) * bin_w
             if b <= a:  # float rounding at a bin boundary
                 i += 1
-                b += self.bin_w
-            b = min(t, b)
+                b += bin_w
+            if t < b:
+                b = t
             if i >= 0:
-                while len(self.bins_good) <= i:
-                    self.bins_good.append(0.0)
-                    self.bins_alloc.append(0.0)
-                self.bins_good[i] += self.g_rate * (b - a)
-                self.bins_alloc[i] += self.a_rate * (b - a)
+                while len(bins_good) <= i:
+                    bins_good.append(0.0)
+                    bins_alloc.append(0.0)
+                bins_good[i] += g_rate * (b - a)
+                bins_alloc[i] += a_rate * (b - a)
             a = b
         self.t = t
 
@@ -188,44 +191,62 @@ class Simulator:
         )
 
     def _sharers(self, j: SimJob) -> int:
-        return max((len(self.device_jobs[d]) for d in j.devices), default=1)
+        device_jobs = self.device_jobs
+        most = 1
+        for d in j.devices:
+            k = len(device_jobs[d])
+            if k > most:
+                most = k
+        return most
 
     def _update_rate(self, j: SimJob) -> None:
         """Fold progress up to now, then set the job's rate from its devices and pause, and re-arm
         its finish event."""
         now = self.t
-        j.remaining = max(0.0, j.remaining - j.rate * (now - j.last_t))
+        rate = j.rate
+        j.remaining = max(0.0, j.remaining - rate * (now - j.last_t))
         j.last_t = now
         new = 0.0
-        if j.devices and now >= j.pause_until and j.state is S.RUNNING:
-            new = self.cost.rate(j.W, len(j.devices), self._sharers(j))
-        self.g_rate += j.W * (new - j.rate)
+        devices = j.devices
+        if devices and now >= j.pause_until and j.state is S.RUNNING:
+            new = self.cost.rate(j.W, len(devices), self._sharers(j))
+        self.g_rate += j.W * (new - rate)
         j.rate = new
         j.version += 1
         if new > 0:
             self._push(now + j.remaining / new, _FINISH, j.id, j.version)
-        elif j.devices and j.pause_until > now:
+        elif devices and j.pause_until > now:
             self._push(j.pause_until, _PAUSE_END, j.id, j.version)
 
     def _hold(self, j: SimJob, devices: tuple[DeviceRef, ...]) -> list[SimJob]:
         touched: list[SimJob] = []
+        device_jobs = self.device_jobs
+        taken = 0
         for d in devices:
-            lst = self.device_jobs.setdefault(d, [])
+            lst = device_jobs.get(d)
+            if lst is None:
+                lst = device_jobs[d] = []
             if not lst:
-                self.a_rate += 1
-            touched.extend(lst)
+                taken += 1
+            else:
+                touched.extend(lst)
             lst.append(j)
+        self.a_rate += taken
         j.devices = devices
         return touched
 
     def _drop(self, j: SimJob) -> list[SimJob]:
         touched: list[SimJob] = []
+        device_jobs = self.device_jobs
+        freed = 0
         for d in j.devices:
-            lst = self.device_jobs[d]
+            lst = device_jobs[d]
             lst.remove(j)
             if not lst:
-                self.a_rate -= 1
-            touched.extend(lst)
+                freed += 1
+            else:
+                touched.extend(lst)
+        self.a_rate -= freed
         j.devices = ()
         return touched
 
@@ -240,7 +261,9 @@ class Simulator:
     def _apply(self, a: Action) -> None:
         j = self.jobs[a.job_id]
         now = self.t
-        self.action_counts[a.kind.value] = self.action_counts.get(a.kind.value, 0) + 1
+        k = a.kind
+        counts = self.action_counts
+        counts[k] = counts.get(k, 0) + 1
         if a.live_executable:
             self.live_n += 1
         else:
@@ -249,21 +272,21 @@ class Simulator:
             rec = a.to_record()
             rec["time"] = now
             self.log(rec)
-        k = a.kind
-        if k in (ActionKind.PLACE, ActionKind.RESUME, ActionKind.TIME_SLICE):
+        cost = self.cost
+        busy_until = self.busy_until
+        if k is ActionKind.PLACE or k is ActionKind.RESUME or k is ActionKind.TIME_SLICE:
             devs = a.devices
             if j.state is S.PREEMPTED:
                 j.state = advance(advance(j.state, S.RESTORING, job=j.id), S.RUNNING, job=j.id)
             else:
                 j.state = advance(j.state, S.RUNNING, job=j.id)
-            ready = max([now, j.pause_until] + [self.busy_until.get(d, 0.0) for d in devs])
+            ready = max(now, j.pause_until, *[busy_until.get(d, 0.0) for d in devs])
             if j.has_ckpt and not j.killed_restart:
-                pause = self.cost.restore_s(j.W, len(devs), self._nodes(devs),
-                                            cross_region=False)
+                pause = cost.restore_s(j.W, len(devs), self._nodes(devs), cross_region=False)
             elif j.killed_restart:
-                pause = self.cost.restart_s
+                pause = cost.restart_s
             else:
-                pause = self.cost.start_s
+                pause = cost.start_s
             j.killed_restart = False
             j.pause_until = ready + pause
             j.queue_s += now - j.wait_since
@@ -281,7 +304,7 @@ class Simulator:
             j.preemptions += 1
             if a.kill:
                 done = j.duration - j.remaining
-                interval = self.cost.user_checkpoint_s
+                interval = cost.user_checkpoint_s
                 kept = math.floor(done / interval) * interval if interval > 0 else 0.0
                 lost = done - kept
                 j.remaining += lost
@@ -291,9 +314,9 @@ class Simulator:
                 j.state = advance(j.state, S.PENDING, job=j.id)
                 j.pause_until = now
             else:
-                ck = self.cost.checkpoint_s(j.W, len(old), self._nodes(old))
+                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
                 for d in old:
-                    self.busy_until[d] = now + ck
+                    busy_until[d] = now + ck
                 # The devices stay busy until the dump is written; they count as allocated to the job
                 # placed on them next (from its placement), so nothing is added here: no double count.
                 j.state = advance(advance(j.state, S.CHECKPOINTING, job=j.id), S.PREEMPTED, job=j.id)
@@ -304,17 +327,17 @@ class Simulator:
             self._update_rate(j)
             for o in touched:
                 self._update_rate(o)
-        elif k in (ActionKind.MIGRATE, ActionKind.RESIZE):
+        elif k is ActionKind.MIGRATE or k is ActionKind.RESIZE:
             self._update_rate_fold(j)
             self._fold_service(j)
             old = j.devices
             new = a.devices
-            ck = self.cost.checkpoint_s(j.W, len(old), self._nodes(old))
+            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
             cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
                 self.cluster_region[self.node_cluster[d.node]] for d in new}
-            rs = self.cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross)
+            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross)
             for d in old:
-                self.busy_until[d] = max(self.busy_until.get(d, 0.0), now + ck)
+                busy_until[d] = max(busy_until.get(d, 0.0), now + ck)
             mid = S.MIGRATING if k is ActionKind.MIGRATE else S.RESIZING
             j.state = advance(advance(advance(advance(j.state, S.CHECKPOINTING, job=j.id), mid, job=j.id),
                                       S.RESTORING, job=j.id), S.RUNNING, job=j.id)
@@ -324,7 +347,7 @@ class Simulator:
                 j.resizes += 1
             j.has_ckpt = True
             touched = self._drop(j)
-            busy_new = max([now + ck] + [self.busy_until.get(d, 0.0) for d in new if d not in old])
+            busy_new = max([now + ck] + [busy_until.get(d, 0.0) for d in new if d not in old])
             j.pause_until = busy_new + rs
             j.started_at = now
             touched += self._hold(j, new)
@@ -418,7 +441,7 @@ class Simulator:
             series_good=[g / (w * self.capacity) for g in self.bins_good],
             series_alloc=[a / (w * self.capacity) for a in self.bins_alloc],
             decisions=self.decisions,
-            actions=dict(self.action_counts),
+            actions={k.value: n for k, n in self.action_counts.items()},
             live_executable_actions=self.live_n,
             sim_only_actions=self.sim_only_n,
         )
