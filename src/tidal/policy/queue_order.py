@@ -59,16 +59,15 @@ class PendingQueue:
         del self._recs[job_id]
 
     def __iter__(self) -> Iterator[JobRec]:
-        # No copy (queues hold thousands): resume after the last item yielded, found by bisection, so
-        # that callers may start (remove) or preempt (insert) jobs while iterating.
-        items = self._items
-        last: tuple[Key, int, str] | None = None
-        while True:
-            i = 0 if last is None else bisect.bisect_right(items, last)
-            if i >= len(items):
-                return
-            last = items[i]
-            yield self._recs[last[2]]
+        # No copy (queues hold thousands): each step resumes after the last item yielded — where it still
+        # is if nothing moved, else found by bisection — so that callers may start (remove) or preempt
+        # (insert) jobs while iterating.
+        items, recs = self._items, self._recs
+        i = 0
+        while i < len(items):
+            item = items[i]
+            yield recs[item[2]]
+            i = i + 1 if i < len(items) and items[i] is item else bisect.bisect_right(items, item)
 
     def first(self) -> JobRec | None:
         return self._recs[self._items[0][2]] if self._items else None
@@ -157,6 +156,7 @@ class TieredFairQueue:
                 iters[p] = it
                 heads[p] = first
                 heapq.heappush(heap, (self._share(p, usage), first.seq, p))
+        weights = self._weights
         while heap:
             _, _, p = heapq.heappop(heap)
             rec = heads.pop(p)
@@ -164,7 +164,7 @@ class TieredFairQueue:
             nxt = next(iters[p], None)
             if nxt is not None:
                 heads[p] = nxt
-                heapq.heappush(heap, (self._share(p, usage), nxt.seq, p))
+                heapq.heappush(heap, (usage.get(p, 0) / weights.get(p, 1.0), nxt.seq, p))  # _share, inlined
 
     def _share(self, project: str, usage: Mapping[str, int]) -> float:
         return usage.get(project, 0) / self._weights.get(project, 1.0)
@@ -208,24 +208,25 @@ class TierQueues:
         self._limit[tier] = min(self._limit[tier], size)
 
     def tier(self, tier: int) -> Iterator[JobRec]:
-        heap: list[tuple[Key, int, str, int]] = []
-        its: dict[int, Iterator[JobRec]] = {}
-        for w, q in self._qs[tier].items():
-            it = iter(q)
-            first = next(it, None)
-            if first is not None:
-                its[w] = it
-                heapq.heappush(heap, (self._key(first), first.seq, first.id, w))
+        qs = self._qs[tier]
+        # (queue item, size), items being unique; a size's next item is found when its head is taken, so
+        # that a scan which stops early has not walked every size.
+        heap = [(q._items[0], w) for w, q in qs.items() if q._items]
+        heapq.heapify(heap)
         recs: dict[str, JobRec] = {}
         while heap:
-            _, _, jid, w = heapq.heappop(heap)
+            item, w = heapq.heappop(heap)
             if w >= self._limit[tier]:
                 continue  # this size and larger cannot start now: drop the whole queue from the merge
-            rec = self._qs[tier][w]._recs.get(jid) or recs.get(jid)
-            nxt = next(its[w], None)
-            if nxt is not None:
-                recs[nxt.id] = nxt
-                heapq.heappush(heap, (self._key(nxt), nxt.seq, nxt.id, w))
+            jid = item[2]
+            q = qs[w]
+            rec = q._recs.get(jid) or recs.get(jid)
+            items = q._items
+            i = bisect.bisect_right(items, item)
+            if i < len(items):
+                nxt = items[i]
+                recs[nxt[2]] = q._recs[nxt[2]]
+                heapq.heappush(heap, (nxt, w))
             if rec is not None:
                 yield rec
 
