@@ -34,9 +34,12 @@ def candidate_clusters(st: SchedState, rec: JobRec) -> list[str]:
 def place(st: SchedState, rec: JobRec, n: int, *, affinity: bool = False) -> list[DeviceRef] | None:
     """Devices for ``n`` devices of ``rec`` in the best cluster that fits, or None. ``affinity``: pack
     guaranteed jobs together (Tidal's policy only; the baselines place as their papers do)."""
+    clusters = candidate_clusters(st, rec)
+    if len(clusters) == 1:
+        return fit_in_cluster(st, clusters[0], n, guaranteed=affinity and rec.tier > 0)
     best: list[DeviceRef] | None = None
     best_nodes = 1 << 30
-    for c in candidate_clusters(st, rec):
+    for c in clusters:
         devs = fit_in_cluster(st, c, n, guaranteed=affinity and rec.tier > 0)
         if devs is not None:
             k = len({d.node for d in devs})

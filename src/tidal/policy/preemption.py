@@ -107,12 +107,16 @@ def _plan_node(
     order: Callable[[JobRec], tuple[float, ...]], shrink: bool,
 ) -> Plan | None:
     load = list(st.load[node])
-    free = sum(1 for x in load if x == 0)
+    free = load.count(0)
     if free >= n:
         return Plan([], [], (-1.0,))
-    cands = sorted((j for j in (st.jobs[k] for k in st.node_jobs[node]) if usable(j)), key=order)
+    jobs = st.jobs
+    cands = [j for j in map(jobs.__getitem__, st.node_jobs[node]) if usable(j)]
     if not cands:
         return None
+    cands.sort(key=order)
+    if not shrink:
+        return _preempt_on_node(node, n, load, free, cands, order)
 
     def drop(devs: list[DeviceRef]) -> int:
         got = 0
@@ -157,6 +161,26 @@ def _plan_node(
         return None
     top = max((order(v) for v in victims), default=(-1.0,))
     return Plan(shrinks, victims, (float(len(victims) > 0), *top, float(len(victims)), float(len(shrinks))))
+
+
+def _preempt_on_node(node: str, n: int, load: list[int], free: int, cands: list[JobRec],
+                     order: Callable[[JobRec], tuple[float, ...]]) -> Plan | None:
+    """``_plan_node`` without shrinking (``free < n``): preempt ``cands`` in order until ``n`` are free."""
+    victims: list[JobRec] = []
+    for j in cands:
+        if free >= n:
+            break
+        for d in j.devices:
+            if d.node == node:
+                left = load[d.index] - 1
+                load[d.index] = left
+                if left == 0:
+                    free += 1
+        victims.append(j)
+    if free < n:
+        return None
+    top = max(map(order, victims))
+    return Plan([], victims, (1.0, *top, float(len(victims)), 0.0))
 
 
 def _room_on_nodes(

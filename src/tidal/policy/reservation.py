@@ -36,6 +36,8 @@ class Reservations:
     def allowed(self, rec: JobRec) -> list[str]:
         """Reserved nodes ``rec`` may use: its own, and those held for a lower tier."""
         out: list[str] = []
+        if not self.by_job:
+            return out
         for jid, (tier, nodes) in self.by_job.items():
             if jid == rec.id or tier < rec.tier:
                 out.extend(nodes)

@@ -86,6 +86,7 @@ class Singularity(BasePolicy):
         self._kinds: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited_ids: set[str] = set()
+        self._open_kind: list[tuple[int, int] | None] = [None, None, None]  # see _tier_exhausted
         self.lane = PendingQueue(_arrival)
         self.lane_held: dict[str, int] = {}  # basic jobs started from the lane → devices
         self._lane_devices = 0
@@ -147,13 +148,20 @@ class Singularity(BasePolicy):
     def _tier_exhausted(self, tier: int, fmin: int, sharing: bool) -> bool:
         """True when no job of ``tier`` not yet looked at in this decision could start: all are at least
         as large as one that just failed, and none can be time-sliced. Avoids O(queue) scans per event."""
-        seen = self._visited[tier]
-        for (small, w), n in self._kinds[tier].items():
-            if n - seen[(small, w)] <= 0:
-                continue
-            if small < fmin:
+        seen, kinds = self._visited[tier], self._kinds[tier]
+        ts_failed, sharable = self._ts_failed, self.sharable
+        # The kind that kept the tier open last time most often still does: look at it first.
+        last = self._open_kind[tier]
+        if last is not None:
+            small, w = last
+            if (small < fmin or (sharing and w not in ts_failed and sharable.get(w))) and (
+                    kinds.get(last, 0) - seen.get(last, 0) > 0):
                 return False
-            if sharing and w not in self._ts_failed and self.sharable.get(w):
+        for kind, n in kinds.items():
+            small, w = kind
+            if (small < fmin or (sharing and w not in ts_failed and sharable.get(w))) and (
+                    n - seen.get(kind, 0) > 0):
+                self._open_kind[tier] = kind
                 return False
         return True
 
@@ -275,8 +283,9 @@ class Singularity(BasePolicy):
         cfg = self.cfg
         if rec.id not in st.pending or rec.id in self._preempted_now:
             return True  # a job preempted in this decision waits for the next one: no churn
+        kind = self._kind(rec)
         if rec.id not in self._visited_ids:
-            self._visited[rec.tier][self._kind(rec)] += 1
+            self._visited[rec.tier][kind] += 1
             self._visited_ids.add(rec.id)
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
@@ -295,7 +304,7 @@ class Singularity(BasePolicy):
                     return True
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
-        smallest = self._kind(rec)[0]
+        smallest = kind[0]
         allowed = self.reservations.allowed(rec)
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:

@@ -168,37 +168,48 @@ class SchedState:
         size_of, room_of = self.node_size, self._room_of
         tier_devices, usage, running = self.tier_devices, self.usage, self.running
         taken = 0
+        room1, room2 = room_of[1], room_of[2]
+        moved1, moved2 = moved_room[1], moved_room[2]
         for rec, devices in holding:
             t = rec.tier
+            rid = rec.id
             nodes: dict[str, None] = {}
+            shared = False
             for d in devices:
                 node = d.node
                 load = load_of[node]
-                if load[d.index] == 0:
+                i = d.index
+                k = load[i]
+                if k == 0:
                     taken += 1
                     moved[node] = stamp = stamp + 1
-                load[d.index] += 1
+                else:
+                    shared = True  # held already by an earlier job: time-sliced
+                load[i] = k + 1
                 node_tier[node][t] += 1
                 nodes[node] = None
             for node in nodes:
-                node_jobs[node][rec.id] = None
-                free = load_of[node].count(0)
+                node_jobs[node][rid] = None
+                load = load_of[node]
+                free = load.count(0)
                 size = size_of[node]
                 nt = node_tier[node]
-                v1 = min(size, free + nt[0])
-                v2 = min(size, free + nt[0] + nt[1])
-                if v1 != room_of[1][node]:
-                    room_of[1][node] = v1
-                    moved_room[1][node] = stamp = stamp + 1
-                if v2 != room_of[2][node]:
-                    room_of[2][node] = v2
-                    moved_room[2][node] = stamp = stamp + 1
+                below = free + nt[0]
+                v1 = size if size < below else below
+                below += nt[1]
+                v2 = size if size < below else below
+                if v1 != room1[node]:
+                    room1[node] = v1
+                    moved1[node] = stamp = stamp + 1
+                if v2 != room2[node]:
+                    room2[node] = v2
+                    moved2[node] = stamp = stamp + 1
             tier_devices[t] += len(devices)
             usage[rec.project] = usage.get(rec.project, 0) + len(devices)
             rec.running = True
-            running[rec.id] = rec
+            running[rid] = rec
             rec.devices = list(devices)
-            rec.shared = any(load_of[d.node][d.index] > 1 for d in devices)
+            rec.shared = shared
         if not holding:
             return
         self.free_total -= taken
@@ -252,8 +263,14 @@ class SchedState:
         """Give ``devices`` (distinct) to ``rec`` in addition to what it holds."""
         by_node: dict[str, list[int]] = {}
         for d in devices:
-            by_node.setdefault(d.node, []).append(d.index)
+            idxs = by_node.get(d.node)
+            if idxs is None:
+                by_node[d.node] = [d.index]
+            else:
+                idxs.append(d.index)
         t = rec.tier
+        rid = rec.id
+        down = self.down
         for node, idxs in by_node.items():
             load = self.load[node]
             free = self.free_idx[node]
@@ -265,11 +282,11 @@ class SchedState:
             after = len(free)
             if after != before:
                 self._move_bucket(node, before, after)
-                got = before - after
-                if node not in self.down:
+                if node not in down:
+                    got = before - after
                     self.cluster_free[self.node_cluster[node]] -= got
                     self.free_total -= got
-            self.node_jobs[node][rec.id] = None
+            self.node_jobs[node][rid] = None
             self.node_tier[node][t] += len(idxs)
             self._touch(node)
         self.tier_devices[t] += len(devices)
@@ -277,8 +294,8 @@ class SchedState:
         if not rec.running:
             rec.running = True
             rec.started_at = now
-            self.pending.pop(rec.id, None)
-            self.running[rec.id] = rec
+            self.pending.pop(rid, None)
+            self.running[rid] = rec
             rec.devices = list(devices)
         else:
             self.settle(rec, now)
@@ -296,11 +313,15 @@ class SchedState:
         """Take ``devices`` (a subset of what ``rec`` holds) back; releasing all of them stops the job."""
         if account and rec.running:
             self.settle(rec, now)
-        gone = set(devices)
         t = rec.tier
         by_node: dict[str, list[int]] = {}
         for d in devices:
-            by_node.setdefault(d.node, []).append(d.index)
+            idxs = by_node.get(d.node)
+            if idxs is None:
+                by_node[d.node] = [d.index]
+            else:
+                idxs.append(d.index)
+        down = self.down
         for node, idxs in by_node.items():
             load = self.load[node]
             free = self.free_idx[node]
@@ -313,16 +334,23 @@ class SchedState:
             after = len(free)
             if after != before:
                 self._move_bucket(node, before, after)
-                if node not in self.down:
+                if node not in down:
                     self.cluster_free[self.node_cluster[node]] += after - before
                     self.free_total += after - before
             self.node_tier[node][t] -= len(idxs)
             self._touch(node)
-        rec.devices = [d for d in rec.devices if d not in gone]
-        still = {d.node for d in rec.devices}
-        for node in by_node:
-            if node not in still:
-                self.node_jobs[node].pop(rec.id, None)
+        node_jobs = self.node_jobs
+        if len(devices) == len(rec.devices):  # all of them (distinct, a subset): the job stops
+            rec.devices = []
+            for node in by_node:
+                node_jobs[node].pop(rec.id, None)
+        else:
+            gone = set(devices)
+            rec.devices = [d for d in rec.devices if d not in gone]
+            still = {d.node for d in rec.devices}
+            for node in by_node:
+                if node not in still:
+                    node_jobs[node].pop(rec.id, None)
         self.tier_devices[t] -= len(devices)
         self.usage[rec.project] -= len(devices)
         if not rec.devices:
@@ -331,20 +359,30 @@ class SchedState:
             self.running.pop(rec.id, None)
 
     def _touch(self, node: str) -> None:
+        """Move ``node`` to its right room bucket for each tier (free devices plus those held below)."""
         if node in self.down:
             return
-        c = self.node_cluster[node]
         free = len(self.free_idx[node])
         size = self.node_size[node]
         nt = self.node_tier[node]
-        for t in (1, 2):
-            v = min(size, free + (nt[0] if t == 1 else nt[0] + nt[1]))
-            old = self._room_of[t][node]
-            if v != old:
-                b = self.room[t][c]
-                del b[old][node]
-                b[v][node] = None
-                self._room_of[t][node] = v
+        below = free + nt[0]
+        v = size if size < below else below
+        room_of = self._room_of[1]
+        old = room_of[node]
+        if v != old:
+            b = self.room[1][self.node_cluster[node]]
+            del b[old][node]
+            b[v][node] = None
+            room_of[node] = v
+        below += nt[1]
+        v = size if size < below else below
+        room_of = self._room_of[2]
+        old = room_of[node]
+        if v != old:
+            b = self.room[2][self.node_cluster[node]]
+            del b[old][node]
+            b[v][node] = None
+            room_of[node] = v
 
     def retier(self, rec: JobRec, tier: int) -> None:
         """Change the rank a job is served and preempted at (Tiresias: its queue), keeping the

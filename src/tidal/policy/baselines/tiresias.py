@@ -126,12 +126,8 @@ class Tiresias(BasePolicy):
                 if failed.get(memo, 1 << 30) > rec.W:
                     devs = place(st, rec, rec.W)
                     if devs is None and lower_busy:
-                        out = make_room(
-                            st, clusters, rec.W, now,
-                            eligible=lambda j, q=q: j.tier < q,  # type: ignore[misc]
-                            order=lambda j: (float(j.tier), -j.submit),
-                            min_run_s=0.0, shrink=False, below_tier=q,
-                        )
+                        out = make_room(st, clusters, rec.W, now, eligible=_in_low_queue, order=_victim_order,
+                                        min_run_s=0.0, shrink=False, below_tier=q)
                         if out.plan is not None:
                             for v in out.plan.victims:
                                 self.preempt(v, now, reason=f"2D-LAS: {rec.id} has less service")
@@ -145,3 +141,13 @@ class Tiresias(BasePolicy):
         if self._timers:
             w = self._timers[0][0]
             self._wakeup = w if self._wakeup is None else min(self._wakeup, w)
+
+
+# Victims for a job of the top queue (the only one that preempts): jobs of the lower queue, latest arrival
+# first (module-level: no closure made per attempt).
+def _in_low_queue(j: JobRec) -> bool:
+    return j.tier < TOP
+
+
+def _victim_order(j: JobRec) -> tuple[float, ...]:
+    return (float(j.tier), -j.submit)
