@@ -365,6 +365,7 @@ class SchedState:
         free = len(self.free_idx[node])
         size = self.node_size[node]
         nt = self.node_tier[node]
+        # Written out for tiers 1 and 2 rather than looped: this runs after every device change.
         below = free + nt[0]
         v = size if size < below else below
         room_of = self._room_of[1]
