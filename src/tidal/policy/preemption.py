@@ -115,7 +115,7 @@ def _plan_node(
     if not cands:
         return None
     cands.sort(key=order)
-    if not shrink:
+    if not shrink:  # the common case, without the closure and bookkeeping shrinking needs
         return _preempt_on_node(node, n, load, free, cands, order)
 
     def drop(devs: list[DeviceRef]) -> int:
@@ -128,24 +128,23 @@ def _plan_node(
 
     shrinks: list[tuple[JobRec, list[DeviceRef]]] = []
     victims: list[JobRec] = []
-    if shrink:
-        for j in cands:
-            if free >= n:
-                break
-            d = len(j.devices)
-            single = all(x.node == node for x in j.devices)
-            if not single or d <= j.lo:
+    for j in cands:
+        if free >= n:
+            break
+        d = len(j.devices)
+        single = all(x.node == node for x in j.devices)
+        if not single or d <= j.lo:
+            continue
+        need = n - free
+        keep_n = next((s for s in useful_sizes(j.W, j.lo, d - 1) if d - s >= need), None)
+        if keep_n is None:
+            sizes = useful_sizes(j.W, j.lo, d - 1)
+            if not sizes:
                 continue
-            need = n - free
-            keep_n = next((s for s in useful_sizes(j.W, j.lo, d - 1) if d - s >= need), None)
-            if keep_n is None:
-                sizes = useful_sizes(j.W, j.lo, d - 1)
-                if not sizes:
-                    continue
-                keep_n = sizes[-1]
-            keep = j.devices[:keep_n]
-            free += drop(j.devices[keep_n:])
-            shrinks.append((j, keep))
+            keep_n = sizes[-1]
+        keep = j.devices[:keep_n]
+        free += drop(j.devices[keep_n:])
+        shrinks.append((j, keep))
     if free < n:
         shrunk = {j.id: keep for j, keep in shrinks}
         for j in cands:
