@@ -20,6 +20,11 @@ class Settings(BaseSettings):
         default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="committed checkpoints kept per job")
+    quotas: str | None = Field(
+        default=None,
+        description="per-project quotas for premium and standard jobs: 'project=share,...' ('*=share' for "
+        "every other project); a job over its project's quota is admitted as basic",
+    )
     cut_timeout: float = Field(
         default=30.0, gt=0, description="seconds a distributed job's ranks get to reach a consistent cut"
     )

@@ -15,18 +15,19 @@ from tidal.control import tokens
 from tidal.control.api.app import Context, create_app
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.db import Database
+from tidal.policy.admission import Quotas
 from tidal.policy.firstfit import FirstFitPolicy
 
 
 class Plane:
-    def __init__(self, tmp: Path, lease_s: float = 30.0) -> None:
+    def __init__(self, tmp: Path, lease_s: float = 30.0, quotas: Quotas | None = None) -> None:
         self.db = Database(f"sqlite:///{tmp / 'tidal.db'}")
         self.db.migrate()
         with self.db.tx() as s:
             self.user = tokens.create_user(s, "alice", "user")
             self.agent = tokens.create_user(s, "cluster", "agent")
         self.rec = Reconciler(self.db, FirstFitPolicy(), keep=3)
-        self.http = TestClient(create_app(Context(db=self.db, home=tmp, lease_s=lease_s)))
+        self.http = TestClient(create_app(Context(db=self.db, home=tmp, lease_s=lease_s, quotas=quotas)))
         self.workdir = tmp
 
     def as_user(self) -> dict[str, str]:
@@ -36,10 +37,13 @@ class Plane:
         return {"Authorization": f"Bearer {self.agent}"}
 
     def submit(self, **kw: Any) -> str:
+        return str(self.submit_reply(**kw)["id"])
+
+    def submit_reply(self, **kw: Any) -> dict[str, Any]:
         r = self.http.post("/v1/jobs", headers=self.as_user(),
                            json={"command": ["train"], "workdir": str(self.workdir), **kw})
         assert r.status_code == 201, r.text
-        return str(r.json()["id"])
+        return r.json()  # type: ignore[no-any-return]
 
     def job(self, jid: str) -> dict[str, Any]:
         return self.http.get(f"/v1/jobs/{jid}", headers=self.as_user()).json()  # type: ignore[no-any-return]
@@ -343,3 +347,23 @@ def test_migrations_upgrade_an_existing_database(tmp_path: Path) -> None:
     db.migrate()
     assert "progress" in {c["name"] for c in inspect(db.engine).get_columns("jobs")}
     db.close()
+
+
+def test_guaranteed_jobs_over_their_projects_quota_are_admitted_as_basic(tmp_path: Path) -> None:
+    p = Plane(tmp_path, quotas=Quotas({"vision": 0.5}))
+    for name in ("node-1", "node-2", "node-3", "node-4"):
+        assert FakeAgent(p, name, name).register() == 200  # 4 devices: vision may hold 2 guaranteed
+    first = p.submit_reply(tier="standard", ranks=2, project="vision")
+    assert first["tier"] == "standard" and "admitted_as" not in first
+    second = p.submit_reply(tier="premium", ranks=1, project="vision")
+    assert second["tier"] == "basic" and second["admitted_as"] == "basic"
+    assert second["admission"] == ("project 'vision' has 2 of its 2 guaranteed devices admitted; "
+                                   "1 more would exceed its quota")
+    assert p.job(second["id"])["tier"] == "basic"
+    events = p.http.get("/v1/events", headers=p.as_user(), params={"job": second["id"]}).json()
+    assert events[0]["detail"] == ("premium job 'train' of 1 rank(s) by alice; admitted as basic: "
+                                   + second["admission"])
+    assert p.submit_reply(tier="premium", project="speech")["tier"] == "premium"  # no quota: not limited
+    assert p.http.post(f"/v1/jobs/{first['id']}/cancel", headers=p.as_user()).status_code == 200
+    assert p.submit_reply(tier="premium", ranks=2, project="vision")["tier"] == "premium"  # room again
+    p.db.close()

@@ -88,6 +88,8 @@ def register(app: typer.Typer) -> None:
         command: list[str] = typer.Argument(None, help="the command, after --"),
         name: str = typer.Option(None, "--name"),
         tier: str = typer.Option(None, "--tier", help="premium | standard | basic (default basic)"),
+        project: str = typer.Option(None, "--project",
+                                    help="the project whose quota admits premium and standard jobs (default: default)"),
         ranks: int = typer.Option(None, "--ranks", help="world size W"),
         min_devices: int = typer.Option(None, "--min-devices"),
         max_devices: int = typer.Option(None, "--max-devices"),
@@ -99,7 +101,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Submit a job: `tidal submit [options] -- CMD ...`. It runs with your environment."""
         body: dict[str, Any] = load_job_file(file) if file else {}
-        given = {"name": name, "tier": tier, "ranks": ranks, "min_devices": min_devices,
+        given = {"name": name, "tier": tier, "project": project, "ranks": ranks, "min_devices": min_devices,
                  "max_devices": max_devices, "max_restarts": max_restarts}
         body.update({k: v for k, v in given.items() if v is not None})
         if checkpoint_every is not None:
@@ -118,6 +120,8 @@ def register(app: typer.Typer) -> None:
             print(job["id"])
         else:
             console.print(f"submitted job [bold]{job['id']}[/] ({job['name']})")
+            if job.get("admitted_as"):
+                console.print(f"[yellow]admitted as {job['admitted_as']}[/]: {job['admission']}", highlight=False)
 
     @app.command("ls")
     def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)")) -> None:

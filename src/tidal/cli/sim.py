@@ -34,6 +34,13 @@ def sim(
     event_log: Annotated[
         Path | None, typer.Option(help="Write every event and action to DIR/<policy>.jsonl.")
     ] = None,
+    quota: Annotated[
+        str | None,
+        typer.Option(help="Admit premium and standard jobs against per-project quotas: 'project=share,...' "
+                          "('*=share' for the others) or a VC CSV (shares of its nodes); jobs over their "
+                          "project's quota run as basic."),
+    ] = None,
+    quota_scale: Annotated[float, typer.Option(help="Multiply every --quota share by this.")] = 1.0,
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
@@ -48,10 +55,15 @@ def sim(
     if len(mix) != 3:
         raise ValidationError("--tier-mix needs three shares", field="tier_mix")
     names = check_policies(policies.split(","))
+    quotas = None
+    if quota is not None:
+        from tidal.sim.quota_spec import parse_quota_option
+
+        quotas = parse_quota_option(quota, quota_scale)
     console = Console(stderr=True)
     t0 = time.monotonic()
     p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,
-                on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit)
+                on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit, quotas=quotas)
     for line, reason in p.bad_rows[:20]:
         console.print(f"[yellow]skipped bad row[/] line {line}: {reason}", highlight=False)
     if len(p.bad_rows) > 20:
@@ -85,10 +97,17 @@ def sim(
                       str(s["preemptions"]), str(s["migrations"]), str(s["resizes"]),
                       *(f"{sla[t]['attainment']:.3f}" if t in sla else "-" for t in ("premium", "standard", "basic")))
     out.print(table)
+    if quotas is not None:
+        for n, s in summaries.items():
+            parts = [f"{t} {a['demoted']} of {a['requested']} ({a['demoted_work_fraction']:.1%} of its work), "
+                     f"attainment over all that asked {a['requested_attainment']:.3f}"
+                     for t, a in s["admission"].items()]
+            out.print(f"{n}: admitted as basic (over quota): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
     if json_out is not None:
         meta = {"trace": str(trace), "cluster": cluster, "load": load, "seed": seed, "tier_mix": list(mix),
-                "wall_s": elapsed}
+                "quota": quota, "quota_scale": quota_scale,
+                "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
         write_json(str(json_out), to_json(p, summaries, meta))
     if plots is not None:
         for path in write_plots(str(plots), summaries, series):

@@ -68,7 +68,8 @@ def _env(settings: Settings) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TIDAL_HOME": str(settings.home)}
     for key, value in (("TIDAL_DATABASE_URL", settings.database_url),
                        ("TIDAL_CHECKPOINT_STORE", settings.checkpoint_store),
-                       ("TIDAL_KEEP_CHECKPOINTS", str(settings.keep_checkpoints))):
+                       ("TIDAL_KEEP_CHECKPOINTS", str(settings.keep_checkpoints)),
+                       ("TIDAL_QUOTAS", settings.quotas)):
         if value:
             env[key] = value
         else:

@@ -18,6 +18,8 @@ from tidal.control.history import record
 from tidal.control.reconcile import Reconciler, make_policy
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
+from tidal.errors import ValidationError
+from tidal.policy.admission import parse_quotas
 
 
 def recover(db: Database, lease_s: float) -> None:
@@ -50,7 +52,11 @@ def main(argv: list[str] | None = None) -> None:
     recover(db, args.lease)
     rec = Reconciler(db, make_policy(args.policy), keep=settings.keep_checkpoints)
     rec.start()
-    app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease))
+    try:
+        quotas = parse_quotas(settings.quotas) if settings.quotas else None
+    except ValidationError as exc:
+        raise SystemExit(f"tidal-control: TIDAL_QUOTAS: {exc.message}") from None
+    app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas))
     try:
         # Long-polling agents must not hold a shutdown up: give open requests one second.
         uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,

@@ -72,8 +72,9 @@ def _from_yaml(path: str) -> Topology:
     return Topology(tuple(regions))
 
 
-def _from_vc_csv(path: str, per_node: int) -> Topology:
-    clusters = []
+def read_vc_csv(path: str, field: str = "cluster") -> list[tuple[str, int]]:
+    """The rows of a VC CSV (``vc,node num``, one header row): (VC, node count)."""
+    out = []
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f))
     for i, row in enumerate(rows[1:], start=2):
@@ -82,9 +83,15 @@ def _from_vc_csv(path: str, per_node: int) -> Topology:
         try:
             n = int(row[1])
         except (IndexError, ValueError):
-            raise ValidationError(f"{path}:{i}: expected 'vc,node num'", field="cluster", line=i) from None
-        vc = row[0].strip()
-        clusters.append(Cluster(vc, tuple(Node(f"{vc}-n{k}", per_node) for k in range(n))))
-    if not clusters:
-        raise ValidationError(f"{path}: no virtual clusters", field="cluster")
+            raise ValidationError(f"{path}:{i}: expected 'vc,node num'", field=field, line=i) from None
+        if n < 0:
+            raise ValidationError(f"{path}:{i}: negative node count {n}", field=field, line=i)
+        out.append((row[0].strip(), n))
+    if not out:
+        raise ValidationError(f"{path}: no virtual clusters", field=field)
+    return out
+
+
+def _from_vc_csv(path: str, per_node: int) -> Topology:
+    clusters = [Cluster(vc, tuple(Node(f"{vc}-n{k}", per_node) for k in range(n))) for vc, n in read_vc_csv(path)]
     return Topology((Region("r0", tuple(clusters)),))

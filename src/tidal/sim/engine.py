@@ -29,6 +29,7 @@ from tidal.core import (
     Topology,
     advance,
 )
+from tidal.policy.admission import Admission
 from tidal.policy.base import BasePolicy
 from tidal.sim.cost import CostModel
 from tidal.sim.trace import TraceJob
@@ -41,8 +42,8 @@ class SimJob:
     __slots__ = (
         "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
         "killed_restart", "last_t", "lost_device_s", "migrations", "pause_until", "preemptions", "project",
-        "queue_s", "rate", "remaining", "resizes", "started_at", "state", "submit", "tier", "version",
-        "wait_since",
+        "queue_s", "rate", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
+        "version", "wait_since",
     )
 
     def __init__(self, tj: TraceJob, home: str | None) -> None:
@@ -52,6 +53,7 @@ class SimJob:
         self.W = tj.gpus
         assert tj.tier is not None
         self.tier = tj.tier
+        self.requested = tj.tier  # the tier asked for; ``tier`` is the one admitted
         self.project = tj.project
         self.home = home
         self.state = S.PENDING
@@ -102,9 +104,12 @@ class Simulator:
         oracle: bool = True,
         bins: int = 200,
         log: Callable[[dict[str, Any]], None] | None = None,
+        admission: Admission | None = None,
     ) -> None:
+        """``admission``: premium and standard jobs over their project's quota run as basic."""
         self.topo = topology
         self.policy = policy
+        self.admission = admission
         self.cost = cost or CostModel()
         self.oracle = oracle
         self.log = log
@@ -387,7 +392,13 @@ class Simulator:
                 if kind == _ARRIVE:
                     j = self.jobs[jid]
                     self.live[jid] = j
-                    events.append(self._event(EventKind.JOB_SUBMITTED, jid))
+                    detail = ""
+                    if self.admission is not None:
+                        adm = self.admission.admit(jid, j.project, j.tier, j.W)
+                        if adm.demoted:
+                            j.tier = adm.tier
+                            detail = f"admitted as {adm.tier.value}: {adm.reason}"
+                    events.append(self._event(EventKind.JOB_SUBMITTED, jid, detail=detail))
                 elif kind == _WAKE:
                     self._wakes.discard(now)
                     events.append(self._event(EventKind.TICK, None))
@@ -411,6 +422,8 @@ class Simulator:
                     for o in touched:
                         self._update_rate(o)
                     del self.live[jid]
+                    if self.admission is not None:
+                        self.admission.finished(jid)
                     self.done += 1
                     events.append(self._event(EventKind.JOB_FINISHED, jid))
             if not events:

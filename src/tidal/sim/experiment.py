@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tidal.errors import ValidationError
+from tidal.policy.admission import Admission, Quotas
 from tidal.policy.registry import POLICIES, make_policy
 from tidal.sim.cluster_spec import ClusterSpec, parse_cluster
 from tidal.sim.cost import CostModel
@@ -34,6 +35,11 @@ class Prepared:
     offered_load_before: float
     offered_load: float
     trace_jobs: int
+    quotas: Quotas | None = None  # premium and standard admitted against these
+
+    def admission(self) -> Admission | None:
+        """A fresh admission for one run (it tracks that run's unfinished jobs)."""
+        return None if self.quotas is None else Admission(self.quotas, self.cluster.topology.devices)
 
 
 def prepare(
@@ -47,6 +53,7 @@ def prepare(
     fmt: str = "auto",
     limit: int | None = None,
     gavel_step_s: float = 1.0,
+    quotas: Quotas | None = None,
 ) -> Prepared:
     tr = load_trace(trace, fmt=fmt, on_bad_row=on_bad_row, gavel_step_s=gavel_step_s)
     spec = parse_cluster(cluster)
@@ -76,7 +83,7 @@ def prepare(
     if load is not None:
         kept = rescale_load(kept, cap, load)
     return Prepared(kept, spec, too_large, unknown, [(b.line, b.reason) for b in tr.bad_rows], before,
-                    offered_load(kept, cap), len(tr.jobs))
+                    offered_load(kept, cap), len(tr.jobs), quotas)
 
 
 def check_policies(names: Sequence[str]) -> list[str]:
@@ -97,7 +104,8 @@ def run_one(p: Prepared, name: str, cost: CostModel | None = None,
     """Simulate one policy; ``event_log``: a directory to write ``<policy>.jsonl`` into (every event
     and action, in the log format the live control plane uses too)."""
     if event_log is None:
-        sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned)
+        sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned,
+                        admission=p.admission())
         return sim.run(progress)
     os.makedirs(event_log, exist_ok=True)
     with open(os.path.join(event_log, f"{name}.jsonl"), "w", encoding="utf-8") as f:
@@ -106,7 +114,7 @@ def run_one(p: Prepared, name: str, cost: CostModel | None = None,
             f.write(json.dumps(rec) + "\n")
 
         sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned,
-                        log=write)
+                        log=write, admission=p.admission())
         return sim.run(progress)
 
 

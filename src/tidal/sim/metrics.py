@@ -76,4 +76,20 @@ def summarize(r: SimResult) -> dict[str, Any]:
             "attainment_p10": percentile(att, 10),
             "attainment_p50": percentile(att, 50),
         }
+    # Admission: the jobs that asked for a guaranteed tier, and those admitted as basic (over their
+    # project's quota). The tiers above count each job at the tier it was admitted at.
+    out["admission"] = {}
+    for tier in (Tier.PREMIUM, Tier.STANDARD):
+        asked = [j for j in jobs if j.requested is tier]
+        if not asked:
+            continue
+        demoted = [j for j in asked if j.tier is not tier]
+        ideal = sum(j.W * j.duration for j in asked)
+        real = sum(j.W * (fin[j.id] - j.submit) for j in asked)
+        out["admission"][tier.value] = {
+            "requested": len(asked),
+            "demoted": len(demoted),
+            "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / ideal) if ideal > 0 else 0.0,
+            "requested_attainment": ideal / real if real > 0 else 1.0,  # over every job that asked
+        }
     return out

@@ -21,6 +21,7 @@ def to_json(p: Prepared, summaries: dict[str, dict[str, Any]], meta: dict[str, A
             tier: {k: v for k, v in t.items()}
             for tier, t in s["sla"].items()
         }
+        d["admission"] = s["admission"]
         policies[name] = d
     return {
         "policies": policies,

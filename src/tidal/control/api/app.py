@@ -32,6 +32,7 @@ from tidal.control.store.db import Database
 from tidal.control.store.models import EventRow, JobRow, NodeRow
 from tidal.core import TERMINAL, JobSpec, JobState
 from tidal.errors import Forbidden, TidalError, Unauthorized, ValidationError
+from tidal.policy.admission import Quotas
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Context:
     home: Path
     keep: int = 3
     lease_s: float = 5.0
+    quotas: Quotas | None = None  # premium and standard are admitted against these
 
 
 @dataclass(frozen=True)
@@ -141,8 +143,11 @@ def create_app(ctx: Context) -> FastAPI:
                        max_devices=body.max_devices, env=body.env, checkpoint_every=body.checkpoint_every,
                        max_restarts=body.max_restarts, owner=p.name, project=body.project)
         with ctx.db.tx() as s:
-            job = jobs.submit(s, spec, p.name, f"api:{p.name}")
-            return {"id": job.id, "state": job.state, "name": job.name}
+            job, why = jobs.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas)
+            out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
+            if why:  # over its project's quota
+                out["admitted_as"], out["admission"] = job.tier, why
+            return out
 
     @app.get("/v1/jobs")
     def list_jobs(p: User, all_users: Annotated[bool, Query(alias="all")] = False,
