@@ -25,6 +25,24 @@ def test_shell_loop_checkpoint_restore(cluster: Cluster) -> None:
     assert cluster.nodes[2].log_path(spec).read_bytes() == ref
 
 
+def test_restored_on_the_same_node_while_the_killed_copy_is_reaped(cluster: Cluster) -> None:
+    # A checkpoint that kills returns without waiting for the kernel to tear the ranks down; a restore on
+    # the same node root (a resize, a resume in place) waits for the old copy only where they would meet.
+    loop = [LOOP[0], LOOP[1], LOOP[2].replace("sleep 0.02", "sleep 0.05")]
+    spec = cluster.spec(loop)
+    ref = reference_run(loop, cluster.root / "ref", spec.launch_env())
+    node = cluster.nodes[0]
+    job = Job.launch("job", [(spec, node)], cluster.store)
+    for tick in (10, 25, 40):
+        wait_for_line(node.log_path(spec), rf"^tick {tick}$")
+        old = job.ranks[0]
+        job.checkpoint(then="kill")
+        job = Job.restore(cluster.store, "job", [(spec, node)])
+        assert old.wait(30).signal == 9 and job.ranks[0].pid != old.pid
+    assert [s.code for s in job.wait(60)] == [0]
+    assert node.log_path(spec).read_bytes() == ref
+
+
 def test_same_checkpoint_restored_twice_side_by_side(cluster: Cluster) -> None:
     spec = cluster.spec(LOOP)
     ref = reference_run(LOOP, cluster.root / "ref", spec.launch_env())

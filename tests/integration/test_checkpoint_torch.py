@@ -3,6 +3,8 @@ final parameters must be byte-identical to an uninterrupted run."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 from tests.integration.conftest import Cluster, reference_run, train_argv, wait_for_line
@@ -21,7 +23,7 @@ def _run_with_checkpoints(cluster: Cluster, argv: list[str], stops: list[int]) -
         node = job.ranks[0].node
         wait_for_line(node.log_path(spec), rf"^step {step} ")
         job.checkpoint(then="kill")
-        assert not job.ranks[0].running
+        assert job.ranks[0].wait(30).signal == signal.SIGKILL  # killed once committed
         target = nodes[(i + 1) % len(nodes)]
         job = Job.restore(cluster.store, "job", [(spec, target)])
         assert job.ranks[0].node is target

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
+from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
@@ -68,9 +68,7 @@ def _copy_prefix(src: Path, dest: Path, length: int) -> None:
 
 
 def _remove_staging(staging: Path) -> None:
-    shutil.rmtree(staging, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        staging.parent.rmdir()  # the node's staging area, once nothing of it is left
+    discard(staging, parent_too=True)  # and the node's staging area, once nothing of it is left
 
 
 class Job:
@@ -123,10 +121,11 @@ class Job:
         self._drop_last()
         return done
 
-    def kill(self) -> None:
+    def kill(self, wait: bool = True) -> None:
+        """SIGKILL every rank; ``wait``: until each is reaped (see :meth:`RankProcess.kill`)."""
         self._held = None
         for r in self.ranks:
-            r.kill()
+            r.kill(wait=wait)
         self._drop_last()
 
     def _drop_last(self) -> None:
@@ -237,7 +236,9 @@ class Job:
         finally:
             _remove_staging(staging)
         if then == "kill":
-            self.kill()
+            # The checkpoint is committed: the job's downtime need not include the kernel freeing the
+            # ranks' memory.
+            self.kill(wait=False)
             t_pause = time.perf_counter()
         elif then == "hold":
             self._held = (frozen, epoch)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.images import page_file_windows
 from tidal.mechanisms.criu.memory import mem_available
 from tidal.mechanisms.storage import Entry
@@ -66,7 +66,7 @@ class LastDump:
         if mem_available() < size + (2 << 30):
             return
         try:
-            shutil.rmtree(where, ignore_errors=True)
+            discard(where)
             images.rename(where)
         except OSError:
             return  # another file system: simply no reuse next time
@@ -81,6 +81,4 @@ class LastDump:
         with self._lock:
             gone, self.dir, self._files = self.dir, None, {}
         if gone is not None:
-            shutil.rmtree(gone, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                gone.parent.rmdir()
+            discard(gone, parent_too=True)

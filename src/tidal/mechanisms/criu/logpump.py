@@ -36,14 +36,19 @@ class LogPump:
         self._thread = threading.Thread(target=self._run, name="tidal-logpump", daemon=True)
         self._thread.start()
 
-    def add(self, fd: int, sink: Callable[[bytes], None], on_eof: Callable[[], None] | None = None) -> None:
+    def add(self, fd: int, sink: Callable[[bytes], None],
+            on_eof: Callable[[], None] | None = None) -> threading.Event:
+        """Pump ``fd`` into ``sink``; the event is set once it reached its end and was closed (wait on it,
+        not on the number: a closed number is soon another pipe's)."""
         os.set_blocking(fd, False)
+        stream = _Stream(fd, sink, on_eof)
         with self._lock:
-            self._streams[fd] = _Stream(fd, sink, on_eof)
+            self._streams[fd] = stream
             self._sel.register(fd, selectors.EVENT_READ)
         os.write(self._wake_w, b"x")
+        return stream.closed
 
-    def add_file(self, fd: int, path: Path, on_eof: Callable[[], None] | None = None) -> None:
+    def add_file(self, fd: int, path: Path, on_eof: Callable[[], None] | None = None) -> threading.Event:
         out = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
 
         def sink(data: bytes) -> None:
@@ -56,7 +61,7 @@ class LogPump:
             if on_eof:
                 on_eof()
 
-        self.add(fd, sink, eof)
+        return self.add(fd, sink, eof)
 
     def drain(self, fd: int) -> None:
         """Read and deliver everything currently in the pipe (the writer must be stopped)."""
@@ -64,11 +69,6 @@ class LogPump:
             stream = self._streams.get(fd)
             if stream is not None:
                 self._pump(stream)
-
-    def wait_closed(self, fd: int, timeout: float | None = None) -> bool:
-        with self._lock:
-            stream = self._streams.get(fd)
-        return True if stream is None else stream.closed.wait(timeout)
 
     def _pump(self, stream: _Stream) -> None:
         while True:
