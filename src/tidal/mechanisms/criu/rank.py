@@ -394,10 +394,13 @@ class RankProcess:
 
     def kill(self, timeout: float = 10.0, wait: bool = True) -> None:
         """SIGKILL the whole rank (also when frozen). ``wait``: until its init is reaped; else return at
-        once: the tasks can run no more of their code, and the kernel frees their memory (about 0.4 s per
-        GB) while the job is restored elsewhere. A new incarnation on this node waits for it first."""
+        once: the tasks can run no more of their code, and the kernel frees their memory (a few tenths of a
+        second per GB) while the job is restored elsewhere. A new incarnation on this node waits for it."""
         if not self.running:
             return
+        if not wait:  # before the signal: it may be reaped at once
+            with _REAPING_LOCK:
+                _REAPING[self.freezer.path] = self._exited
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         # A frozen task handles SIGKILL only once thawed.
@@ -405,8 +408,6 @@ class RankProcess:
             self.freezer.thaw()
             self._frozen = False
         if not wait:
-            with _REAPING_LOCK:
-                _REAPING[self.freezer.path] = self._exited
             return
         deadline = time.monotonic() + timeout
         if not self._exited.wait(max(0.0, deadline - time.monotonic())):
