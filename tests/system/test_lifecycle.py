@@ -97,3 +97,31 @@ def test_wait_exits_with_the_job_exit_code(make_cluster, workdir: Path) -> None:
     assert p.returncode == 7
     assert c.cli("logs", job).stdout == "out\nerr\n"
     assert c.show(job)["state"] == "failed"
+
+
+def test_down_leaves_no_images_in_memory(make_cluster, workdir: Path) -> None:
+    """A job's agent keeps its last dump in /dev/shm for the next checkpoint. `tidal down` removes what
+    the agents kept there, also for an agent that was killed and could not clean up itself."""
+    import hashlib
+    import os
+    import signal
+
+    from tidal.control.clusterfile import load
+    from tidal.control.localcluster import down
+    from tidal.mechanisms.criu.rank import FAST_STAGING
+
+    c = make_cluster(nodes=1, devices=1)
+    job = c.cli("submit", "-q", "--checkpoint-every", "1s", "--", "sh", "-c", JOB, cwd=workdir).stdout.strip()
+    wait_for(lambda: len(c.job(job)["checkpoints"]) >= 2, 60, "two periodic checkpoints")
+    digest = hashlib.sha256(str((c.home / "nodes" / "node-1").resolve()).encode()).hexdigest()[:12]
+
+    def kept() -> list[Path]:
+        return [p for p in (FAST_STAGING / "tidal").glob(f"*-{digest}") if any(p.iterdir())]
+
+    assert kept(), "the agent kept no images in memory: nothing to check"
+    agent = load(c.home).agents["node-1"].pid  # type: ignore[union-attr]
+    os.kill(agent, signal.SIGKILL)
+    wait_for(lambda: not pid_alive(agent), what="the agent to die")
+    assert kept(), "the killed agent removed its images after all: nothing to check"
+    down(c.settings)
+    assert not list((FAST_STAGING / "tidal").glob(f"*-{digest}"))

@@ -24,10 +24,18 @@ from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
+from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import Node, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 log = logging.getLogger("tidal.agent")
+
+
+def node_of(name: str, root: Path) -> Node:
+    """The node an agent serves. The mechanism names the node's cgroups after its key: unique per node
+    root, so that two clusters on one machine that both have a "node-1" never touch each other's ranks."""
+    root = root.resolve()
+    return Node(f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}", root)
 
 
 class Agent:
@@ -40,11 +48,8 @@ class Agent:
         self.cpus = cpu_sets(args.devices)
         settings = load_settings()
         self.store = CheckpointStore(settings.store_url)
-        # The mechanism names the node's cgroups after this key: unique per node root, so that two
-        # clusters on one machine that both have a "node-1" never touch each other's ranks.
-        root = Path(args.root).resolve()
-        self.key = f"{self.name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}"
-        self.node = Node(self.key, root)
+        self.node = node_of(self.name, Path(args.root))
+        self.key = self.node.name
         self.registered = threading.Event()
         quota = CpuQuota(self.key, args.devices)
         self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost,
@@ -143,6 +148,10 @@ def main(argv: list[str] | None = None) -> None:
         # tidal down: stop the ranks, give the node back (its jobs are requeued at once), exit. Were we
         # killed instead, the ranks' inits would see their lifeline close and take the ranks down.
         agent.executor.fence()
+        # os._exit does not wait for the threads removing images in the background: what they and the
+        # jobs kept in memory-backed /dev/shm goes now.
+        wait_discarded(timeout=10)
+        agent.node.clear_staging()
         with contextlib.suppress(Exception), httpx.Client(base_url=args.server, timeout=5) as http:
             http.post(f"/v1/agent/{agent.name}/leave", json={"agent_id": agent.agent_id},
                       headers=dict(agent.client.http.headers))

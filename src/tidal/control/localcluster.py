@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from tidal.agent.main import node_of
 from tidal.config import Settings
 from tidal.control import tokens
 from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_path, token_path
@@ -173,6 +174,9 @@ def down(settings: Settings) -> list[str]:
         if proc.pid and alive(proc.pid):
             stopped.append(name)
         _stop(proc.pid)
+        # Images a job kept in /dev/shm for its next checkpoint, also where an agent died without
+        # cleaning up: nothing runs there any more.
+        node_of(name, home / "nodes" / name).clear_staging()
     if st.server.pid and alive(st.server.pid):
         stopped.append("control plane")
     _stop(st.server.pid)
