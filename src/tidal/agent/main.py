@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import logging
 import os
 import signal
@@ -31,13 +30,6 @@ from tidal.mechanisms.storage import CheckpointStore
 log = logging.getLogger("tidal.agent")
 
 
-def node_of(name: str, root: Path) -> Node:
-    """The node an agent serves. The mechanism names the node's cgroups after its key: unique per node
-    root, so that two clusters on one machine that both have a "node-1" never touch each other's ranks."""
-    root = root.resolve()
-    return Node(f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}", root)
-
-
 class Agent:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -48,7 +40,7 @@ class Agent:
         self.cpus = cpu_sets(args.devices)
         settings = load_settings()
         self.store = CheckpointStore(settings.store_url)
-        self.node = node_of(self.name, Path(args.root))
+        self.node = Node.of_agent(self.name, Path(args.root))
         self.key = self.node.name
         self.registered = threading.Event()
         quota = CpuQuota(self.key, args.devices)

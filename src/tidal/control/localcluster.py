@@ -18,12 +18,12 @@ from typing import Any
 
 import httpx
 
-from tidal.agent.main import node_of
 from tidal.config import Settings
 from tidal.control import tokens
 from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_path, token_path
 from tidal.control.store.db import Database
 from tidal.errors import ConfigError, TidalError
+from tidal.mechanisms.criu.rank import Node
 
 TOKENS = ("admin", "user", "cluster")
 
@@ -176,7 +176,7 @@ def down(settings: Settings) -> list[str]:
         _stop(proc.pid)
         # Images a job kept in /dev/shm for its next checkpoint, also where an agent died without
         # cleaning up: nothing runs there any more.
-        node_of(name, home / "nodes" / name).clear_staging()
+        Node.of_agent(name, home / "nodes" / name).clear_staging()
     if st.server.pid and alive(st.server.pid):
         stopped.append("control plane")
     _stop(st.server.pid)

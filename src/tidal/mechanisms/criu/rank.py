@@ -89,6 +89,13 @@ class Node:
         digest = hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:12]
         self._fast = FAST_STAGING / "tidal" / f"{name}-{digest}"
 
+    @classmethod
+    def of_agent(cls, name: str, root: Path) -> Node:
+        """The node an agent called ``name`` serves from ``root``. Its key names the node's cgroups: unique
+        per node root, so that two clusters on one machine that both have a "node-1" never meet."""
+        root = root.resolve()
+        return cls(f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}", root)
+
     def rank_dir(self, spec: RankSpec) -> Path:
         return private_dir(self.root / "ranks" / spec.job_id / str(spec.rank))
 
