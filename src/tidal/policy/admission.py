@@ -38,11 +38,6 @@ class Quotas:
         s = self.shares.get(project)
         return self.shares.get(DEFAULT) if s is None else s
 
-    @property
-    def total(self) -> float:
-        """Sum of the named projects' shares (what is promised at most, without the default's)."""
-        return sum(s for p, s in self.shares.items() if p != DEFAULT)
-
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
@@ -83,9 +78,10 @@ class Admission:
         return self._used.get(project, 0)
 
     def admit(self, job_id: str, project: str, tier: Tier, devices: int) -> Decision:
-        d = decide(self.quotas, self.capacity, project, tier, devices, self._used.get(project, 0))
-        if d.tier is not Tier.BASIC and self.quotas.share(project) is not None:
-            self._used[project] = self._used.get(project, 0) + devices
+        used = self._used.get(project, 0)
+        d = decide(self.quotas, self.capacity, project, tier, devices, used)
+        if d.tier is not Tier.BASIC:  # counted also without a quota: harmless, and simpler
+            self._used[project] = used + devices
             self._holds[job_id] = (project, devices)
         return d
 

@@ -8,6 +8,8 @@ free devices per node, nodes bucketed by their free-device count per cluster, de
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from tidal.core import ClusterView, DeviceRef, JobState, JobView, Tier
 
 RUNNING_STATES = frozenset(
@@ -261,13 +263,7 @@ class SchedState:
 
     def allocate(self, rec: JobRec, devices: list[DeviceRef], *, now: float) -> None:
         """Give ``devices`` (distinct) to ``rec`` in addition to what it holds."""
-        by_node: dict[str, list[int]] = {}
-        for d in devices:
-            idxs = by_node.get(d.node)
-            if idxs is None:
-                by_node[d.node] = [d.index]
-            else:
-                idxs.append(d.index)
+        by_node = _indices_by_node(devices)
         t = rec.tier
         rid = rec.id
         down = self.down
@@ -314,13 +310,7 @@ class SchedState:
         if account and rec.running:
             self.settle(rec, now)
         t = rec.tier
-        by_node: dict[str, list[int]] = {}
-        for d in devices:
-            idxs = by_node.get(d.node)
-            if idxs is None:
-                by_node[d.node] = [d.index]
-            else:
-                idxs.append(d.index)
+        by_node = _indices_by_node(devices)
         down = self.down
         for node, idxs in by_node.items():
             load = self.load[node]
@@ -428,3 +418,16 @@ class SchedState:
         self.cluster_free[c] += free
         self.free_total += free
         self.capacity += self.node_size[node]
+
+
+def _indices_by_node(devices: Iterable[DeviceRef]) -> dict[str, list[int]]:
+    """Device indices grouped by node, in the order given (no list made per device, as setdefault
+    would: this runs on every grant and release)."""
+    by_node: dict[str, list[int]] = {}
+    for d in devices:
+        idxs = by_node.get(d.node)
+        if idxs is None:
+            by_node[d.node] = [d.index]
+        else:
+            idxs.append(d.index)
+    return by_node

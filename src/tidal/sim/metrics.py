@@ -30,6 +30,13 @@ def job_attainment(j: SimJob) -> float:
     return 1.0 if jct <= 0 else min(1.0, j.duration / jct) if j.duration > 0 else 1.0
 
 
+def tier_attainment(jobs: Sequence[SimJob]) -> float:
+    """Singularity's tier attainment: GPU-time weighted, Σ W·T_ideal / Σ W·T_real (finished jobs)."""
+    ideal = sum(j.W * j.duration for j in jobs)
+    real = sum(j.W * (float(j.finish or 0.0) - j.submit) for j in jobs)
+    return ideal / real if real > 0 else 1.0
+
+
 def summarize(r: SimResult) -> dict[str, Any]:
     jobs = [j for j in r.jobs if j.finish is not None]
     fin = {j.id: float(j.finish or 0.0) for j in jobs}
@@ -59,14 +66,12 @@ def summarize(r: SimResult) -> dict[str, Any]:
         tj = [j for j in jobs if j.tier is tier]
         if not tj:
             continue
-        ideal = sum(j.W * j.duration for j in tj)
-        real = sum(j.W * (fin[j.id] - j.submit) for j in tj)
         att = [job_attainment(j) for j in tj]
         target = tier.target
         tjct = [fin[j.id] - j.submit for j in tj]
         out["sla"][tier.value] = {
             "jobs": len(tj),
-            "attainment": ideal / real if real > 0 else 1.0,
+            "attainment": tier_attainment(tj),
             "met_fraction": (sum(1 for a in att if a >= target) / len(att)) if target is not None else None,
             "target": target,
             "avg_queue_s": _mean([j.queue_s for j in tj]),
@@ -84,12 +89,11 @@ def summarize(r: SimResult) -> dict[str, Any]:
         if not asked:
             continue
         demoted = [j for j in asked if j.tier is not tier]
-        ideal = sum(j.W * j.duration for j in asked)
-        real = sum(j.W * (fin[j.id] - j.submit) for j in asked)
+        work = sum(j.W * j.duration for j in asked)
         out["admission"][tier.value] = {
             "requested": len(asked),
             "demoted": len(demoted),
-            "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / ideal) if ideal > 0 else 0.0,
-            "requested_attainment": ideal / real if real > 0 else 1.0,  # over every job that asked
+            "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / work) if work > 0 else 0.0,
+            "requested_attainment": tier_attainment(asked),  # over every job that asked
         }
     return out
