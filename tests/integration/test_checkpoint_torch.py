@@ -82,17 +82,19 @@ def test_periodic_checkpoint_keeps_running_and_older_restore_rolls_back(cluster:
 
 
 def test_prestaged_migration_identical(cluster: Cluster) -> None:
-    """Pre-copy: the target stages the last periodic checkpoint while the job runs; the migration then
-    fetches only what changed. The run still ends byte-identical."""
+    """Pre-copy: the target stages the last periodic checkpoint; the migration then takes only what
+    changed since from the store, patching the staged images in place. The run still ends byte-identical.
+    (The job is held while the target stages, so that staging cannot outlast what is left of the run.)"""
     argv = train_argv("--steps", str(STEPS), "--step-time", "0.02")
     spec = cluster.spec(argv)
     ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
     src, dst = cluster.nodes[0], cluster.nodes[1]
     job = Job.launch("job", [(spec, src)], cluster.store)
     wait_for_line(src.log_path(spec), r"^step 10 ")
-    job.checkpoint(then="continue")
+    job.checkpoint(then="hold")
     staged = Job.prestage(cluster.store, "job", [(spec, dst)])
     assert staged[0].dir is not None and any(staged[0].dir.iterdir())
+    job.release()
     wait_for_line(src.log_path(spec), r"^step 30 ")
     job.checkpoint(then="kill")
     job = Job.restore(cluster.store, "job", [(spec, dst)], prestaged=staged)

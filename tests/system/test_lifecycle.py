@@ -124,4 +124,4 @@ def test_down_leaves_no_images_in_memory(make_cluster, workdir: Path) -> None:
     wait_for(lambda: not pid_alive(agent), what="the agent to die")
     assert kept(), "the killed agent removed its images after all: nothing to check"
     down(c.settings)
-    assert not list((FAST_STAGING / "tidal").glob(f"*-{digest}"))
+    assert not [p for area in ("tidal", "tidal-fetched") for p in (FAST_STAGING / area).glob(f"*-{digest}")]

@@ -7,6 +7,9 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
+from tidal.errors import CheckpointError
 from tidal.mechanisms.storage import CheckpointStore
 
 CHUNK = 64 << 10
@@ -82,6 +85,115 @@ def test_extract_with_a_base_fetches_only_what_it_lacks(tmp_path: Path) -> None:
     reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)})
     assert dest.read_bytes() == bytes(new)
     assert len(fetched) == 3  # chunks 2, 5 and 7 (the zero one without a read); the rest came from the base
+    assert base.read_bytes() == bytes(old)
+
+
+@pytest.mark.parametrize("shift", ["towards the start", "towards the end", "both ways"])
+def test_a_consumed_base_whose_chunks_moved_is_rearranged_in_place(tmp_path: Path, shift: str) -> None:
+    """CRIU page files shift when a memory region grows or shrinks: the base's chunks are moved within
+    it (in an order that never reads what was already overwritten), and only new content is fetched."""
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    old = os.urandom(10 * CHUNK)
+    src = tmp_path / "v1.img"
+    src.write_bytes(old)
+    w = store.writer("j")
+    e1 = w.add_file("pages.img", src)
+    w.commit({})
+    fresh = os.urandom(CHUNK)
+    if shift == "towards the start":
+        new = old[2 * CHUNK :] + fresh  # two chunks gone at the start, one new at the end
+    elif shift == "towards the end":
+        new = fresh + old[: 7 * CHUNK] + bytes(CHUNK) + old[7 * CHUNK :]  # one new first, zeros inserted
+    else:
+        new = old[CHUNK : 5 * CHUNK] + fresh + fresh + old[: CHUNK] + old[5 * CHUNK :]
+    src.write_bytes(new)
+    w = store.writer("j")
+    w.add_file("pages.img", src)
+    info = w.commit({})
+    base = tmp_path / "pages.old"
+    base.write_bytes(old)
+    inode = base.stat().st_ino
+    reader = store.reader("j", info.id)
+    fetched: list[int] = []
+    real_fetch = reader._fetch
+
+    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
+        fetched.append(off // CHUNK)
+        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
+
+    reader._fetch = counting  # type: ignore[method-assign]
+    dest = tmp_path / "out" / "pages.img"
+    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
+    assert dest.read_bytes() == bytes(new)
+    assert dest.stat().st_ino == inode and not base.exists()
+    # Both ways: six chunks' worth move towards the end, four towards the start; those four are fetched
+    # instead, with the two new ones.
+    want = {"towards the start": [8], "towards the end": [0], "both ways": [0, 1, 2, 3, 4, 5]}[shift]
+    assert sorted(fetched) == want
+
+
+def test_a_consumed_base_is_patched_in_place(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    old = bytearray(os.urandom(12 * CHUNK))
+    old[5 * CHUNK : 6 * CHUNK] = bytes(CHUNK)
+    src = tmp_path / "v1.img"
+    src.write_bytes(old)
+    w = store.writer("j")
+    e1 = w.add_file("pages.img", src)
+    w.commit({})
+    new = bytearray(old)
+    new[3 * CHUNK : 4 * CHUNK] = os.urandom(CHUNK)
+    new[5 * CHUNK : 6 * CHUNK] = os.urandom(CHUNK)  # the zero chunk gets data
+    new[7 * CHUNK : 8 * CHUNK] = bytes(CHUNK)  # a data chunk becomes zeros
+    new += os.urandom(CHUNK // 2)  # and the file grows
+    src.write_bytes(new)
+    w = store.writer("j")
+    e2 = w.add_file("pages.img", src)
+    info = w.commit({})
+    base = tmp_path / "staged" / "pages.img"
+    base.parent.mkdir()
+    base.write_bytes(old)
+    inode = base.stat().st_ino
+    reader = store.reader("j", info.id)
+    fetched: list[int] = []
+    real_fetch = reader._fetch
+
+    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
+        fetched.append(off // CHUNK)
+        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
+
+    reader._fetch = counting  # type: ignore[method-assign]
+    dest = tmp_path / "out" / "pages.img"
+    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
+    assert dest.read_bytes() == bytes(new)
+    assert sorted(fetched) == [3, 5, 12]  # the zero chunk is written, not fetched; the rest stayed put
+    assert dest.stat().st_ino == inode and not base.exists()  # the base became the file
+    assert oct(dest.stat().st_mode & 0o777) == oct(e2.mode)
+
+
+def test_a_base_patched_in_place_that_fails_is_removed(tmp_path: Path) -> None:
+    """A chunk missing from the store fails the extraction: the half-patched base is neither the old nor
+    the new file, so it is removed, and nothing is left at the destination."""
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    old = os.urandom(4 * CHUNK)
+    src = tmp_path / "v1.img"
+    src.write_bytes(old)
+    w = store.writer("j")
+    e1 = w.add_file("pages.img", src)
+    w.commit({})
+    new = old[: 3 * CHUNK] + os.urandom(CHUNK)
+    src.write_bytes(new)
+    w = store.writer("j")
+    e2 = w.add_file("pages.img", src)
+    info = w.commit({})
+    (tmp_path / "store" / "chunks" / e2.chunks[3][0][:2] / e2.chunks[3][0]).unlink()
+    base = tmp_path / "pages.old"
+    base.write_bytes(old)
+    dest = tmp_path / "out" / "pages.img"
+    with pytest.raises(CheckpointError, match=f"chunk {e2.chunks[3][0]} is missing from the store"):
+        store.reader("j", info.id).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
+                                               consume_bases=True)
+    assert not base.exists() and not dest.exists()
 
 
 def test_retain_keeps_everything_when_there_are_fewer_than_keep(tmp_path: Path) -> None:
@@ -95,3 +207,30 @@ def test_retain_keeps_everything_when_there_are_fewer_than_keep(tmp_path: Path) 
     assert [c.id for c in store.list("j")] == ids
     assert store.retain("j", 1) == ids[:1]
     assert [c.id for c in store.list("j")] == ids[1:]
+
+
+def test_a_base_on_another_file_system_is_copied_from_not_consumed(tmp_path: Path) -> None:
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    old = os.urandom(4 * CHUNK)
+    src = tmp_path / "v1.img"
+    src.write_bytes(old)
+    w = store.writer("j")
+    e1 = w.add_file("pages.img", src)
+    w.commit({})
+    new = old[: 3 * CHUNK] + os.urandom(CHUNK)
+    src.write_bytes(new)
+    w = store.writer("j")
+    w.add_file("pages.img", src)
+    info = w.commit({})
+    other = Path("/dev/shm")
+    assert os.stat(other).st_dev != os.stat(tmp_path).st_dev
+    base = other / f"tidal-test-base-{os.getpid()}.img"
+    base.write_bytes(old)
+    try:
+        dest = tmp_path / "out" / "pages.img"
+        store.reader("j", info.id).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
+                                               consume_bases=True)
+        assert dest.read_bytes() == new
+        assert base.read_bytes() == old  # a rename cannot cross file systems: the base was only read
+    finally:
+        base.unlink()

@@ -22,6 +22,7 @@ from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
+from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
@@ -75,9 +76,13 @@ class Job:
     """The ranks of one job placed on nodes of this machine."""
 
     def __init__(self, job_id: str, ranks: Sequence[RankProcess], fs: FsTracker | None, store: CheckpointStore,
-                 runner: CriuRunner | None = None, ghost_limit: int = 256 << 20) -> None:
+                 runner: CriuRunner | None = None, ghost_limit: int = 256 << 20, compare_last: bool = False) -> None:
         """``fs``: the working directory's tracker, on the one node that saves and restores it (None on
-        the job's other nodes: they share the directory)."""
+        the job's other nodes: they share the directory). ``compare_last``: the next commit compares the
+        new images with the last dump's instead of hashing them all; by default the last dump is removed
+        right before the next one, which is then written into its memory (see
+        :mod:`~tidal.mechanisms.criu.lastdump`). On the reference VM that made a 1.25 GiB rank's pause
+        0.39–0.50 s instead of 0.94–2.8 s, for 0.3–0.5 s more commit after the job went on."""
         self.job_id = job_id
         self.ranks = list(ranks)
         self.fs = fs
@@ -87,6 +92,7 @@ class Job:
         self.last_timing: CheckpointTiming | None = None
         self.restore_timing: RestoreTiming | None = None
         self._last: dict[int, LastDump] = {r.spec.rank: LastDump() for r in self.ranks}
+        self.compare_last = compare_last
         self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
         self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
         self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
@@ -161,6 +167,9 @@ class Job:
             raise ValueError(f"then must be 'continue', 'kill' or 'hold', not {then!r}")
         node = self.ranks[0].node
         need = sum(r.image_estimate() for r in self.ranks)
+        if not self.compare_last:
+            for last in self._last.values():
+                last.drop(now=True)  # its pages are then the ones CRIU's new images go into
         t0 = time.perf_counter()
         # Bring torch.distributed to a consistent cut first (ranks without it have nothing to cut). It
         # leaves every rank as it was if it fails.
@@ -177,10 +186,13 @@ class Job:
         frozen: list[RankProcess] = []
         writer = None
         released = False
+        prehash: PreHash | None = None
         try:
             for r in self.ranks:
                 r.freeze()
                 frozen.append(r)
+            # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
+            prehash = PreHash(staging, self.store.chunk_size)
             dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
             t_dump = time.perf_counter()
             snap = self.fs.capture(staging / "fs") if self.fs is not None else None
@@ -193,6 +205,7 @@ class Job:
                 if let_go:
                     resume(channels, epoch, rendezvous, wait=False)
             t_pause = time.perf_counter()
+            hashed = prehash.stop()
             writer = self.store.writer(self.job_id, checkpoint_id)
             entries: dict[int, dict[str, Entry]] = {}
             for d in dumps:
@@ -202,7 +215,8 @@ class Job:
                     f.name: writer.add_file(
                         f"ranks/{d.rank}/images/{f.name}", f,
                         boundaries=window_boundaries(windows.get(f.name, {})),
-                        previous=last.previous(f.name), previous_offsets=last.moved(f.name, windows.get(f.name, {})))
+                        previous=last.previous(f.name), previous_offsets=last.moved(f.name, windows.get(f.name, {})),
+                        digests=hashed.get(f))
                     for f in sorted(d.images.iterdir()) if f.suffix == ".img"
                 }
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
@@ -215,6 +229,8 @@ class Job:
                 for d in dumps:
                     self._keep_last(d.rank, d.images, entries[d.rank])
         except BaseException as exc:
+            if prehash is not None:
+                prehash.stop()
             if writer is not None:
                 with contextlib.suppress(Exception):
                     writer.abort()
@@ -317,7 +333,7 @@ class Job:
                 prefix = f"ranks/{spec.rank}/images/"
                 names = [n for n in reader.names() if n.startswith(prefix)]
                 need = sum(reader.entry(n).size for n in names)
-                d = node.staging(f"{job_id}-prestage-{uuid.uuid4().hex[:8]}", need)
+                d = node.staging(f"{job_id}-prestage-{uuid.uuid4().hex[:8]}", need, fetched=True)
                 reader.extract_all([(n, d / n[len(prefix):]) for n in names])
                 last = staged[spec.rank] = LastDump()
                 last.keep(d, {n[len(prefix):]: reader.entry(n) for n in names},
@@ -372,7 +388,7 @@ class Job:
         mine = {r: owner[r] for r in by_rank}
         need = sum(rd.entry(n).size for r, rd in mine.items() for n in rd.names()
                    if n.startswith(f"ranks/{r}/images/"))
-        staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need)
+        staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need, fetched=True)
         ranks: list[RankProcess] = []
         t0 = time.perf_counter()
         try:
@@ -386,7 +402,8 @@ class Job:
                     base = staged.previous(dest.name) if staged else None
                     if base is not None:
                         bases[name] = base
-                reader.extract_all(pairs, bases=bases)
+                # The pre-staged images are this restore's alone: patched into the new ones in place.
+                reader.extract_all(pairs, bases=bases, consume_bases=True)
             t_fetch = time.perf_counter()
             if fs is not None and fs_reader is not None:
                 snap = FsSnapshot.from_json(fs_reader.meta["fs"])

@@ -1,15 +1,21 @@
-"""The images of a rank's last committed dump, kept beside the staging area.
+"""The images of a rank's last committed dump, kept beside the staging area until its next dump.
 
-The next checkpoint of the same process compares its new images with these, chunk by chunk: a chunk
-whose bytes are unchanged takes its committed digest instead of being hashed again (a memcmp instead
-of a sha256 over memory that did not change). The files are Tidal's own private copies; a file whose
-stat changed since it was committed is not used.
+They serve the next checkpoint of the same process in one of two ways (see ``Job.compare_last``):
+
+* as a comparison base: a chunk whose bytes are unchanged takes its committed digest instead of being
+  hashed again (a memcmp instead of a sha256 over memory that did not change);
+* as memory to write the next dump into: removed right before CRIU dumps, their pages are what the
+  kernel hands CRIU. Memory freed long before is slower to fill on a virtual machine that returns free
+  pages to its host (virtio-balloon free page reporting): each page faults in the host again.
+
+The files are Tidal's own private copies; a file whose stat changed since it was committed is not used.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +82,16 @@ class LastDump:
             with contextlib.suppress(OSError):
                 self._files[name] = _Kept(entry, _sig(where / name), windows.get(name, {}))
 
-    def drop(self) -> None:
+    def drop(self, *, now: bool = False) -> None:
+        """Forget the images and remove them, in the background unless ``now``."""
         # Taken in one step: a job's waiter and its killer may drop at the same time.
         with self._lock:
             gone, self.dir, self._files = self.dir, None, {}
-        if gone is not None:
+        if gone is None:
+            return
+        if not now:
             discard(gone, parent_too=True)
+            return
+        shutil.rmtree(gone, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            gone.parent.rmdir()  # the node's staging area, once nothing of it is left

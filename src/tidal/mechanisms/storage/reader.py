@@ -9,12 +9,13 @@ import secrets
 from collections import deque
 from collections.abc import Iterable, Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tidal.errors import CheckpointError
 
-from .chunks import chunk_key, zero_digest
+from .chunks import chunk_key, zero_digest, zeros
 from .manifest import CheckpointInfo, Entry, Manifest, file_digest
 
 if TYPE_CHECKING:
@@ -88,6 +89,50 @@ class _FileSink(_Sink):
             os.unlink(self.tmp)
 
 
+class _PatchSink(_FileSink):
+    """Turns a local base file into ``dest`` in place: chunks it holds are moved to their new offsets
+    within it, the others written into it, and it is renamed over ``dest`` once verified. A base that
+    fails half-way is removed (it is neither the old file nor the new one)."""
+
+    def __init__(self, base: Path, dest: Path) -> None:
+        super().__init__(dest)
+        self.tmp = Path(base)
+
+    def open(self, entry: Entry) -> None:
+        self.entry = entry
+        try:
+            self.dest.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.tmp, os.O_RDWR | os.O_CLOEXEC)
+            if os.fstat(self.fd).st_size < entry.size:
+                os.ftruncate(self.fd, entry.size)
+        except OSError as e:
+            raise self._error(e) from None
+
+    def move(self, moves: list[tuple[int, int, int]], buf: bytearray) -> None:
+        """Copy (dest, src, n) ranges within the file, in the given order (see :func:`_patch_plan`)."""
+        for dest, src, n in moves:
+            view = memoryview(buf)[:n]
+            try:
+                if os.preadv(self.fd, [view], src) != n:
+                    raise CheckpointError(f"pre-staged base {self.tmp} is shorter than expected at offset {src}",
+                                          object=str(self.tmp))
+                self.write(dest, view)
+            except OSError as e:
+                raise self._error(e) from None
+            finally:
+                view.release()
+
+    def finish(self) -> None:
+        assert self.entry is not None
+        try:
+            if self.fd >= 0 and os.fstat(self.fd).st_size > self.entry.size:
+                os.ftruncate(self.fd, self.entry.size)
+        except OSError as e:
+            self.fail()
+            raise self._error(e) from None
+        super().finish()
+
+
 class _BytesSink(_Sink):
     def __init__(self) -> None:
         self.buf = bytearray()
@@ -128,21 +173,39 @@ class CheckpointReader:
         self.extract_all([(name, Path(dest))])
 
     def extract_all(
-        self, pairs: Iterable[tuple[str, Path | str]], *, bases: Mapping[str, tuple[Path, Entry]] | None = None
+        self,
+        pairs: Iterable[tuple[str, Path | str]],
+        *,
+        bases: Mapping[str, tuple[Path, Entry]] | None = None,
+        consume_bases: bool = False,
     ) -> None:
         """Extract many files; their chunks are fetched and verified in parallel.
 
         ``bases``: for some names, a local file that holds the content of an earlier entry and was verified
         when it was put there (a pre-staged earlier checkpoint). Chunks it holds (same digest, wherever they
-        sit in it) are copied from it; only the others are fetched from the store and verified."""
+        sit in it) are copied from it; only the others are fetched from the store and verified.
+        ``consume_bases``: a base that holds at least half of its new file becomes that file in place: its
+        chunks are moved within it to where the new file has them (CRIU page files shift when a memory
+        region grows), the others are written into it, and it is renamed to the destination (it is gone
+        afterwards). No new memory is filled with what the base already held."""
         bases = bases or {}
         items: list[tuple[Entry, _Sink]] = []
-        local: list[tuple[Path, dict[str, int]] | None] = []
+        local: list[_Base | None] = []
         for n, d in pairs:
             entry = self.entry(n)
-            items.append((entry, _FileSink(Path(d))))
             base = bases.get(n)
-            local.append((base[0], {h: off for off, _, h in _placed(base[1].chunks)}) if base else None)
+            if base is None:
+                items.append((entry, _FileSink(Path(d))))
+                local.append(None)
+                continue
+            at = {h: off for off, _, h in _placed(base[1].chunks)}
+            plan = (_patch_plan(entry, base[1])
+                    if consume_bases and entry.kind == "file" and _same_device(Path(base[0]), Path(d)) else None)
+            if plan is not None:
+                items.append((entry, _PatchSink(Path(base[0]), Path(d))))
+            else:
+                items.append((entry, _FileSink(Path(d))))
+            local.append(_Base(base[0], at, plan))
         self._run(items, fetch_zero=False, local=local)
 
     def read_bytes(self, name: str) -> bytes:
@@ -162,7 +225,7 @@ class CheckpointReader:
         items: list[tuple[Entry, _Sink]],
         *,
         fetch_zero: bool,
-        local: list[tuple[Path, dict[str, int]] | None] | None = None,
+        local: list[_Base | None] | None = None,
     ) -> None:
         """Fetch, check and deliver chunks with a bounded window of work in the pool.
 
@@ -178,21 +241,37 @@ class CheckpointReader:
         try:
             for i, (entry, sink) in enumerate(items):
                 here = local[i] if local else None
-                base_fd, base_at = (-1, {}) if here is None else (_open_base(here[0]), here[1])
+                plan = here.plan if here is not None else None
+                base_fd, base_at = (-1, {}) if here is None or plan is not None else (_open_base(here.path), here.at)
                 if base_fd >= 0:
                     base_fds.append(base_fd)
                 st = _State(entry, sink)
                 sink.open(entry)
                 opened.append(st)
+                if plan is not None:
+                    # Moves first, in order: a chunk written later may land where a move reads from.
+                    while not free:
+                        _drain_one(window, free)
+                    buf = free.pop()
+                    try:
+                        assert isinstance(sink, _PatchSink)
+                        sink.move(plan.moves, buf)
+                    finally:
+                        free.append(buf)
                 if entry.kind == "symlink":
                     st.hash.update((entry.target or "").encode())
                 off = 0
                 for digest, n in entry.chunks:
+                    if plan is not None and off in plan.placed:
+                        off += n  # already there, or moved there
+                        continue
                     while not free:
                         _drain_one(window, free)
                     buf = free.pop()
                     from_base = base_at.get(digest) if base_fd >= 0 and digest != zero_digest(n) else None
-                    if from_base is not None:
+                    if plan is not None and digest == zero_digest(n):
+                        fut = store.pool.submit(_write_zeros, sink, off, n)
+                    elif from_base is not None:
                         fut = store.pool.submit(_copy_local, base_fd, from_base, n, sink, off, buf)
                     else:
                         fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero, buf)
@@ -284,6 +363,68 @@ def _drain_one(window: deque[_Slot], free: list[bytearray]) -> None:
     finally:
         if buf is not None:
             free.append(buf)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How a base becomes its new file in place."""
+
+    moves: list[tuple[int, int, int]]  # (dest, src, n), in an order in which no move reads a range written
+    placed: set[int]  # offsets of the new file's chunks that the base holds (in place, or once moved)
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A verified local file that an extracted file may take chunks from."""
+
+    path: Path
+    at: dict[str, int]  # digest -> offset: chunks copied from wherever they sit
+    plan: _Plan | None  # patched in place instead
+
+
+def _patch_plan(entry: Entry, base: Entry) -> _Plan | None:
+    """The moves that turn ``base``'s content into ``entry``'s within one file, or None where that is not
+    worth it (the base holds less than half of the new file) or not possible in one pass.
+
+    Moved backwards (from the last chunk) when every chunk moves towards the end, forwards when every one
+    moves towards the start: a move then never reads a range that an earlier one wrote. Chunks that would
+    move the other way are fetched instead."""
+    at: dict[str, int] = {}
+    for off, _, h in _placed(base.chunks):
+        at.setdefault(h, off)
+    same = {off: h for off, _, h in _placed(base.chunks)}
+    pairs = []
+    for off, n, h in _placed(entry.chunks):
+        if h == zero_digest(n):
+            continue
+        src = off if same.get(off) == h else at.get(h)
+        if src is not None:
+            pairs.append((off, src, n))
+    later = sum(n for off, src, n in pairs if src < off)
+    earlier = sum(n for off, src, n in pairs if src > off)
+    towards_end = later >= earlier
+    keep = [(off, src, n) for off, src, n in pairs if (src <= off if towards_end else src >= off)]
+    if 2 * sum(n for _, _, n in keep) < entry.size:
+        return None
+    moves = sorted(((off, src, n) for off, src, n in keep if off != src), reverse=towards_end)
+    return _Plan(moves, {off for off, _, _ in keep})
+
+
+def _same_device(base: Path, dest: Path) -> bool:
+    """Whether ``base`` can be renamed to ``dest`` (whose parents may not exist yet)."""
+    there = dest.parent
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    try:
+        return os.stat(base).st_dev == os.stat(there).st_dev
+    except OSError:
+        return False
+
+
+def _write_zeros(sink: _Sink, off: int, n: int) -> bytes | memoryview | None:
+    """A zero chunk where a base patched in place holds something else (runs in the pool)."""
+    sink.write(off, zeros(n))
+    return None
 
 
 def _placed(chunks: tuple[tuple[str, int], ...]) -> list[tuple[int, int, str]]:

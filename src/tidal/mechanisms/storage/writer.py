@@ -67,6 +67,7 @@ class CheckpointWriter:
         mode: int | None = None,
         previous: tuple[Path | str, Entry] | None = None,
         previous_offsets: Mapping[int, int] | None = None,
+        digests: Mapping[tuple[int, int], str] | None = None,
     ) -> Entry:
         """Store the file at ``path`` as ``name``; chunks start at every offset in ``boundaries``.
 
@@ -74,7 +75,10 @@ class CheckpointWriter:
         last dump of the same process). A chunk whose bytes equal the same range of that file takes its
         known digest instead of being hashed again: a memcmp instead of a sha256 on unchanged memory.
         ``previous_offsets`` maps a chunk's offset in this file to where the same content would sit in the
-        previous file (CRIU page files shift when a memory region grows); by default the same offset."""
+        previous file (CRIU page files shift when a memory region grows); by default the same offset.
+        ``digests``: sha256 of some (offset, length) chunks of this file, computed earlier from bytes that
+        have not changed since (see :mod:`tidal.mechanisms.criu.prehash`): such a chunk already in the store
+        is not read again."""
         self._check_new(name)
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -96,7 +100,7 @@ class CheckpointWriter:
                     prev_fd = os.open(previous[0], os.O_RDONLY | os.O_CLOEXEC)
             try:
                 chunks = self._ingest_file(fd, str(path), segments, known if prev_fd >= 0 else {}, prev_fd,
-                                           previous_offsets or {})
+                                           previous_offsets or {}, digests or {})
             finally:
                 if prev_fd >= 0:
                     os.close(prev_fd)
@@ -162,6 +166,7 @@ class CheckpointWriter:
         known: dict[tuple[int, int], str],
         prev_fd: int,
         moved: Mapping[int, int],
+        hashed: Mapping[tuple[int, int], str],
     ) -> tuple[tuple[str, int], ...]:
         store = self._store
         compare = bytearray(store.chunk_size) if known else None
@@ -173,6 +178,12 @@ class CheckpointWriter:
                 for off, n in segments:
                     if failed.is_set():
                         break
+                    digest = hashed.get((off, n))
+                    if digest is not None and (digest in self._seen or store.backend.exists(chunk_key(digest))):
+                        done: Future[tuple[str, int]] = Future()
+                        done.set_result((digest, n))
+                        futures.append(done)
+                        continue
                     buf = store.take_buffer()
                     try:
                         view = memoryview(buf)[:n]
@@ -185,7 +196,7 @@ class CheckpointWriter:
                     digest = known.get((prev_off, n))
                     if digest is not None and compare is not None and _same(prev_fd, prev_off, n, buf, compare):
                         store.give_buffer(buf)
-                        done: Future[tuple[str, int]] = Future()
+                        done = Future()
                         done.set_result((digest, n))
                         futures.append(done)
                         continue
