@@ -243,9 +243,20 @@ def _migrate(job: Job, store: CheckpointStore, spec: RankSpec, target: Node,
     t_end = time.perf_counter()
     rt = job.restore_timing
     assert ck is not None and rt is not None
+    # The rank runs again; its memory is filled in while it does (lazy restore). Reported beside the
+    # downtime: when it finished its next training step, and when its memory was all in.
+    log = target.log_path(spec)
+    steps = log.read_bytes().count(b"\nstep ")
+    deadline = time.monotonic() + 60
+    while log.read_bytes().count(b"\nstep ") <= steps and time.monotonic() < deadline:
+        time.sleep(0.001)
+    t_step = time.perf_counter()
+    job.ranks[0].settle()
+    t_in = time.perf_counter()
     return job, {"total": t_end - t, "dump": ck.dump_s, "commit": ck.commit_s,
                  "stop": t_killed - t - ck.dump_s - ck.fs_s - ck.commit_s, "fetch_verify": rt.fetch_s,
-                 "fs_restore": rt.fs_s, "criu_restore": rt.criu_s, "restore": t_end - t_killed}
+                 "fs_restore": rt.fs_s, "criu_restore": rt.criu_s, "restore": t_end - t_killed,
+                 "next_step_after": t_step - t, "memory_in_after": t_in - t}
 
 
 def machine() -> dict[str, Any]:

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, reference_run, wait_for_line
+from tests.integration.conftest import Cluster, reference_run, train_argv, wait_for_line
 from tidal.errors import CheckpointError, RankExited, Unsupported
 from tidal.mechanisms.criu.fsstate import scan
 from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.storage import CheckpointStore
 
 LOOP = ["sh", "-c", 'i=0; while [ $i -lt 50 ]; do i=$((i+1)); echo "tick $i"; echo $i >> out.txt; sleep 0.02; '
@@ -172,3 +175,34 @@ def test_pre_dump_where_supported_else_unsupported(cluster: Cluster) -> None:
             assert job.ranks[0].running
     finally:
         job.kill()
+
+
+class _StalledPager(CriuRunner):
+    """Its lazy-pages daemon is stopped as soon as the restore is done, before the rank resumes (its
+    memory, 0.4 GB, takes the daemon tenths of a second to push): the rank then waits on its first page
+    fault until the test kills the daemon."""
+
+    def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str],
+                lazy: bool = False) -> subprocess.Popen[bytes] | None:
+        pager = super().restore(images, pidfile=pidfile, inherit=inherit, lazy=lazy)
+        assert pager is not None
+        os.kill(pager.pid, signal.SIGSTOP)
+        assert pager.poll() is None, "the daemon was done before it could be stopped"
+        self.pager = pager
+        return pager
+
+
+def test_a_lazy_restore_whose_pager_dies_kills_the_job(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
+    """Once the daemon that fills in a lazily restored rank's memory is gone, the rank's missing pages
+    would read as zeros: the rank is killed rather than left to go on with them."""
+    spec = cluster.spec(train_argv("--steps", "100000", "--step-time", "0.02", "--dataset-mb", "200"))
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    wait_for_line(cluster.nodes[0].log_path(spec), r"^step 3 ")
+    job.checkpoint(then="kill")
+    runner = _StalledPager()
+    job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[1])], runner=runner)
+    with caplog.at_level(logging.ERROR, logger="tidal.mechanisms.criu.job"):
+        os.kill(runner.pager.pid, signal.SIGKILL)
+        assert [s.signal for s in job.wait(60)] == [signal.SIGKILL]
+    assert "rank job.r0: criu lazy-pages, which restored its memory, exited with code -9; killing the job" in (
+        caplog.text)

@@ -9,7 +9,9 @@ committed; if anything fails before that, the ranks are thawed and go on as if n
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -30,6 +32,7 @@ from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
 
 FORMAT = 1
+log = logging.getLogger(__name__)
 # After the commit: the job goes on, is killed, or stays frozen until release() or kill() (a job spread
 # over several nodes is committed only once every node has stored its part).
 Then = Literal["continue", "kill", "hold"]
@@ -96,6 +99,31 @@ class Job:
         self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
         self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
         self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
+        self._settling: threading.Thread | None = None  # after a restore, until the ranks' memory is all in
+
+    def _after_restore(self, staging: Path, kept: dict[int, tuple[Path, dict[str, Entry]]]) -> None:
+        """Once every restored rank has all its memory: keep its images for the next checkpoint and drop
+        the restore's staging area. A rank whose memory could not all be filled in is killed: it would
+        otherwise go on with pages of zeros."""
+        try:
+            for r in self.ranks:
+                try:
+                    r.settle(None)
+                except MechanismError as e:
+                    log.error("job %s: %s; killing the job: %s", self.job_id, e.message, e.hint)
+                    for rp in self.ranks:
+                        with contextlib.suppress(Exception):
+                            rp.kill(wait=False)
+            if all(r.running for r in self.ranks):
+                for rank, (images, entries) in kept.items():
+                    self._last[rank].keep(images, entries, staging.parent / f"{self.job_id}-last-r{rank}")
+        finally:
+            _remove_staging(staging)
+
+    def _await_restored(self) -> None:
+        if self._settling is not None:
+            self._settling.join()
+            self._settling = None
 
     def channels(self) -> list[RankChannel]:
         return [r.channel for r in self.ranks if r.channel is not None]
@@ -124,6 +152,7 @@ class Job:
     def wait(self, timeout: float | None = None) -> list[ExitStatus]:
         deadline = None if timeout is None else time.monotonic() + timeout
         done = [r.wait(None if deadline is None else max(0.0, deadline - time.monotonic())) for r in self.ranks]
+        self._await_restored()
         self._drop_last()
         return done
 
@@ -132,6 +161,7 @@ class Job:
         self._held = None
         for r in self.ranks:
             r.kill(wait=wait)
+        self._await_restored()
         self._drop_last()
 
     def _drop_last(self) -> None:
@@ -166,6 +196,7 @@ class Job:
         if then not in ("continue", "kill", "hold"):
             raise ValueError(f"then must be 'continue', 'kill' or 'hold', not {then!r}")
         node = self.ranks[0].node
+        self._await_restored()
         need = sum(r.image_estimate() for r in self.ranks)
         if not self.compare_last:
             for last in self._last.values():
@@ -347,12 +378,15 @@ class Job:
     @classmethod
     def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
                 checkpoint_id: str | Sequence[str] | None = None, prestaged: Mapping[int, LastDump] | None = None,
-                rendezvous: Store | None = None, track_fs: bool = True, **kw: Any) -> Job:
+                rendezvous: Store | None = None, track_fs: bool = True, lazy: bool = True, **kw: Any) -> Job:
         """Restore the ranks of ``placement`` from ``checkpoint_id`` (default: the latest committed one),
         or from its parts (one per node it was spread over; the placement may take any of their ranks).
         ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
         ``rendezvous``: where the ranks rebuild their torch.distributed group (default: where it was).
-        ``track_fs``: this node puts the working directory back (exactly one node of a job does)."""
+        ``track_fs``: this node puts the working directory back (exactly one node of a job does).
+        ``lazy``: the ranks resume before their memory is all in; it is filled in from the verified images
+        as they touch it and in the background (see :meth:`CriuRunner.restore`), which takes most of CRIU's
+        restore out of the downtime."""
         # One checkpoint (or the latest): every rank must be placed. Parts: any of their ranks.
         whole = checkpoint_id is None or isinstance(checkpoint_id, str)
         parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
@@ -390,6 +424,7 @@ class Job:
                    if n.startswith(f"ranks/{r}/images/"))
         staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need, fetched=True)
         ranks: list[RankProcess] = []
+        job: Job | None = None
         t0 = time.perf_counter()
         try:
             # Fetch and verify every image before touching the working directory or any log.
@@ -427,22 +462,26 @@ class Job:
                 dump = RankDump(r, staging / "ranks" / str(r) / "images", int(info["log_bytes"]),
                                 info["out_pipe"], info["status_pipe"], info.get("ctl_in_pipe"),
                                 info.get("ctl_out_pipe"), bool(info.get("interposed")))
-                ranks.append(RankProcess.restore(spec, node, dump, runner))
+                ranks.append(RankProcess.restore(spec, node, dump, runner, lazy=lazy))
             job = cls(job_id, ranks, fs, store, **kw)
             # The verified images just restored are exactly the committed ones: the next checkpoint of
-            # this job can compare against them.
+            # this job can compare against them, or write into their memory. A lazily restored rank reads
+            # them until its memory is all in.
+            kept = {}
             for r, reader in mine.items():
-                images = staging / "ranks" / str(r) / "images"
                 names = [n for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
-                job._last[r].keep(images, {n.rsplit("/", 1)[1]: reader.entry(n) for n in names},
-                                  staging.parent / f"{job_id}-last-r{r}")
+                kept[r] = (staging / "ranks" / str(r) / "images", {n.rsplit("/", 1)[1]: reader.entry(n) for n in names})
+            job._settling = threading.Thread(target=job._after_restore, args=(staging, kept),
+                                             name=f"tidal-settle-{job_id}")
+            job._settling.start()
         except BaseException:
             for rp in ranks:
                 with contextlib.suppress(Exception):
                     rp.kill()
+            if job is None:
+                _remove_staging(staging)
             raise
         finally:
-            _remove_staging(staging)
             for last in (prestaged or {}).values():
                 last.drop()
         # The ranks were dumped at a cut, waiting: let them rebuild their group and go on.

@@ -178,6 +178,8 @@ class RankProcess:
         self.exit_time: float | None = None  # wall clock, when its init was seen to end
         self._exited = threading.Event()
         self._frozen = False
+        self._pager: subprocess.Popen[bytes] | None = None  # fills in a lazily restored rank's memory
+        self._killed = False
         p = pump()
         self._out_closed = p.add_file(out_r, node.log_path(spec))
         p.add(status_r, self._on_status, self._on_status_eof)
@@ -243,8 +245,11 @@ class RankProcess:
         return rank
 
     @classmethod
-    def restore(cls, spec: RankSpec, node: Node, dump: RankDump, runner: CriuRunner) -> RankProcess:
-        """Restore a dumped rank on ``node`` (its log file must already hold the dump's log)."""
+    def restore(cls, spec: RankSpec, node: Node, dump: RankDump, runner: CriuRunner,
+                lazy: bool = False) -> RankProcess:
+        """Restore a dumped rank on ``node`` (its log file must already hold the dump's log). ``lazy``: it
+        resumes before its memory is all in (see :meth:`CriuRunner.restore`); :meth:`settle` waits for
+        that, and the images must stay until then."""
         out_r, out_w = _pipe_pair()
         st_r, st_w = _pipe_pair()
         inherit = {out_w: dump.out_pipe, st_w: dump.status_pipe}
@@ -261,7 +266,7 @@ class RankProcess:
         pidfile = dump.images / "restore.pid"
         pidfile.unlink(missing_ok=True)
         try:
-            runner.restore(dump.images, pidfile=pidfile, inherit=inherit)
+            pager = runner.restore(dump.images, pidfile=pidfile, inherit=inherit, lazy=lazy)
         except BaseException:
             for fd in ours:
                 os.close(fd)
@@ -271,6 +276,7 @@ class RankProcess:
                 os.close(fd)
         pid = int(pidfile.read_text())
         rank = cls(spec, node, pid, out_r, st_r, ctl)
+        rank._pager = pager
         if rank.channel is not None and dump.interposed:
             rank.channel.hello.set()  # it said hello before the dump
         # CRIU left the tree stopped: place it, then let it run. A stopped init cannot notice that its
@@ -341,8 +347,24 @@ class RankProcess:
         if not self.running or not tasks.alive(self.pid):
             raise RankExited(f"cannot {what} rank {self.spec.name}: it has exited ({self._exit or 'gone'})")
 
+    def settle(self, timeout: float | None = 60.0) -> None:
+        """Wait until a lazily restored rank has all its memory (at once for any other rank)."""
+        pager = self._pager
+        if pager is None:
+            return
+        try:
+            code = pager.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise MechanismError(f"rank {self.spec.name}: its memory was not all restored after {timeout:.0f}s",
+                                 hint="criu lazy-pages is still filling it in") from None
+        self._pager = None
+        if code != 0 and self.running and not self._killed:
+            raise MechanismError(f"rank {self.spec.name}: criu lazy-pages, which restored its memory, exited "
+                                 f"with code {code}", hint="the rank may have lost memory: restore it again")
+
     def freeze(self) -> None:
         self._check_running("freeze")
+        self.settle()  # CRIU cannot dump memory that is still being filled in
         self.freezer.freeze()
         self._frozen = True
         pump().drain(self._out_r)
@@ -412,11 +434,16 @@ class RankProcess:
         second per GB) while the job is restored elsewhere. A new incarnation on this node waits for it."""
         if not self.running:
             return
+        self._killed = True
         if not wait:  # before the signal: it may be reaped at once
             with _REAPING_LOCK:
                 _REAPING[self.freezer.path] = self._exited
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
+        pager = self._pager
+        if pager is not None:  # nothing left to fill in
+            pager.kill()
+            pager.wait()
         # A frozen task handles SIGKILL only once thawed.
         if self._frozen:
             self.freezer.thaw()

@@ -6,6 +6,7 @@ import contextlib
 import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +15,7 @@ from tidal.errors import CheckpointError, Unsupported
 from tidal.mechanisms.criu.provision import Criu, find_criu
 
 HARMLESS = ("Can't setup RLIMIT_NOFILE",)
+LAZY_SOCKET = "lazy-pages.socket"  # where ``criu lazy-pages`` listens, in its images directory
 # A task caught in the middle of exiting cannot be seized until it has exited (CRIU says so itself):
 # these dump failures are worth one more try after letting the rank run for a moment.
 TRANSIENT = ("Unseizable non-zombie", "zombie found while seizing", "Timeout reached")
@@ -88,12 +90,41 @@ class CriuRunner:
         with _dump_turn():
             self._run(args, images / "pre-dump.log", what=f"criu pre-dump of pid {pid}")
 
-    def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str]) -> None:
+    def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str],
+                lazy: bool = False) -> subprocess.Popen[bytes] | None:
+        """Restore the tree dumped in ``images``, left stopped. ``lazy``: its anonymous memory is filled in
+        after it resumes, by a ``criu lazy-pages`` daemon that serves page faults from the images and pushes
+        the rest in the background (userfaultfd): returned, it exits once every page is in. The images
+        must stay until then."""
         args = ["restore", "-D", str(images), "--restore-detached", "--leave-stopped",
                 "--pidfile", str(pidfile), "--manage-cgroups=ignore", "--file-locks"]
         for fd, key in inherit.items():
             args += ["--inherit-fd", f"fd[{fd}]:{key}"]
-        self._run(args, images / "restore.log", pass_fds=tuple(inherit), what="criu restore")
+        pager = self._start_pager(images) if lazy else None
+        if pager is not None:
+            args.append("--lazy-pages")
+        try:
+            self._run(args, images / "restore.log", pass_fds=tuple(inherit), what="criu restore")
+        except BaseException:
+            if pager is not None:
+                pager.kill()
+                pager.wait()
+            raise
+        return pager
+
+    def _start_pager(self, images: Path, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        log = images / "lazy-pages.log"
+        pager = subprocess.Popen([*self.criu.argv, "lazy-pages", "-D", str(images), "-v2", "-o", log.name],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while not (images / LAZY_SOCKET).exists():  # restore connects to it at once
+            if pager.poll() is not None or time.monotonic() > deadline:
+                pager.kill()
+                pager.wait()
+                raise CheckpointError(f"criu lazy-pages did not start: {_log_errors(log)}", object=str(images),
+                                      hint=f"full CRIU log: {log}")
+            time.sleep(0.002)
+        return pager
 
     def supports(self, feature: str) -> bool:
         return _feature(self.criu.argv, feature)
