@@ -10,7 +10,8 @@ the size) and one dominated by parameters and optimizer state, it measures:
 * restore time (Tidal: fetch and verify from the store, put back, ``criu restore``);
 * the downtime of a migration between two node roots (stopped on one → running on the other, restored
   from the committed, verified store objects) against plain ``criu dump`` + ``criu restore`` through the
-  local disk;
+  local disk; Tidal's restore is lazy (the rank runs while its memory is filled in), so each migration
+  also reports when the rank finished its next training step and when its memory was all in;
 * the image, changed and stored bytes of a second checkpoint taken a few seconds after the first.
 
 Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
@@ -299,7 +300,7 @@ def main() -> int:
         "restore_s": {n: c["restore_s"] for n, c in out["cases"].items()},
     })
     cols = ["image", "copy s", "plain pause", "tidal pause", "pause/copy", "plain/copy", "restore s",
-            "plain mig s", "cold mig s", "warm mig s", "cold ratio", "warm ratio", "2nd stored"]
+            "plain mig s", "cold mig s", "warm mig s", "warm step s", "cold ratio", "warm ratio", "2nd stored"]
     print(f"machine: {out['machine']['cpu']}, {out['machine']['cores']} cores, "
           f"kernel {out['machine']['kernel']}, CRIU {out['machine']['criu']}, {fstype} at {args.dir}")
     print(f"{'case':8}" + "".join(f"{c:>13}" for c in cols))
@@ -307,7 +308,8 @@ def main() -> int:
         row = [f"{c['image_bytes'] / GB:.2f} GiB", f"{c['copy_s']:.3f}", f"{c['plain_pause_s']:.3f}",
                f"{c['pause_s']:.3f}", f"{c['pause_vs_copy']:.2f}", f"{c['plain_criu_pause_vs_copy']:.2f}",
                f"{c['restore_s']:.3f}", f"{c['plain_migration_s']:.3f}", f"{c['cold_migration_s']:.3f}",
-               f"{c['migration_s']:.3f}", f"{c['cold_migration_vs_plain_criu']:.2f}",
+               f"{c['migration_s']:.3f}", f"{c['migration_breakdown_s']['next_step_after']:.3f}",
+               f"{c['cold_migration_vs_plain_criu']:.2f}",
                f"{c['migration_vs_plain_criu']:.2f}", f"{c['second_checkpoint']['stored_fraction']:.4f}"]
         print(f"{n:8}" + "".join(f"{v:>13}" for v in row))
     write_json(args.json, out)

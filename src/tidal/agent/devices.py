@@ -56,6 +56,12 @@ class CpuQuota:
         if not self.enabled:
             return
         procs = self.path(device) / "cgroup.procs"
-        for pid in tasks.descendants(root_pid):
-            with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                procs.write_text(str(pid))
+        placed: set[int] = set()
+        while True:  # a process forked by one not moved yet stays behind: list again until none is new
+            new = [pid for pid in tasks.descendants(root_pid) if pid not in placed]
+            if not new:
+                return
+            for pid in new:
+                with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                    procs.write_text(str(pid))
+                placed.add(pid)

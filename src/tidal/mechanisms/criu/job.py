@@ -386,7 +386,8 @@ class Job:
         ``track_fs``: this node puts the working directory back (exactly one node of a job does).
         ``lazy``: the ranks resume before their memory is all in; it is filled in from the verified images
         as they touch it and in the background (see :meth:`CriuRunner.restore`), which takes most of CRIU's
-        restore out of the downtime."""
+        restore out of the downtime. Where the kernel lacks what it needs (``tidal doctor``: "criu: lazy
+        pages"), the restore is eager."""
         # One checkpoint (or the latest): every rank must be placed. Parts: any of their ranks.
         whole = checkpoint_id is None or isinstance(checkpoint_id, str)
         parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
@@ -456,6 +457,7 @@ class Job:
                 reader.extract(f"ranks/{r}/output.log", node.log_path(spec))
             t_fs = time.perf_counter()
             runner = kw.get("runner") or CriuRunner()
+            lazy = lazy and runner.supports("uffd-noncoop")  # a tree that forks needs non-cooperative events
             for r, reader in sorted(mine.items()):
                 spec, node = by_rank[r]
                 info = reader.meta["ranks"][str(r)]
