@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tidal.cli.doctor import check_staging
 from tidal.mechanisms.criu import ramdisk
 from tidal.mechanisms.criu.rank import FAST_STAGING, Node
 
@@ -18,6 +19,8 @@ def test_the_staging_root_is_mounted_with_large_pages(tmp_path: Path) -> None:
         assert "huge=within_size" in opts.split(":", 1)[1].split(",")
         assert oct(os.stat(root).st_mode & 0o777) == "0o700"
         assert ramdisk.fast_root(tmp_path) == root and ramdisk.mount_options(root) == opts  # mounted once
+        seen = check_staging(tmp_path, euid=0)
+        assert (seen.status, seen.detail) == ("ok", f"{root}: tmpfs with large pages")
     finally:
         ramdisk.unmount(root)
     assert ramdisk.mount_options(root) is None

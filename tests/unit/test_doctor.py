@@ -121,6 +121,19 @@ def test_home(tmp_path: Path) -> None:
     assert c.status == "ok" and str(home) in c.detail and "to be created" in c.detail
 
 
+def test_staging(tmp_path: Path) -> None:
+    gone = doctor.check_staging(tmp_path / "none", euid=0)
+    assert gone.status == "warn" and "staged on the node's disk" in gone.detail and gone.fix
+    fresh = doctor.check_staging(tmp_path, euid=0)
+    assert fresh.status == "ok" and fresh.detail == (
+        f"{tmp_path}/tidal: a tmpfs with large pages is mounted there at the first checkpoint")
+    user = doctor.check_staging(tmp_path, euid=1000)
+    assert user.status == "warn" and "only by root" in user.detail and user.fix == "run Tidal as root"
+    (tmp_path / "tidal" / "node-1-abc").mkdir(parents=True)
+    busy = doctor.check_staging(tmp_path, euid=0)
+    assert busy.status == "warn" and "holds files" in busy.detail and "tidal down" in busy.fix
+
+
 def test_feature_output_parsing() -> None:
     off = parse_feature_output(
         "mem_dirty_track", 1,

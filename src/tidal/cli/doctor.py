@@ -291,6 +291,34 @@ def _safe(name: str, required: bool, fn: Callable[[], Check | list[Check]]) -> l
     return got if isinstance(got, list) else [got]
 
 
+def check_staging(base: Path | None = None, euid: int | None = None) -> Check:
+    """Where checkpoint images are staged in memory: Tidal's large-page tmpfs (see
+    ``tidal.mechanisms.criu.ramdisk``). Looked at only: doctor mounts nothing."""
+    from tidal.mechanisms.criu import ramdisk
+    from tidal.mechanisms.criu.rank import FAST_STAGING
+
+    base = FAST_STAGING if base is None else base
+    root = base / "tidal"
+    euid = os.geteuid() if euid is None else euid
+    if not base.is_dir():
+        return Check("staging", "warn", f"{base} does not exist: images are staged on the node's disk",
+                     "mount a tmpfs there, or set TIDAL_FAST_STAGING to one")
+    opts = ramdisk.mount_options(root)
+    if opts is not None:
+        fs, options = opts.split(":", 1)
+        if fs == "tmpfs" and "huge=within_size" in options.split(","):
+            return Check("staging", "ok", f"{root}: tmpfs with large pages")
+        return Check("staging", "warn", f"{root} is a {fs} mount without huge=within_size: dumps are slower",
+                     f"unmount {root} when no job runs; Tidal then mounts its own")
+    if not ramdisk.unused(root):
+        return Check("staging", "warn", f"{root} holds files and is not Tidal's tmpfs: dumps are slower",
+                     f"run `tidal down`, then remove what is left in {root}")
+    if euid != 0:
+        return Check("staging", "warn", f"{root} can be mounted only by root: images are staged in 4 KiB pages",
+                     "run Tidal as root")
+    return Check("staging", "ok", f"{root}: a tmpfs with large pages is mounted there at the first checkpoint")
+
+
 def run_checks() -> list[Check]:
     """All checks, in display order; run concurrently (subprocesses dominate)."""
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -315,6 +343,7 @@ def run_checks() -> list[Check]:
             ("postgresql server", False, check_postgres),
             ("gpus", False, check_gpus),
             ("TIDAL_HOME", True, check_home),
+            ("staging", False, check_staging),
         ]
         futures = [pool.submit(_safe, name, req, fn) for name, req, fn in jobs]
         return [c for f in futures for c in f.result()]

@@ -169,7 +169,8 @@ class Job:
             last.drop()
 
     def _keep_last(self, rank: int, images: Path, entries: dict[str, Entry]) -> None:
-        self._last[rank].keep(images, entries, images.parent.parent / f"{self.job_id}-last-r{rank}")
+        self._last[rank].keep(images, entries, images.parent.parent / f"{self.job_id}-last-r{rank}",
+                              large_pages=True)  # a dump's staging (restored images sit in small pages)
 
     # -- checkpoint -------------------------------------------------------------------------------------
     # A cut across nodes is driven from outside, step by step (each step on every node before the next):
@@ -200,7 +201,9 @@ class Job:
         need = sum(r.image_estimate() for r in self.ranks)
         if not self.compare_last:
             for last in self._last.values():
-                last.drop(now=True)  # its pages are then the ones CRIU's new images go into
+                # Its pages are then the ones CRIU's new images go into. Small pages (restored images)
+                # would take tenths of a second to free here, and are of little use to a large-page dump.
+                last.drop(now=last.large_pages)
         t0 = time.perf_counter()
         # Bring torch.distributed to a consistent cut first (ranks without it have nothing to cut). It
         # leaves every rank as it was if it fails.

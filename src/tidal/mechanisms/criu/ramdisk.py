@@ -60,7 +60,7 @@ def _machine_lock(base: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def _unused(root: Path) -> bool:
+def unused(root: Path) -> bool:
     """Nothing in ``root`` but an empty trash directory."""
     try:
         entries = list(root.iterdir())
@@ -85,7 +85,7 @@ def fast_root(base: Path) -> Path:
             private_dir(root, below=base)
             if mount_options(root) is None:
                 with _machine_lock(base):
-                    if mount_options(root) is None and _unused(root):
+                    if mount_options(root) is None and unused(root):
                         st = os.statvfs(base)
                         _mount(root, st.f_blocks * st.f_frsize)  # as large as what it sits in
             _checked.add(root)
