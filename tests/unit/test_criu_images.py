@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import struct
 from pathlib import Path
 
+from tests.unit.pagemaps import MAGIC, entry
 from tidal.mechanisms.criu.images import PAGE, PE_PRESENT, page_file_boundaries
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _msg(fields: dict[int, int]) -> bytes:
-    body = b"".join(_varint(k << 3) + _varint(v) for k, v in fields.items())
-    return struct.pack("<I", len(body)) + body
-
-
 def _pagemap(path: Path, pages_id: int, entries: list[tuple[int, int, int]]) -> None:
-    data = struct.pack("<II", 0x54564319, 0x56084025) + _msg({1: pages_id})
+    data = MAGIC + entry({1: pages_id})
     for vaddr, nr, flags in entries:
-        data += _msg({1: vaddr, 2: nr, 4: flags})
+        data += entry({1: vaddr, 2: nr, 4: flags})
     path.write_bytes(data)
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import struct
 import threading
 import time
 from pathlib import Path
 
+from tests.unit.pagemaps import MAGIC, entry
 from tidal.mechanisms.criu.images import PAGE, PE_PRESENT, page_file_windows, window_boundaries
 from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.storage.chunks import plan
@@ -18,31 +18,15 @@ CHUNK = 256 << 10
 MB = 1 << 20
 
 
-def _varint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        out.append(b | (0x80 if v else 0))
-        if not v:
-            return bytes(out)
-
-
-def _entry(**fields: int) -> bytes:
-    numbers = {"pages_id": 1, "vaddr": 1, "nr_pages": 2, "flags": 4}
-    msg = b"".join(_varint(numbers[k] << 3) + _varint(v) for k, v in fields.items())
-    return struct.pack("<I", len(msg)) + msg
-
-
 def _dump_slowly(images: Path, regions: list[tuple[int, int, bool]], done: threading.Event) -> bytes:
     """Write a pagemap and its page file the way CRIU does: appended, entry by entry, a page run at a
     time."""
     pages = b""
     with open(images / "pagemap-7.img", "wb") as pm, open(images / "pages-3.img", "wb") as pf:
-        pm.write(b"\x00" * 8 + _entry(pages_id=3))
+        pm.write(MAGIC + entry({1: 3}))
         pm.flush()
         for vaddr, nr, present in regions:
-            pm.write(_entry(vaddr=vaddr, nr_pages=nr, flags=PE_PRESENT if present else 0))
+            pm.write(entry({1: vaddr, 2: nr, 4: PE_PRESENT if present else 0}))
             if present:
                 data = os.urandom(nr * PAGE)
                 for i in range(0, len(data), 64 * PAGE):

@@ -10,13 +10,41 @@ from pathlib import Path
 import pytest
 
 from tidal.errors import CheckpointError
-from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage import CheckpointReader, CheckpointStore, Entry
 
 CHUNK = 64 << 10
 
 
 def _digests(data: bytes, chunk: int = CHUNK) -> list[str]:
     return [hashlib.sha256(data[i : i + chunk]).hexdigest() for i in range(0, len(data), chunk)]
+
+
+def _two_versions(
+    tmp_path: Path, old: bytes | bytearray, new: bytes | bytearray
+) -> tuple[CheckpointStore, Entry, Entry, str]:
+    """A store with ``old`` committed as pages.img, then ``new``: both entries, and the second's id."""
+    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
+    src = tmp_path / "v.img"
+    entries = []
+    for data in (old, new):
+        src.write_bytes(data)
+        w = store.writer("j")
+        entries.append(w.add_file("pages.img", src))
+        last = w.commit({}).id
+    return store, entries[0], entries[1], last
+
+
+def _counting_fetches(reader: CheckpointReader) -> list[int]:
+    """The chunk indices ``reader`` fetches from the store from now on."""
+    fetched: list[int] = []
+    real_fetch = reader._fetch
+
+    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
+        fetched.append(off // CHUNK)
+        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
+
+    reader._fetch = counting  # type: ignore[method-assign]
+    return fetched
 
 
 def test_previous_gives_the_same_manifest_as_hashing(tmp_path: Path) -> None:
@@ -92,13 +120,7 @@ def test_extract_with_a_base_fetches_only_what_it_lacks(tmp_path: Path) -> None:
 def test_a_consumed_base_whose_chunks_moved_is_rearranged_in_place(tmp_path: Path, shift: str) -> None:
     """CRIU page files shift when a memory region grows or shrinks: the base's chunks are moved within
     it (in an order that never reads what was already overwritten), and only new content is fetched."""
-    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
     old = os.urandom(10 * CHUNK)
-    src = tmp_path / "v1.img"
-    src.write_bytes(old)
-    w = store.writer("j")
-    e1 = w.add_file("pages.img", src)
-    w.commit({})
     fresh = os.urandom(CHUNK)
     if shift == "towards the start":
         new = old[2 * CHUNK :] + fresh  # two chunks gone at the start, one new at the end
@@ -106,22 +128,12 @@ def test_a_consumed_base_whose_chunks_moved_is_rearranged_in_place(tmp_path: Pat
         new = fresh + old[: 7 * CHUNK] + bytes(CHUNK) + old[7 * CHUNK :]  # one new first, zeros inserted
     else:
         new = old[CHUNK : 5 * CHUNK] + fresh + fresh + old[: CHUNK] + old[5 * CHUNK :]
-    src.write_bytes(new)
-    w = store.writer("j")
-    w.add_file("pages.img", src)
-    info = w.commit({})
+    store, e1, _, last = _two_versions(tmp_path, old, new)
     base = tmp_path / "pages.old"
     base.write_bytes(old)
     inode = base.stat().st_ino
-    reader = store.reader("j", info.id)
-    fetched: list[int] = []
-    real_fetch = reader._fetch
-
-    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
-        fetched.append(off // CHUNK)
-        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
-
-    reader._fetch = counting  # type: ignore[method-assign]
+    reader = store.reader("j", last)
+    fetched = _counting_fetches(reader)
     dest = tmp_path / "out" / "pages.img"
     reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
     assert dest.read_bytes() == bytes(new)
@@ -133,36 +145,20 @@ def test_a_consumed_base_whose_chunks_moved_is_rearranged_in_place(tmp_path: Pat
 
 
 def test_a_consumed_base_is_patched_in_place(tmp_path: Path) -> None:
-    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
     old = bytearray(os.urandom(12 * CHUNK))
     old[5 * CHUNK : 6 * CHUNK] = bytes(CHUNK)
-    src = tmp_path / "v1.img"
-    src.write_bytes(old)
-    w = store.writer("j")
-    e1 = w.add_file("pages.img", src)
-    w.commit({})
     new = bytearray(old)
     new[3 * CHUNK : 4 * CHUNK] = os.urandom(CHUNK)
     new[5 * CHUNK : 6 * CHUNK] = os.urandom(CHUNK)  # the zero chunk gets data
     new[7 * CHUNK : 8 * CHUNK] = bytes(CHUNK)  # a data chunk becomes zeros
     new += os.urandom(CHUNK // 2)  # and the file grows
-    src.write_bytes(new)
-    w = store.writer("j")
-    e2 = w.add_file("pages.img", src)
-    info = w.commit({})
+    store, e1, e2, last = _two_versions(tmp_path, old, new)
     base = tmp_path / "staged" / "pages.img"
     base.parent.mkdir()
     base.write_bytes(old)
     inode = base.stat().st_ino
-    reader = store.reader("j", info.id)
-    fetched: list[int] = []
-    real_fetch = reader._fetch
-
-    def counting(entry, digest, n, sink, off, fetch_zero, buf):  # type: ignore[no-untyped-def]
-        fetched.append(off // CHUNK)
-        return real_fetch(entry, digest, n, sink, off, fetch_zero, buf)
-
-    reader._fetch = counting  # type: ignore[method-assign]
+    reader = store.reader("j", last)
+    fetched = _counting_fetches(reader)
     dest = tmp_path / "out" / "pages.img"
     reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
     assert dest.read_bytes() == bytes(new)
@@ -174,25 +170,16 @@ def test_a_consumed_base_is_patched_in_place(tmp_path: Path) -> None:
 def test_a_base_patched_in_place_that_fails_is_removed(tmp_path: Path) -> None:
     """A chunk missing from the store fails the extraction: the half-patched base is neither the old nor
     the new file, so it is removed, and nothing is left at the destination."""
-    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
     old = os.urandom(4 * CHUNK)
-    src = tmp_path / "v1.img"
-    src.write_bytes(old)
-    w = store.writer("j")
-    e1 = w.add_file("pages.img", src)
-    w.commit({})
     new = old[: 3 * CHUNK] + os.urandom(CHUNK)
-    src.write_bytes(new)
-    w = store.writer("j")
-    e2 = w.add_file("pages.img", src)
-    info = w.commit({})
+    store, e1, e2, last = _two_versions(tmp_path, old, new)
     (tmp_path / "store" / "chunks" / e2.chunks[3][0][:2] / e2.chunks[3][0]).unlink()
     base = tmp_path / "pages.old"
     base.write_bytes(old)
     dest = tmp_path / "out" / "pages.img"
     with pytest.raises(CheckpointError, match=f"chunk {e2.chunks[3][0]} is missing from the store"):
-        store.reader("j", info.id).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
-                                               consume_bases=True)
+        store.reader("j", last).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
+                                            consume_bases=True)
     assert not base.exists() and not dest.exists()
 
 
@@ -210,26 +197,17 @@ def test_retain_keeps_everything_when_there_are_fewer_than_keep(tmp_path: Path) 
 
 
 def test_a_base_on_another_file_system_is_copied_from_not_consumed(tmp_path: Path) -> None:
-    store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
     old = os.urandom(4 * CHUNK)
-    src = tmp_path / "v1.img"
-    src.write_bytes(old)
-    w = store.writer("j")
-    e1 = w.add_file("pages.img", src)
-    w.commit({})
     new = old[: 3 * CHUNK] + os.urandom(CHUNK)
-    src.write_bytes(new)
-    w = store.writer("j")
-    w.add_file("pages.img", src)
-    info = w.commit({})
+    store, e1, _, last = _two_versions(tmp_path, old, new)
     other = Path("/dev/shm")
     assert os.stat(other).st_dev != os.stat(tmp_path).st_dev
     base = other / f"tidal-test-base-{os.getpid()}.img"
     base.write_bytes(old)
     try:
         dest = tmp_path / "out" / "pages.img"
-        store.reader("j", info.id).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
-                                               consume_bases=True)
+        store.reader("j", last).extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)},
+                                            consume_bases=True)
         assert dest.read_bytes() == new
         assert base.read_bytes() == old  # a rename cannot cross file systems: the base was only read
     finally:
