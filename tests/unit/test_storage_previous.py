@@ -47,6 +47,19 @@ def _counting_fetches(reader: CheckpointReader) -> list[int]:
     return fetched
 
 
+def _consume(store: CheckpointStore, last: str, e1: Entry, old: bytes | bytearray, base: Path,
+             dest: Path) -> tuple[Path, int, list[int]]:
+    """Stage ``old`` (committed as ``e1``) at ``base``, then extract checkpoint ``last``'s pages.img to
+    ``dest`` consuming it: ``dest``, the base's inode, and the chunks fetched from the store."""
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.write_bytes(old)
+    inode = base.stat().st_ino
+    reader = store.reader("j", last)
+    fetched = _counting_fetches(reader)
+    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
+    return dest, inode, fetched
+
+
 def test_previous_gives_the_same_manifest_as_hashing(tmp_path: Path) -> None:
     store = CheckpointStore(str(tmp_path / "store"), chunk_size=CHUNK)
     old = bytearray(os.urandom(16 * CHUNK))
@@ -130,12 +143,7 @@ def test_a_consumed_base_whose_chunks_moved_is_rearranged_in_place(tmp_path: Pat
         new = old[CHUNK : 5 * CHUNK] + fresh + fresh + old[: CHUNK] + old[5 * CHUNK :]
     store, e1, _, last = _two_versions(tmp_path, old, new)
     base = tmp_path / "pages.old"
-    base.write_bytes(old)
-    inode = base.stat().st_ino
-    reader = store.reader("j", last)
-    fetched = _counting_fetches(reader)
-    dest = tmp_path / "out" / "pages.img"
-    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
+    dest, inode, fetched = _consume(store, last, e1, old, base, tmp_path / "out" / "pages.img")
     assert dest.read_bytes() == bytes(new)
     assert dest.stat().st_ino == inode and not base.exists()
     # Both ways: six chunks' worth move towards the end, four towards the start; those four are fetched
@@ -154,13 +162,7 @@ def test_a_consumed_base_is_patched_in_place(tmp_path: Path) -> None:
     new += os.urandom(CHUNK // 2)  # and the file grows
     store, e1, e2, last = _two_versions(tmp_path, old, new)
     base = tmp_path / "staged" / "pages.img"
-    base.parent.mkdir()
-    base.write_bytes(old)
-    inode = base.stat().st_ino
-    reader = store.reader("j", last)
-    fetched = _counting_fetches(reader)
-    dest = tmp_path / "out" / "pages.img"
-    reader.extract_all([("pages.img", dest)], bases={"pages.img": (base, e1)}, consume_bases=True)
+    dest, inode, fetched = _consume(store, last, e1, old, base, tmp_path / "out" / "pages.img")
     assert dest.read_bytes() == bytes(new)
     assert sorted(fetched) == [3, 5, 12]  # the zero chunk is written, not fetched; the rest stayed put
     assert dest.stat().st_ino == inode and not base.exists()  # the base became the file

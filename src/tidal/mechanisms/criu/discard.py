@@ -28,8 +28,15 @@ def trash_of(area: Path) -> Path:
     return area.parent / TRASH
 
 
-def discard(path: Path, *, parent_too: bool = False) -> None:
-    """Remove ``path`` (a directory) in the background; ``parent_too``: its parent too, if left empty."""
+def discard(path: Path, *, parent_too: bool = False, now: bool = False) -> None:
+    """Remove ``path`` (a directory) in the background, or before returning with ``now``; ``parent_too``:
+    its parent too, if left empty."""
+    if now:
+        shutil.rmtree(path, ignore_errors=True)
+        if parent_too:
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()
+        return
     target = private_dir(trash_of(path.parent)) / f"{path.name}-{uuid.uuid4().hex[:8]}"
     trash: Path | None = target
     try:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 
 PAGE = 4096
 PE_PRESENT = 1 << 2
-_HEADER = 8  # two magic numbers
+HEADER = 8  # two magic numbers
+WINDOW = 1 << 20  # chunks follow virtual-address windows of this size
+PAGEMAP = re.compile(r"pagemap-\d+\.img")
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -41,45 +42,63 @@ def _fields(msg: bytes) -> dict[int, int]:
     return out
 
 
-def _entries(path: Path) -> Iterator[dict[int, int]]:
-    data = path.read_bytes()
-    pos = _HEADER
+def read_entries(data: bytes, pos: int = HEADER) -> tuple[list[dict[int, int]], int]:
+    """The complete entries of pagemap image bytes ``data`` from offset ``pos``, and the offset after them
+    (an entry still being written is left for later)."""
+    out = []
     while pos + 4 <= len(data):
         (size,) = struct.unpack_from("<I", data, pos)
-        pos += 4
-        yield _fields(data[pos : pos + size])
-        pos += size
+        if pos + 4 + size > len(data):
+            break
+        out.append(_fields(data[pos + 4 : pos + 4 + size]))
+        pos += 4 + size
+    return out, pos
 
 
-def page_file_windows(images: Path, window: int = 1 << 20) -> dict[str, dict[int, int]]:
+class PageWindows:
+    """Where each ``window``-aligned virtual-address window starts in one page file, from its pagemap
+    entries fed in order (the first is the head, naming the page file)."""
+
+    def __init__(self, window: int = WINDOW) -> None:
+        self.window = window
+        self.pages_id: int | None = None
+        self.starts: dict[int, int] = {}  # window index -> file offset, in file order
+        self._offset = 0
+
+    def add(self, entry: dict[int, int]) -> None:
+        if self.pages_id is None:
+            self.pages_id = entry.get(1, 0)
+            return
+        if not entry.get(4, 0) & PE_PRESENT:
+            return
+        vaddr, nr = entry.get(1, 0), entry.get(2, 0)
+        first, last = vaddr // self.window, (vaddr + nr * PAGE - 1) // self.window
+        for w in range(first, last + 1):
+            if w not in self.starts:
+                self.starts[w] = self._offset + (max(vaddr, w * self.window) - vaddr)
+        self._offset += nr * PAGE
+
+
+def page_file_windows(images: Path, window: int = WINDOW) -> dict[str, dict[int, int]]:
     """For every ``pages-N.img`` in ``images``: the file offset at which each ``window``-aligned virtual
     address window starts (window index → offset). Unreadable pagemaps give nothing."""
     result: dict[str, dict[int, int]] = {}
     for pagemap in images.glob("pagemap-*.img"):
-        if not re.fullmatch(r"pagemap-\d+\.img", pagemap.name):
+        if not PAGEMAP.fullmatch(pagemap.name):
             continue
         try:
-            entries = _entries(pagemap)
-            head = next(entries)
-            pages_id = head.get(1, 0)
-            starts: dict[int, int] = {}
-            offset = 0
+            entries, _ = read_entries(pagemap.read_bytes())
+            pw = PageWindows(window)
             for entry in entries:
-                if not entry.get(4, 0) & PE_PRESENT:
-                    continue
-                vaddr, nr = entry.get(1, 0), entry.get(2, 0)
-                first, last = vaddr // window, (vaddr + nr * PAGE - 1) // window
-                for w in range(first, last + 1):
-                    if w not in starts:
-                        starts[w] = offset + (max(vaddr, w * window) - vaddr)
-                offset += nr * PAGE
-        except (IndexError, StopIteration, struct.error):
+                pw.add(entry)
+        except (OSError, IndexError, struct.error):
             continue
-        result[f"pages-{pages_id}.img"] = starts
+        if pw.pages_id is not None:
+            result[f"pages-{pw.pages_id}.img"] = pw.starts
     return result
 
 
-def page_file_boundaries(images: Path, window: int = 1 << 20) -> dict[str, list[int]]:
+def page_file_boundaries(images: Path, window: int = WINDOW) -> dict[str, list[int]]:
     """For every ``pages-N.img`` in ``images``, the file offsets where a new ``window``-aligned virtual
     address window begins (where chunks should start)."""
     return {name: window_boundaries(starts) for name, starts in page_file_windows(images, window).items()}

@@ -168,9 +168,10 @@ class Job:
         for last in self._last.values():
             last.drop()
 
-    def _keep_last(self, rank: int, images: Path, entries: dict[str, Entry]) -> None:
+    def _keep_last(self, rank: int, images: Path, entries: dict[str, Entry],
+                   windows: dict[str, dict[int, int]]) -> None:
         self._last[rank].keep(images, entries, images.parent.parent / f"{self.job_id}-last-r{rank}",
-                              large_pages=True)  # a dump's staging (restored images sit in small pages)
+                              large_pages=True, windows=windows)  # a dump's staging; restored images: small
 
     # -- checkpoint -------------------------------------------------------------------------------------
     # A cut across nodes is driven from outside, step by step (each step on every node before the next):
@@ -242,8 +243,9 @@ class Job:
             hashed = prehash.stop()
             writer = self.store.writer(self.job_id, checkpoint_id)
             entries: dict[int, dict[str, Entry]] = {}
+            windows_of: dict[int, dict[str, dict[int, int]]] = {}
             for d in dumps:
-                windows = page_file_windows(d.images)
+                windows = windows_of[d.rank] = page_file_windows(d.images)
                 last = self._last[d.rank]
                 entries[d.rank] = {
                     f.name: writer.add_file(
@@ -261,7 +263,7 @@ class Job:
             t_commit = time.perf_counter()
             if then == "continue":
                 for d in dumps:
-                    self._keep_last(d.rank, d.images, entries[d.rank])
+                    self._keep_last(d.rank, d.images, entries[d.rank], windows_of[d.rank])
         except BaseException as exc:
             if prehash is not None:
                 prehash.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,12 +63,13 @@ class LastDump:
             return {}
         return {off: kept.windows[w] for w, off in windows.items() if w in kept.windows}
 
-    def keep(self, images: Path, entries: dict[str, Entry], where: Path, *, large_pages: bool = False) -> None:
+    def keep(self, images: Path, entries: dict[str, Entry], where: Path, *, large_pages: bool = False,
+             windows: dict[str, dict[int, int]] | None = None) -> None:
         """Take over ``images`` (committed as ``entries``) by renaming it to ``where``. Not when memory is
         short: the images may sit in tmpfs, and reuse is only a speed-up. ``large_pages``: they sit in
         large pages, which the kernel frees in milliseconds (4 KiB pages: a few tenths of a second per
-        GB)."""
-        windows = page_file_windows(images)
+        GB). ``windows``: their :func:`page_file_windows`, where the caller has them already."""
+        windows = page_file_windows(images) if windows is None else windows
         self.drop()
         size = sum(f.stat().st_size for f in images.iterdir() if f.is_file())
         if mem_available() < size + (2 << 30):
@@ -91,11 +91,5 @@ class LastDump:
         # Taken in one step: a job's waiter and its killer may drop at the same time.
         with self._lock:
             gone, self.dir, self._files = self.dir, None, {}
-        if gone is None:
-            return
-        if not now:
-            discard(gone, parent_too=True)
-            return
-        shutil.rmtree(gone, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            gone.parent.rmdir()  # the node's staging area, once nothing of it is left
+        if gone is not None:
+            discard(gone, parent_too=True, now=now)

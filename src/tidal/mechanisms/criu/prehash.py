@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
-import struct
 import threading
 from pathlib import Path
 
-from tidal.mechanisms.criu.images import _HEADER, PAGE, PE_PRESENT, _fields
+from tidal.mechanisms.criu.images import HEADER, PAGEMAP, PageWindows, read_entries
 from tidal.mechanisms.storage.chunks import plan
-
-_PAGEMAP = re.compile(r"pagemap-(\d+)\.img")
 
 
 class _PageFile:
@@ -28,39 +24,26 @@ class _PageFile:
 
     def __init__(self, pagemap: Path) -> None:
         self.pagemap = pagemap
-        self.pos = _HEADER  # next unread pagemap entry
-        self.head_seen = False
-        self.pages: Path | None = None
-        self.offset = 0  # page-file offset after the entries read so far
-        self.starts: list[int] = []  # file offsets where a window begins, in order
-        self.last_window: int | None = None
+        self.pos = HEADER  # next unread pagemap entry
+        self.windows = PageWindows()
         self.hashed_to = 0  # every chunk below this offset is hashed
 
+    @property
+    def pages(self) -> Path | None:
+        pid = self.windows.pages_id
+        return None if pid is None else self.pagemap.with_name(f"pages-{pid}.img")
+
     def read_entries(self) -> None:
+        """Take in the entries written since the last call."""
         try:
-            data = self.pagemap.read_bytes()
+            with open(self.pagemap, "rb") as f:
+                f.seek(self.pos)
+                entries, used = read_entries(f.read(), 0)
         except OSError:
             return
-        while self.pos + 4 <= len(data):
-            (size,) = struct.unpack_from("<I", data, self.pos)
-            if self.pos + 4 + size > len(data):
-                return  # not all written yet
-            entry = _fields(data[self.pos + 4 : self.pos + 4 + size])
-            self.pos += 4 + size
-            if not self.head_seen:
-                self.head_seen = True
-                self.pages = self.pagemap.with_name(f"pages-{entry.get(1, 0)}.img")
-                continue
-            if not entry.get(4, 0) & PE_PRESENT:
-                continue
-            vaddr, nr = entry.get(1, 0), entry.get(2, 0)
-            window = 1 << 20
-            first, last = vaddr // window, (vaddr + nr * PAGE - 1) // window
-            for w in range(first, last + 1):
-                if self.last_window is None or w > self.last_window:
-                    self.starts.append(self.offset + (max(vaddr, w * window) - vaddr))
-                    self.last_window = w
-            self.offset += nr * PAGE
+        self.pos += used
+        for entry in entries:
+            self.windows.add(entry)
 
 
 class PreHash:
@@ -89,33 +72,34 @@ class PreHash:
     def _step(self) -> bool:
         """Hash what became complete; whether anything was."""
         for pagemap in self.root.glob("*/pagemap-*.img"):
-            if pagemap not in self._files and _PAGEMAP.fullmatch(pagemap.name):
+            if pagemap not in self._files and PAGEMAP.fullmatch(pagemap.name):
                 self._files[pagemap] = _PageFile(pagemap)
         did = False
         for pf in self._files.values():
             if self._stop.is_set():
                 break
             pf.read_entries()
-            if pf.pages is None or len(pf.starts) < 2:
+            starts = list(pf.windows.starts.values())
+            if pf.pages is None or len(starts) < 2:
                 continue
             try:
                 written = os.stat(pf.pages).st_size
             except OSError:
                 continue
             # A window is complete once the next one has begun and the page file holds it.
-            complete = [s for s in pf.starts if s <= written]
-            end = complete[-1] if complete else 0
+            end = max((s for s in starts if s <= written), default=0)
             if end <= pf.hashed_to:
                 continue
-            cuts = [s for s in pf.starts if pf.hashed_to < s < end]
+            cuts = [s for s in starts if pf.hashed_to < s < end]
             did |= self._hash(pf, pf.hashed_to, end, cuts)
         return did
 
     def _hash(self, pf: _PageFile, start: int, end: int, cuts: list[int]) -> bool:
-        assert pf.pages is not None
-        digests = self._digests.setdefault(pf.pages, {})
+        pages = pf.pages
+        assert pages is not None
+        digests = self._digests.setdefault(pages, {})
         try:
-            fd = os.open(pf.pages, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(pages, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             return False
         buf = bytearray(self.chunk_size)

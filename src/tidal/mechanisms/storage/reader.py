@@ -198,14 +198,14 @@ class CheckpointReader:
                 items.append((entry, _FileSink(Path(d))))
                 local.append(None)
                 continue
-            at = {h: off for off, _, h in _placed(base[1].chunks)}
             plan = (_patch_plan(entry, base[1])
                     if consume_bases and entry.kind == "file" and _same_device(Path(base[0]), Path(d)) else None)
             if plan is not None:
                 items.append((entry, _PatchSink(Path(base[0]), Path(d))))
+                local.append(_Base(base[0], {}, plan))
             else:
                 items.append((entry, _FileSink(Path(d))))
-            local.append(_Base(base[0], at, plan))
+                local.append(_Base(base[0], {h: off for off, _, h in _placed(base[1].chunks)}, None))
         self._run(items, fetch_zero=False, local=local)
 
     def read_bytes(self, name: str) -> bytes:
@@ -390,9 +390,10 @@ def _patch_plan(entry: Entry, base: Entry) -> _Plan | None:
     moves towards the start: a move then never reads a range that an earlier one wrote. Chunks that would
     move the other way are fetched instead."""
     at: dict[str, int] = {}
+    same: dict[int, str] = {}
     for off, _, h in _placed(base.chunks):
         at.setdefault(h, off)
-    same = {off: h for off, _, h in _placed(base.chunks)}
+        same[off] = h
     pairs = []
     for off, n, h in _placed(entry.chunks):
         if h == zero_digest(n):

@@ -180,9 +180,7 @@ class CheckpointWriter:
                         break
                     digest = hashed.get((off, n))
                     if digest is not None and (digest in self._seen or store.backend.exists(chunk_key(digest))):
-                        done: Future[tuple[str, int]] = Future()
-                        done.set_result((digest, n))
-                        futures.append(done)
+                        futures.append(_known(digest, n))
                         continue
                     buf = store.take_buffer()
                     try:
@@ -196,9 +194,7 @@ class CheckpointWriter:
                     digest = known.get((prev_off, n))
                     if digest is not None and compare is not None and _same(prev_fd, prev_off, n, buf, compare):
                         store.give_buffer(buf)
-                        done = Future()
-                        done.set_result((digest, n))
-                        futures.append(done)
+                        futures.append(_known(digest, n))
                         continue
                     fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
                     fut.add_done_callback(_releaser(store, buf, failed))
@@ -279,6 +275,13 @@ class CheckpointWriter:
     @property
     def state(self) -> str:
         return self._state
+
+
+def _known(digest: str, n: int) -> Future[tuple[str, int]]:
+    """A chunk whose digest is known without hashing, as the result the pool's chunks give."""
+    done: Future[tuple[str, int]] = Future()
+    done.set_result((digest, n))
+    return done
 
 
 def _same(prev_fd: int, off: int, n: int, buf: bytearray, compare: bytearray) -> bool:
