@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import pwd
 import queue
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 from tidal.agent.client import ControlClient, LeaseLostError
 from tidal.agent.devices import CpuQuota
 from tidal.config import load_settings
+from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import Node, RankProcess, RankSpec
@@ -35,18 +35,13 @@ log = logging.getLogger(__name__)
 CHUNK = 4 << 20
 
 
-def as_account(unix_user: str | None, argv: list[str]) -> list[str]:
-    """Run ``argv`` under ``unix_user``: the rank's init stays root (CRIU needs it), the command below it
-    drops to the account with its groups, so a job reads only what its owner may read."""
+def as_account(unix_user: str | None) -> Account | None:
+    """The account a job's command runs as: its owner's, so that a job reads only what its owner may read.
+    The rank's init stays root (CRIU needs it) and drops to it before running anything of the job's."""
     if not unix_user:
-        return argv
-    try:
-        pw = pwd.getpwnam(unix_user)
-    except KeyError:
-        raise RuntimeError(f"no Unix account {unix_user!r} on this node") from None
-    if pw.pw_uid == os.getuid():
-        return argv
-    return ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--init-groups", "--", *argv]
+        return None
+    acct = Account.named(unix_user)
+    return None if acct.uid == os.getuid() else acct
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -172,7 +167,8 @@ class Executor:
 
     def _specs(self, p: dict[str, Any]) -> list[RankSpec]:
         out = []
-        argv = as_account(p.get("unix_user"), list(p["argv"]))
+        argv = list(p["argv"])
+        account = as_account(p.get("unix_user"))
         # torchrun's environment: scripts written for torchrun run unchanged.
         # (The interposer rendezvous on TIDAL_STORE, hosted by Tidal; MASTER_* only for scripts that read it.)
         port = 20000 + zlib.crc32(p["job_id"].encode()) % 20000
@@ -186,7 +182,7 @@ class Executor:
             if rdv:
                 env |= {"TIDAL_STORE": rdv["addr"], "TIDAL_STORE_PREFIX": rdv["prefix"]}
             out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(argv), Path(p["workdir"]), env,
-                                tuple(r["cpus"]) if r.get("cpus") else None))
+                                tuple(r["cpus"]) if r.get("cpus") else None, account=account))
         return out
 
     def _started(self, p: dict[str, Any], job: Job, specs: list[RankSpec]) -> dict[str, Any]:

@@ -19,7 +19,25 @@ from pathlib import Path
 from typing import Any
 
 from tidal.errors import CheckpointError
+from tidal.mechanisms.accounts import Account, acting_as
 from tidal.mechanisms.permissions import private_dir
+
+# Opening a job's file: never through a symlink in its last component (the job may have planted one).
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _copy_fd(src: int, dst: int) -> None:
+    size = os.fstat(src).st_size
+    done = 0
+    with contextlib.suppress(OSError):  # EXDEV, ENOSYS, EINVAL: copied below instead
+        while done < size:
+            n = os.copy_file_range(src, dst, size - done)
+            if n == 0:
+                break
+            done += n
+    while chunk := os.read(src, 1 << 20):  # what grew meanwhile, or a file system without copy_file_range
+        os.write(dst, chunk)
 
 
 @dataclass(frozen=True)
@@ -81,28 +99,34 @@ class FsSnapshot:
 
 
 class FsTracker:
-    """Tracks one job's working directory against its launch-time baseline."""
+    """Tracks one job's working directory against its launch-time baseline. Every access to the directory
+    is made as ``who``, the job's account (see :mod:`tidal.mechanisms.accounts`); Tidal's own staging
+    area is accessed as the agent."""
 
-    def __init__(self, workdir: Path, baseline: dict[str, Entry]) -> None:
+    def __init__(self, workdir: Path, baseline: dict[str, Entry], who: Account | None = None) -> None:
         self.workdir = workdir
         self.baseline = baseline
+        self.who = who
 
     @classmethod
-    def at_launch(cls, workdir: Path) -> FsTracker:
-        return cls(workdir, scan(workdir))
+    def at_launch(cls, workdir: Path, who: Account | None = None) -> FsTracker:
+        with acting_as(who):
+            return cls(workdir, scan(workdir), who)
 
     def baseline_json(self) -> dict[str, Any]:
         return {p: asdict(e) for p, e in self.baseline.items()}
 
     @classmethod
-    def from_json(cls, workdir: Path, data: dict[str, Any]) -> FsTracker:
-        return cls(workdir, {p: Entry(**e) for p, e in data.items()})
+    def from_json(cls, workdir: Path, data: dict[str, Any], who: Account | None = None) -> FsTracker:
+        return cls(workdir, {p: Entry(**e) for p, e in data.items()}, who)
 
     def capture(self, staging: Path) -> FsSnapshot:
         """Record the directory now and copy changed files into ``staging`` (call while the job is frozen)."""
-        if not self.workdir.is_dir():
-            raise CheckpointError(f"working directory {self.workdir} has disappeared", object=str(self.workdir))
-        entries = scan(self.workdir)
+        with acting_as(self.who):
+            if not self.workdir.is_dir():
+                raise CheckpointError(f"working directory {self.workdir} has disappeared",
+                                      object=str(self.workdir))
+            entries = scan(self.workdir)
         captured = []
         for path, entry in entries.items():
             if entry.kind != "f":
@@ -112,8 +136,16 @@ class FsTracker:
                 continue
             dest = staging / path
             private_dir(dest.parent)
-            shutil.copyfile(self.workdir / path, dest)  # copy_file_range/sendfile: in-kernel
-            os.chmod(dest, 0o600)
+            with acting_as(self.who):
+                src = os.open(self.workdir / path, _READ)
+            try:
+                dst = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    _copy_fd(src, dst)  # in-kernel where the file system can
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
             captured.append(path)
         return FsSnapshot(entries, captured)
 
@@ -121,11 +153,12 @@ class FsTracker:
         """Put the working directory back as in ``snap``. ``fetch(paths, into)`` writes the captured files
         of ``paths`` under ``into`` (verified); nothing in the working directory changes unless all of them
         arrived and every input is intact."""
-        if not self.workdir.is_dir():
-            raise CheckpointError(f"cannot restore: working directory {self.workdir} does not exist on this "
-                                  "node", object=str(self.workdir),
-                                  hint="the working directory must exist at the same path on every node")
-        current = scan(self.workdir)
+        with acting_as(self.who):
+            if not self.workdir.is_dir():
+                raise CheckpointError(f"cannot restore: working directory {self.workdir} does not exist on "
+                                      "this node", object=str(self.workdir),
+                                      hint="the working directory must exist at the same path on every node")
+            current = scan(self.workdir)
         for path, entry in snap.entries.items():
             if entry.kind == "f" and path not in snap.captured:
                 now = current.get(path)
@@ -136,6 +169,31 @@ class FsTracker:
                         hint="keep a job's input files unchanged while it runs")
         private_dir(scratch)
         fetch(snap.captured, scratch)
+        with acting_as(self.who):
+            self._put_back(snap, current)
+        for path in snap.captured:
+            want = snap.entries[path]
+            target = self.workdir / path
+            # Next to the target, then renamed: atomic per file, whatever file system scratch is on.
+            tmp = target.with_name(f".{target.name}.tidal-restore")
+            src = os.open(scratch / path, _READ)  # Tidal's own copy, read as the agent
+            try:
+                with acting_as(self.who):
+                    with contextlib.suppress(FileNotFoundError):
+                        tmp.unlink()  # a leftover of an interrupted restore
+                    dst = os.open(tmp, _CREATE, 0o600)
+                    try:
+                        _copy_fd(src, dst)
+                        os.fchmod(dst, want.mode)
+                        os.utime(dst, ns=(want.mtime_ns, want.mtime_ns))
+                    finally:
+                        os.close(dst)
+                    os.replace(tmp, target)
+            finally:
+                os.close(src)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    def _put_back(self, snap: FsSnapshot, current: dict[str, Entry]) -> None:
         # Entries created after the checkpoint go, deepest first.
         for path in sorted(current, key=lambda p: p.count("/"), reverse=True):
             want = snap.entries.get(path)
@@ -157,13 +215,3 @@ class FsTracker:
                 with contextlib.suppress(FileNotFoundError):
                     target.unlink()
                 os.symlink(want.target, target)
-        for path in snap.captured:
-            want = snap.entries[path]
-            target = self.workdir / path
-            # Next to the target, then renamed: atomic per file, whatever file system scratch is on.
-            tmp = target.with_name(f".{target.name}.tidal-restore")
-            shutil.copyfile(scratch / path, tmp)
-            os.chmod(tmp, want.mode)
-            os.utime(tmp, ns=(want.mtime_ns, want.mtime_ns))
-            os.replace(tmp, target)
-        shutil.rmtree(scratch, ignore_errors=True)

@@ -137,7 +137,7 @@ class Job:
         if not workdir.is_dir():
             raise MechanismError(f"working directory {workdir} does not exist",
                                  hint="it must exist at the same path on every node")
-        fs = FsTracker.at_launch(workdir) if track_fs else None
+        fs = FsTracker.at_launch(workdir, placement[0][0].account) if track_fs else None
         ranks: list[RankProcess] = []
         try:
             for spec, node in placement:
@@ -423,7 +423,7 @@ class Job:
             if fs_reader is None:
                 raise CheckpointError(f"no part of checkpoint {readers[0].info.id} carries the working directory",
                                       object=readers[0].info.id)
-            fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"])
+            fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"], placement[0][0].account)
         node0 = placement[0][1]
         mine = {r: owner[r] for r in by_rank}
         need = sum(rd.entry(n).size for r, rd in mine.items() for n in rd.names()

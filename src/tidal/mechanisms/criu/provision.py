@@ -244,13 +244,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefix", type=Path, default=None, help="private prefix (default: .criu in the checkout)")
     parser.add_argument("--quiet", action="store_true")
     args = parser.parse_args(argv)
+    from tidal.mechanisms.criu import rlimits
+
     try:
         criu = ensure_criu(args.prefix, log=not args.quiet)
+        shim = None if rlimits.reads_other_accounts() else rlimits.build(args.prefix or default_prefix())
     except ProvisionError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if not args.quiet:
         print(f"[criu] using CRIU {criu.version_str} ({criu.source}): {' '.join(criu.argv)}", file=sys.stderr)
+        if shim is not None:
+            print(f"[criu] root lacks CAP_SYS_RESOURCE here: dumps of other accounts' jobs preload {shim}",
+                  file=sys.stderr)
     return 0
 
 

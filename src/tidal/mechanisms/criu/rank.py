@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import json
 import os
 import select
 import shutil
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidal.errors import MechanismError, RankExited
+from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.discard import empty_trash
@@ -37,6 +39,10 @@ from tidal.mechanisms.permissions import private_dir
 
 INIT = Path(__file__).with_name("rankinit.py")
 PR_SET_CHILD_SUBREAPER = 36
+# The whole environment of a rank's init, which runs as root: nothing of the job's (PATH, LD_PRELOAD,
+# PYTHONPATH ... would choose the code root runs). The job's environment reaches only its command, once
+# that runs as the job's account.
+INIT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 
 
 def become_subreaper() -> None:
@@ -57,6 +63,7 @@ class RankSpec:
     cpus: tuple[int, ...] | None = None  # the device's CPU set; None: all CPUs
     # Load the interposer into the rank's first Python process (torch.distributed made checkpointable).
     interpose: bool = True
+    account: Account | None = None  # None: the owner's own account
 
     @property
     def name(self) -> str:
@@ -157,6 +164,12 @@ class RankDump:
     interposed: bool = False  # the rank's interposer had said hello
 
 
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _pipe_pair() -> tuple[int, int]:
     r, w = os.pipe2(os.O_CLOEXEC)
     return r, w
@@ -202,19 +215,34 @@ class RankProcess:
         go_r, go_w = _pipe_pair()
         in_r, in_w = _pipe_pair()  # interposer requests
         rep_r, rep_w = _pipe_pair()  # interposer replies
+        spec_r, spec_w = _pipe_pair()  # what the init runs, and as whom
         log = node.log_path(spec)
         log.unlink(missing_ok=True)
         env = spec.launch_env()
         if spec.interpose:
             env["TIDAL_INTERPOSE_CTL"] = f"{in_r},{rep_w}"
+        acct = spec.account
+        payload = json.dumps({"argv": list(spec.argv), "env": env, "cwd": str(spec.workdir),
+                              "uid": acct.uid if acct else None, "gid": acct.gid if acct else None,
+                              "groups": list(acct.groups) if acct else []}).encode()
         try:
+            # Absolute paths, a fixed environment and "/" as working directory: see INIT_ENV.
             launcher = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(INIT), str(ctl_w), str(go_r), str(st_w), "--", *spec.argv],
+                [sys.executable, "-I", "-S", str(INIT), str(ctl_w), str(go_r), str(st_w), str(spec_r)],
                 stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
-                pass_fds=(ctl_w, go_r, st_w, in_r, rep_w), cwd=spec.workdir, env=env, start_new_session=True)
+                pass_fds=(ctl_w, go_r, st_w, in_r, rep_w, spec_r), cwd="/", env=INIT_ENV, start_new_session=True)
+        except BaseException:
+            os.close(spec_w)
+            raise
         finally:
-            for fd in (out_w, st_w, ctl_w, go_r, in_r, rep_w):
+            for fd in (out_w, st_w, ctl_w, go_r, in_r, rep_w, spec_r):
                 os.close(fd)
+        try:
+            _send(spec_w, payload)
+        except OSError:
+            pass  # the launcher died: reported below as a failed start
+        finally:
+            os.close(spec_w)
         try:
             ready, _, _ = select.select([ctl_r], [], [], 30)
             line = os.read(ctl_r, 64) if ready else b""

@@ -4,22 +4,37 @@ It is dumped and restored with the rank, so it must hold nothing tied to one nod
 
 * makes the namespace: the launcher process unshares CLONE_NEWPID, forks PID 1 and exits at once, so PID 1
   is re-parented to the owner (a child subreaper), exactly as a restored rank is;
+* reads what to run from the spec pipe (command, environment, working directory, account) before anything
+  else: it runs as root, so it is started with a fixed minimal environment and never sees the job's;
 * waits for a go byte from the owner (which first places it in its cgroups and CPU set);
-* runs the command as its child, forwards signals, reaps orphans;
+* runs the command as its child, which drops to the job's account first, then enters the working
+  directory and takes the job's environment (only a process that no longer is root sees either);
+* forwards signals, reaps orphans;
 * reports the command's end on the status pipe: ``exited N`` or ``signaled N``;
 * fences: when the owner's end of the status pipe closes (the owner died), it kills the whole rank.
 
-Usage: rankinit.py CTL_OUT_FD GO_IN_FD status_fd -- ARGV...
+Usage: rankinit.py CTL_OUT_FD GO_IN_FD STATUS_FD SPEC_FD. The spec is one JSON object, read to EOF:
+``{"argv": [...], "env": {...}, "cwd": "/abs", "uid": N|null, "gid": N|null, "groups": [N, ...]}``.
 """
+
+from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import select
 import signal
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: the init imports as little as it can
+    from typing import Any
+
+    Spec = dict[str, Any]
 
 CLONE_NEWPID = 0x20000000
+REAP_EVERY_MS = 1000
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 
@@ -32,7 +47,38 @@ def _unshare_pidns() -> None:
         os._exit(125)
 
 
-def _spawn(argv: list[str]) -> int:
+def _become(spec: Spec) -> None:
+    """In the child: drop to the job's account (groups, then gid, then uid: each step needs the one after
+    it not done yet), then enter the working directory with the account's own permissions."""
+    uid, gid = spec.get("uid"), spec.get("gid")
+    if uid is not None and gid is not None:
+        os.setgroups(list(spec.get("groups") or [gid]))
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+        if os.getresuid() != (uid, uid, uid) or os.getresgid() != (gid, gid, gid):
+            raise PermissionError("privileges were not dropped")
+    os.chdir(spec["cwd"])
+
+
+def _exec(argv: list[str], env: dict[str, str]) -> None:
+    """execvpe with the job's PATH, as the user's shell would search it. Written out because os.execvpe
+    imports a module on first use, and once dropped the account may not read the interpreter's library."""
+    name = argv[0]
+    if "/" in name:
+        os.execve(name, argv, env)
+    denied = None
+    for d in (env.get("PATH") or os.defpath).split(":"):
+        try:
+            os.execve(os.path.join(d or ".", name), argv, env)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except PermissionError as exc:
+            denied = exc
+    raise denied or FileNotFoundError(2, "No such file or directory")
+
+
+def _spawn(spec: Spec) -> int:
+    argv = spec["argv"]
     pid = os.fork()
     if pid == 0:
         try:
@@ -40,7 +86,16 @@ def _spawn(argv: list[str]) -> int:
             for sig in (signal.SIGPIPE, signal.SIGXFSZ, *FORWARDED, signal.SIGCHLD):
                 signal.signal(sig, signal.SIG_DFL)
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            os.execvp(argv[0], argv)
+        except OSError:
+            os._exit(125)
+        try:
+            _become(spec)
+        except OSError as exc:
+            os.write(2, f"tidal-init: cannot enter {spec['cwd']!r} as uid {spec.get('uid')}: "
+                        f"{exc.strerror or exc}\n".encode())
+            os._exit(126)
+        try:
+            _exec(argv, spec["env"])
         except OSError as exc:
             os.write(2, f"tidal-init: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
             os._exit(127)
@@ -52,25 +107,32 @@ def _report(status_fd: int, text: str) -> None:
         os.write(status_fd, text.encode())
 
 
-def _init(argv: list[str], status_fd: int) -> None:
+def _init(spec: Spec, status_fd: int) -> None:
     os.setsid()
     os.set_inheritable(status_fd, False)  # the command must not hold the owner's lifeline
     rfd, wfd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wfd)
-    child = _spawn(argv)
+    # Every handler before the fork: a command that exits at once must still wake the loop (its SIGCHLD
+    # would otherwise arrive while SIGCHLD is ignored, and be lost). A signal to forward that comes before
+    # the child exists has nobody to go to.
+    child = 0
 
     def forward(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child, signum)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
 
     for sig in FORWARDED:
         signal.signal(sig, forward)
     signal.signal(signal.SIGCHLD, lambda *_: None)
+    child = _spawn(spec)
     poller = select.poll()
     poller.register(rfd, select.POLLIN)
     poller.register(status_fd, 0)  # POLLERR/POLLHUP are always reported: the owner is gone
     while True:
-        for fd, ev in poller.poll():
+        # The timeout is a second line of defence: whatever happens to a SIGCHLD, the command's end is seen
+        # within a second (the job must never stay "running" with nothing left to run).
+        for fd, ev in poller.poll(REAP_EVERY_MS):
             if fd == status_fd and ev & (select.POLLERR | select.POLLHUP):
                 os.kill(-1, signal.SIGKILL)  # every process of the namespace but PID 1
                 os._exit(137)
@@ -97,10 +159,19 @@ def _init(argv: list[str], status_fd: int) -> None:
                 os._exit(code)
 
 
+def _read_spec(fd: int) -> Spec:
+    chunks = []
+    while chunk := os.read(fd, 1 << 16):
+        chunks.append(chunk)
+    os.close(fd)
+    spec: Spec = json.loads(b"".join(chunks))
+    return spec
+
+
 def main() -> None:
     args = sys.argv[1:]
-    ctl_out, go_in, status_fd = int(args[0]), int(args[1]), int(args[2])
-    argv = args[4:] if args[3] == "--" else args[3:]
+    ctl_out, go_in, status_fd, spec_fd = (int(a) for a in args[:4])
+    spec = _read_spec(spec_fd)
     _unshare_pidns()
     pid = os.fork()
     if pid:
@@ -111,7 +182,7 @@ def main() -> None:
     os.close(go_in)
     if go != b"g":
         os._exit(125)  # the owner gave up before starting us
-    _init(argv, status_fd)
+    _init(spec, status_fd)
 
 
 if __name__ == "__main__":

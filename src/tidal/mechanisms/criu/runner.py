@@ -12,7 +12,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from tidal.errors import CheckpointError, Unsupported
-from tidal.mechanisms.criu.provision import Criu, find_criu
+from tidal.mechanisms.criu import rlimits
+from tidal.mechanisms.criu.provision import Criu, default_prefix, find_criu
 
 HARMLESS = ("Can't setup RLIMIT_NOFILE",)
 LAZY_SOCKET = "lazy-pages.socket"  # where ``criu lazy-pages`` listens, in its images directory
@@ -56,17 +57,22 @@ class CriuRunner:
         self.criu = criu or find_criu()
 
     def _run(self, args: list[str], log: Path, pass_fds: tuple[int, ...] = (), what: str = "criu",
-             timeout: float = 600) -> None:
+             timeout: float = 600, preload: Path | None = None) -> None:
         argv = [*self.criu.argv, *args, "-v2", "-o", log.name]
+        env = {**os.environ, "LD_PRELOAD": str(preload)} if preload else None
         try:
             out = subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds, timeout=timeout,
-                                 check=False)
+                                 check=False, env=env)
         except subprocess.TimeoutExpired as exc:
             raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent)) from exc
         if out.returncode != 0:
             errors = _log_errors(log)
             cls = TransientDumpError if any(t in errors for t in TRANSIENT) else CheckpointError
-            raise cls(f"{what} failed: {errors}", object=str(log.parent), hint=f"full CRIU log: {log}")
+            hint = f"full CRIU log: {log}"
+            if "Can't get rlimit" in errors:
+                hint = ("root may not read the limits of another account's task here (no CAP_SYS_RESOURCE): "
+                        "run `make criu` (it builds Tidal's prlimit shim) and see `tidal doctor`; " + hint)
+            raise cls(f"{what} failed: {errors}", object=str(log.parent), hint=hint)
 
     def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int) -> None:
         """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``)."""
@@ -76,7 +82,8 @@ class CriuRunner:
             args += ["--freeze-cgroup", str(freezer)]
         args.append("--leave-running")
         with _dump_turn():
-            self._run(args, images / "dump.log", what=f"criu dump of pid {pid}")
+            self._run(args, images / "dump.log", what=f"criu dump of pid {pid}",
+                      preload=rlimits.dump_preload(default_prefix()))
 
     def pre_dump(self, pid: int, images: Path, *, freezer: Path | None = None) -> None:
         """Iterative pre-copy: only where the kernel tracks dirty memory."""
