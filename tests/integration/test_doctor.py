@@ -47,6 +47,8 @@ def test_doctor_on_this_machine(tmp_path: Path) -> None:
     version = tuple(int(x) for x in rows["criu"]["detail"].split(",")[0].split("."))
     assert version >= (4, 0)
     assert rows["criu check"]["status"] == "ok"
+    # A real dump of another account's process: `make test` provisions what this machine needs for it.
+    assert rows["criu: other accounts"]["status"] == "ok", rows["criu: other accounts"]
     assert rows["TIDAL_HOME"]["status"] == "ok" and str(tmp_path / "home") in rows["TIDAL_HOME"]["detail"]
 
     # mem_dirty_track is reported as whatever `criu check --feature` says (OFF on these kernels).
@@ -71,3 +73,17 @@ def test_doctor_does_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          check=False)
     assert out.returncode == 0, out.stderr
+
+
+def test_doctor_says_when_jobs_of_other_accounts_cannot_be_checkpointed(tmp_path: Path) -> None:
+    from tidal.cli.doctor import check_other_accounts
+    from tidal.mechanisms.criu import rlimits
+
+    criu = find_criu()
+    row = check_other_accounts(criu, prefix=tmp_path / "empty-prefix")  # as if `make criu` had not run
+    if rlimits.reads_other_accounts():
+        assert row.status == "ok"  # root may read any task's limits here: nothing else is needed
+    else:
+        assert row.status == "missing" and row.required
+        assert "Can't get rlimit" in row.detail and "make criu" in row.fix
+    assert check_other_accounts(criu).status == "ok"

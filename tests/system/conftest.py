@@ -65,6 +65,7 @@ class LiveCluster:
     env: dict[str, str]
     state: ClusterState
     settings: Settings
+    user_token: str | None = None  # whose "user" this is: None, the token `tidal up` made
 
     @property
     def url(self) -> str:
@@ -74,8 +75,8 @@ class LiveCluster:
         return (self.home / "tokens" / f"{who}.token").read_text().strip()
 
     def api(self, who: str = "user", token: str | None = None) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30,
-                            headers={"Authorization": f"Bearer {token or self.token(who)}"})
+        token = token or (self.user_token if who == "user" else None) or self.token(who)
+        return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {token}"})
 
     def cli(self, *args: str, check: bool = True, cwd: Path | None = None, timeout: float = 120,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -279,6 +279,39 @@ def check_criu_feature(criu: Any, features: tuple[str, ...], name: str, use: str
                  f"only for {use}; needs kernel support. Tidal works without it (stop-and-copy checkpoints)")
 
 
+def check_other_accounts(criu: Any, prefix: Path | None = None) -> Check:
+    """Whether CRIU can dump a job of an ordinary account: tried on a real process of ``nobody``, since what
+    breaks it (root without CAP_SYS_RESOURCE, LSM policy, ...) differs from machine to machine."""
+    name = "criu: other accounts"
+    if criu is None:
+        return Check(name, "missing", "no working CRIU to try", MAKE_CRIU, True)
+    if os.geteuid() != 0:
+        return Check(name, "missing", "only root can checkpoint jobs of other accounts", "run Tidal as root", True)
+    import tempfile
+
+    from tidal.errors import TidalError
+    from tidal.mechanisms.criu import rlimits
+    from tidal.mechanisms.criu.provision import default_prefix
+    from tidal.mechanisms.criu.runner import CriuRunner
+
+    prefix = prefix or default_prefix()
+    proc = subprocess.Popen(["/bin/sleep", "60"], user=rlimits.UNPRIVILEGED, group=rlimits.UNPRIVILEGED,
+                            extra_groups=[], start_new_session=True, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tidal-doctor-") as images:
+            CriuRunner(criu).dump(proc.pid, Path(images), freezer=None, ghost_limit=1 << 20, prefix=prefix)
+    except TidalError as exc:
+        return Check(name, "missing", f"CRIU cannot dump a process of another account: {exc.message}",
+                     exc.hint or MAKE_CRIU, True)
+    finally:
+        proc.kill()
+        proc.wait()
+    how = ("root reads their resource limits" if rlimits.reads_other_accounts()
+           else f"root lacks CAP_SYS_RESOURCE: through {rlimits.shim_path(prefix)}")
+    return Check(name, "ok", f"jobs of ordinary accounts can be checkpointed ({how})", required=True)
+
+
 # --------------------------------------------------------------------------- running and rendering
 
 
@@ -332,6 +365,7 @@ def run_checks() -> list[Check]:
             ("root", True, check_root),
             ("criu", True, lambda: criu_f.result()[0]),
             ("criu check", True, lambda: check_criu_check(criu())),
+            ("criu: other accounts", True, lambda: check_other_accounts(criu())),
             *[(name, False, (lambda f=f, n=name, u=use: check_criu_feature(criu(), f, n, u)))
               for f, name, use in CRIU_FEATURES],
             ("pid namespaces", True, check_pid_namespaces),

@@ -74,8 +74,10 @@ class CriuRunner:
                         "run `make criu` (it builds Tidal's prlimit shim) and see `tidal doctor`; " + hint)
             raise cls(f"{what} failed: {errors}", object=str(log.parent), hint=hint)
 
-    def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int) -> None:
-        """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``)."""
+    def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int,
+             prefix: Path | None = None) -> None:
+        """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``). ``prefix``: where
+        ``make criu`` put what CRIU needs besides itself (default: the checkout's ``.criu``)."""
         args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore", "--timeout=5",
                 f"--ghost-limit={ghost_limit}", "--file-locks", "--link-remap"]
         if freezer is not None:
@@ -83,7 +85,7 @@ class CriuRunner:
         args.append("--leave-running")
         with _dump_turn():
             self._run(args, images / "dump.log", what=f"criu dump of pid {pid}",
-                      preload=rlimits.dump_preload(default_prefix()))
+                      preload=rlimits.dump_preload(prefix or default_prefix()))
 
     def pre_dump(self, pid: int, images: Path, *, freezer: Path | None = None) -> None:
         """Iterative pre-copy: only where the kernel tracks dirty memory."""
