@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -103,6 +106,15 @@ class LiveCluster:
 
         return wait_for(ok, timeout, f"job {job_id} to be {'/'.join(states)}")  # type: ignore[no-any-return]
 
+    def become(self, unix_user: str, name: str = "ordinary") -> str:
+        """From now on, "user" (the CLI and :meth:`api`) is a new user mapped to ``unix_user``."""
+        with self.api("admin") as api:
+            r = api.post("/v1/users", json={"name": name, "role": "user", "unix_user": unix_user})
+            assert r.status_code == 201, r.text
+        self.user_token = r.json()["token"]
+        self.env = {**self.env, "TIDAL_TOKEN": self.user_token}
+        return self.user_token
+
     def restart(self) -> list[str]:
         """Start whatever part of the cluster is not running (as `tidal up` does)."""
         self.state, started = up(self.settings)
@@ -134,6 +146,22 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         down(c.settings)
         latest = load(c.home)
         assert latest is None
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every account may traverse (pytest's own are root's alone), removed after the test."""
+    d = Path(tempfile.mkdtemp(prefix="tidal-test-", dir="/tmp"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def owned_dir(path: Path, unix_user: str) -> Path:
+    pw = pwd.getpwnam(unix_user)
+    path.mkdir()
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    return path
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ a checkpoint of every rank, a restore with the new packing) leaves its results b
 
 from __future__ import annotations
 
+import pwd
 import sys
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.system.conftest import JOB, LiveCluster, wait_for
+from tests.system.conftest import JOB, LiveCluster, owned_dir, reference_run, wait_for
 from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, gated
 
 
@@ -158,3 +159,35 @@ def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster
     assert c.cli("wait", job, check=False, timeout=600).returncode == 0
     assert _rank_lines(c, job, world) == expected
     assert (work / "params.bin").read_bytes() == params
+
+
+@pytest.mark.criu
+def test_a_job_of_an_ordinary_account_is_resized_and_a_rank_moved(make_cluster, tmp_path: Path,
+                                                                   shared_tmp: Path) -> None:
+    # Most users are not root: a W = 2 job of "nobody" shrinks to one device, has a rank moved to the other
+    # node, grows back, and ends with each rank's output identical to an uninterrupted run.
+    c: LiveCluster = make_cluster(nodes=2, devices=2)
+    expected_out, _ = reference_run(tmp_path)
+    wd = owned_dir(shared_tmp / "work", "nobody")
+    gate = shared_tmp / "gate"
+    c.become("nobody")
+    job = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c",
+                JOB.replace("progress.txt", "progress-$RANK.txt"), cwd=wd, env={"GATE": str(gate)}).stdout.strip()
+    c.wait_state(job, "running")
+    wait_for(lambda: (wd / "progress-1.txt").exists() and len((wd / "progress-1.txt").read_text().split()) >= 10,
+             what="progress")
+    c.cli("resize", job, "--devices", "1")
+    assert c.wait_state(job, "running")["devices"] == 1
+    here = {p["rank"]: p["node"] for p in c.job(job)["placement"]}
+    other = next(n["name"] for n in c.api().get("/v1/nodes").json() if n["name"] != here[1])
+    c.cli("migrate", job, "--rank", "1", "--to", other)
+    moved = {p["rank"]: p["node"] for p in c.wait_state(job, "running")["placement"]}
+    assert moved[1] == other
+    c.cli("resize", job, "--devices", "2")
+    assert c.wait_state(job, "running")["devices"] == 2
+    gate.touch()
+    assert c.cli("wait", job, check=False, timeout=300).returncode == 0
+    for rank in (0, 1):
+        assert c.cli("logs", job, "--rank", str(rank)).stdout.encode() == expected_out
+        st = (wd / f"progress-{rank}.txt").stat()
+        assert st.st_uid == pwd.getpwnam("nobody").pw_uid

@@ -3,29 +3,16 @@ byte-identical to an uninterrupted run, new pids and nodes at each step, and a g
 
 from __future__ import annotations
 
-import os
 import pwd
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import JOB, pid_alive, reference_run, wait_for
+from tests.system.conftest import JOB, owned_dir, pid_alive, reference_run, wait_for
 
 pytestmark = pytest.mark.criu
-
-
-@pytest.fixture
-def shared_tmp() -> Iterator[Path]:
-    """A directory every account may traverse (pytest's own are root's alone)."""
-    d = Path(tempfile.mkdtemp(prefix="tidal-life-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 # Most users are not root: the same life for a job of an ordinary account (its ranks run as "nobody").
@@ -36,17 +23,10 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     expected_out, expected_progress = reference_run(tmp_path)
     env = {"GATE": str(gate)}
     if account != "root":
-        pw = pwd.getpwnam(account)
-        workdir = shared_tmp / "work"
-        workdir.mkdir()
-        os.chown(workdir, pw.pw_uid, pw.pw_gid)
+        workdir = owned_dir(shared_tmp / "work", account)
         gate = shared_tmp / "gate"
         env["GATE"] = str(gate)
-        with c.api("admin") as api:
-            r = api.post("/v1/users", json={"name": "ordinary", "role": "user", "unix_user": account})
-            assert r.status_code == 201, r.text
-        c.user_token = r.json()["token"]
-        c.env = {**c.env, "TIDAL_TOKEN": c.user_token}
+        c.become(account)
 
     job = c.cli("submit", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
                 env=env).stdout.strip()
