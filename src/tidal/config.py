@@ -19,7 +19,7 @@ class Settings(BaseSettings):
     checkpoint_store: str | None = Field(
         default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
     )
-    keep_checkpoints: int = Field(default=3, ge=1, description="committed checkpoints kept per job")
+    keep_checkpoints: int = Field(default=3, ge=1, description="good checkpoints kept per job (bad ones besides)")
     quotas: str | None = Field(
         default=None,
         description="per-project quotas for premium and standard jobs: 'project=share,...' ('*=share' for "

@@ -75,6 +75,17 @@ class CheckpointError(MechanismError):
     """Taking, storing, verifying or restoring a checkpoint failed; ``object`` names the bad part."""
 
 
+class CheckpointCorrupt(CheckpointError):
+    """A committed checkpoint failed verification: one of its objects is missing from the store, cannot be
+    decoded, or does not match its sha256. Unlike other restore failures this one does not go away by
+    trying again. ``checkpoint`` names the store checkpoint, ``object`` the damaged file (or manifest),
+    ``chunk`` the chunk's digest where one is to blame, ``reason`` what is wrong with it."""
+
+    def __init__(self, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message, hint=hint or "restore an earlier checkpoint of the job: this one is damaged in "
+                         "the store", **fields)
+
+
 class RankExited(MechanismError):
     """The rank's process is gone (it exited, or was never started)."""
 

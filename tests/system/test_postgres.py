@@ -45,3 +45,9 @@ def test_job_life_on_postgres(make_cluster, postgres_url: str, workdir: Path, ga
     assert (workdir / "progress.txt").read_bytes() == expected_progress
     # the state really is in PostgreSQL, not in a stray SQLite file
     assert not (c.home / "tidal.db").exists()
+
+
+def test_checkpoint_state_migration_on_postgres(postgres_url: str) -> None:
+    from tests.integration.test_control_checkpoints import upgrade_from_0003
+
+    upgrade_from_0003(postgres_url)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.chunks import chunk_key
 from tidal.mechanisms.storage.manifest import file_digest
@@ -176,8 +176,10 @@ def test_uncommitted_writer_is_invisible(store: CheckpointStore, tmp_path: Path)
     w.add_bytes("a", rand(1000, 7))
     assert store.list("job") == []
     assert store.latest("job") is None
-    with pytest.raises(CheckpointError, match="never committed"):
+    with pytest.raises(CheckpointError, match="never committed") as err:
         store.reader("job", w.id)
+    # Not a verification failure: nothing committed was damaged (or this is not the store written to).
+    assert not isinstance(err.value, CheckpointCorrupt)
     info = w.commit({})
     assert [i.id for i in store.list("job")] == [info.id]
 
@@ -254,11 +256,12 @@ def test_flipped_byte_in_chunk_is_named(store: CheckpointStore, tmp_path: Path, 
     a, b, old, _, bad = two_checkpoints(store)
     flip_byte(store, chunk_key(bad), where)  # 0: the tag byte; 1, -1: the payload
     r = store.reader("job", b)
-    with pytest.raises(CheckpointError) as err:
+    with pytest.raises(CheckpointCorrupt) as err:
         r.extract("pages.img", tmp_path / "out")
     assert "pages.img" in str(err.value) and bad in str(err.value)
     assert err.value.fields["object"] == "pages.img"
     assert err.value.fields["chunk"] == bad
+    assert err.value.fields["checkpoint"] == b
     expected = "undecodable" if where == 0 else "sha256 mismatch"
     assert expected in str(err.value)
     assert not (tmp_path / "out").exists()
@@ -275,12 +278,12 @@ def test_missing_and_truncated_chunks_are_named(store: CheckpointStore, tmp_path
     a, b, old, _, bad = two_checkpoints(store)
     raw = store.backend.get(chunk_key(bad))
     store.backend.put(chunk_key(bad), raw[: len(raw) // 2])
-    with pytest.raises(CheckpointError, match=f"'pages.img': chunk {bad} is truncated"):
+    with pytest.raises(CheckpointCorrupt, match=f"'pages.img': chunk {bad} is truncated"):
         store.reader("job", b).read_bytes("pages.img")
     store.backend.delete(chunk_key(bad))
-    with pytest.raises(CheckpointError, match=f"'pages.img': chunk {bad} is missing") as err:
+    with pytest.raises(CheckpointCorrupt, match=f"'pages.img': chunk {bad} is missing") as err:
         store.reader("job", b).read_bytes("pages.img")
-    assert err.value.fields["reason"] == "missing"
+    assert err.value.fields["reason"] == "missing" and err.value.fields["checkpoint"] == b
     assert store.reader("job", a).read_bytes("pages.img") == old
 
 
@@ -289,11 +292,13 @@ def test_corrupt_manifest_is_named(store: CheckpointStore) -> None:
     key = f"jobs/job/{b}/manifest.json"
     raw = store.backend.get(key)
     store.backend.put(key, raw.replace(b'"size":', b'"size":1', 1))
-    with pytest.raises(CheckpointError, match=f"manifest {key} is corrupt: sha256 mismatch"):
+    with pytest.raises(CheckpointCorrupt, match=f"manifest {key} is corrupt: sha256 mismatch") as err:
         store.reader("job", b)
+    assert err.value.fields["checkpoint"] == b and err.value.fields["object"] == key
     store.backend.put(key, raw[: len(raw) // 2])
-    with pytest.raises(CheckpointError, match=f"manifest {key} is undecodable"):
+    with pytest.raises(CheckpointCorrupt, match=f"manifest {key} is undecodable") as err:
         store.verify("job", b)
+    assert err.value.fields["checkpoint"] == b
     assert [i.id for i in store.list("job")] == [a]  # a damaged checkpoint is not offered for restore
     assert store.reader("job", a).read_bytes("pages.img") == old
 
@@ -395,3 +400,23 @@ def _offsets(chunks: tuple[tuple[str, int], ...]) -> list[tuple[int, int]]:
         out.append((off, n))
         off += n
     return out
+
+
+def test_damaged_manifest_entry_and_misplaced_manifest_are_verification_failures(store: CheckpointStore) -> None:
+    from dataclasses import replace
+
+    from tidal.mechanisms.storage.manifest import Manifest
+
+    a, b, old, _, _ = two_checkpoints(store)
+    key = f"jobs/job/{b}/manifest.json"
+    m = Manifest.decode(store.backend.get(key), key)
+    # A well-formed manifest whose entry lies about its chunks.
+    store.backend.put(key, replace(m, entries=(replace(m.entries[0], sha256="0" * 64),)).encode())
+    with pytest.raises(CheckpointCorrupt, match="its chunk list does not match its sha256") as err:
+        store.reader("job", b).read_bytes("pages.img")
+    assert err.value.fields == {"checkpoint": b, "object": "pages.img", "reason": "sha256 mismatch"}
+    store.backend.put(key, store.backend.get(f"jobs/job/{a}/manifest.json"))
+    with pytest.raises(CheckpointCorrupt, match=f"manifest {key} belongs to checkpoint job/{a}") as err:
+        store.reader("job", b)
+    assert err.value.fields["checkpoint"] == b and err.value.fields["reason"] == "misplaced"
+    assert store.reader("job", a).read_bytes("pages.img") == old

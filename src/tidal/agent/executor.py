@@ -24,6 +24,7 @@ from typing import Any
 from tidal.agent.client import ControlClient, LeaseLostError
 from tidal.agent.devices import CpuQuota
 from tidal.config import load_settings
+from tidal.errors import CheckpointCorrupt
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
@@ -75,6 +76,16 @@ def _status(rp: RankProcess, stopped: set[int]) -> dict[str, Any]:
 
 def _failed(st: dict[str, Any]) -> bool:
     return not st["stopped"] and (st["signal"] is not None or st["code"] != 0)
+
+
+def _failure(exc: Exception) -> dict[str, Any]:
+    """What a failed action's result carries besides its message: a checkpoint that failed verification
+    (the control plane marks it bad and restores an older one instead of trying it again)."""
+    if isinstance(exc, CheckpointCorrupt):
+        f = exc.fields
+        return {"corrupt": {"checkpoint": f.get("checkpoint"), "object": f.get("object"), "chunk": f.get("chunk"),
+                            "reason": f.get("reason"), "message": exc.message}}
+    return {}
 
 
 def _store(d: dict[str, str] | None) -> Store | None:
@@ -159,7 +170,7 @@ class Executor:
         except Exception as exc:
             log.warning("action %s (%s of job %s) failed: %s", action["id"], action["kind"], action["job_id"],
                         exc)
-            res = {"action_id": action["id"], "ok": False, "error": str(exc), "data": {}}
+            res = {"action_id": action["id"], "ok": False, "error": str(exc), "data": _failure(exc)}
         with self.mu:
             self.results[action["id"]] = res
             self.inflight.discard(action["id"])

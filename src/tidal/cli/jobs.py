@@ -13,6 +13,7 @@ from typing import Any
 
 import typer
 import yaml
+from rich.markup import escape
 from rich.table import Table
 
 from tidal.cli.api import Api
@@ -164,10 +165,7 @@ def register(app: typer.Typer) -> None:
                 t.add_row(str(p["rank"]), p["node"], str(p["device"]), str(p["pid"] or "-"))
             console.print(t)
         if job["checkpoints"]:
-            t = Table("checkpoint", "created", "bytes", "stored")
-            for c in job["checkpoints"]:
-                t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]))
-            console.print(t)
+            _checkpoints_table(job["checkpoints"], job.get("resume_from"))
         _events_table(job["events"])
 
     @app.command()
@@ -209,12 +207,17 @@ def register(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']}")
 
     @app.command()
-    def checkpoints(job_id: str) -> None:
-        """List a job's committed checkpoints."""
-        t = Table("checkpoint", "created", "bytes", "stored")
-        for c in Api().get(f"/v1/jobs/{job_id}/checkpoints"):
-            t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]))
-        console.print(t)
+    def checkpoints(job_id: str,
+                    output: str = typer.Option("table", "-o", "--output", help="table | json")) -> None:
+        """List a job's checkpoints, oldest first: committed ones, and bad ones (they failed verification on
+        restore; kept for inspection, never restored)."""
+        if output not in ("table", "json"):
+            raise ValidationError(f"--output must be table or json, not {output!r}", field="output")
+        rows = Api().get(f"/v1/jobs/{job_id}/checkpoints")
+        if output == "json":
+            print(json.dumps(rows, indent=1))
+            return
+        _checkpoints_table(rows, Api().get(f"/v1/jobs/{job_id}").get("resume_from"))
 
     @app.command()
     def events(job: str = typer.Option(None, "--job"),
@@ -240,15 +243,25 @@ def register(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']}" + (" (held)" if job["held"] else ""))
 
     @app.command()
-    def resume(job_id: str, no_wait: bool = typer.Option(False, "--no-wait"),
+    def resume(job_id: str,
+               from_: str = typer.Option(None, "--from", help="a checkpoint id (`tidal checkpoints JOB`) to resume "
+                                         "from instead of the newest; the job must be stopped"),
+               no_wait: bool = typer.Option(False, "--no-wait"),
                timeout: float = typer.Option(300.0)) -> None:
         """Release a job's hold; it runs again where there is room."""
         api = Api()
-        _request(api, job_id, "resume", timeout)
+        before = api.get(f"/v1/jobs/{job_id}")
+        seq = before["events"][-1]["seq"] if before["events"] else 0
+        _request(api, job_id, "resume", timeout, json={"from": from_})
         if no_wait:
             return
         job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in {"running", *TERMINAL},
                           timeout, "resuming")
+        for e in _since(job, seq):
+            if e["kind"] == "checkpoint_bad":
+                console.print(f"[yellow]{escape(e['detail'])}[/]", highlight=False)
+        if job["state"] == "failed":
+            raise TidalError(f"job {job_id} failed: {job['error']}")
         where = ",".join(sorted({p["node"] for p in job["placement"]}))
         console.print(f"job {job_id} {job['state']}" + (f" on {where}" if where else ""))
 
@@ -301,6 +314,14 @@ def _resize_cmd(app: typer.Typer) -> None:
                              hint="it goes on running as it was")
         where = ", ".join(f"{p['node']}:{p['device']}" for p in job["placement"])
         console.print(f"job {job_id} {job['state']} on {job['devices']} device(s) (rank → device: {where})")
+
+
+def _checkpoints_table(rows: list[dict[str, Any]], resume_from: str | None) -> None:
+    t = Table("checkpoint", "created", "bytes", "stored", "state")
+    for c in rows:
+        note = " (resumes from it)" if c["id"] == resume_from else ""
+        t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]), c["state"] + note)
+    console.print(t)
 
 
 def _last_detail(job: dict[str, Any]) -> str:

@@ -13,14 +13,14 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from tidal.control.history import new_id, record
-from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow, User
+from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow, User
 from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, Tier, advance, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
 from tidal.policy.admission import Quotas, decide
@@ -119,9 +119,30 @@ def get(s: Session, job_id: str, *, owner: str | None) -> JobRow:
 
 
 def checkpoints(s: Session, job_id: str) -> list[CheckpointRow]:
+    """The job's checkpoints in the store, oldest first: committed ones, and bad ones kept for inspection."""
     return list(s.scalars(select(CheckpointRow).where(CheckpointRow.job_id == job_id,
                                                       CheckpointRow.retained.is_(True))
                           .order_by(CheckpointRow.created_at)))
+
+
+def _good(rows: Iterable[CheckpointRow]) -> list[CheckpointRow]:
+    return [r for r in rows if r.state is CheckpointState.COMMITTED]
+
+
+def restore_source(s: Session, job: JobRow) -> CheckpointRow | None:
+    """The checkpoint the job resumes from: the one it was set to resume from, if still good, else its newest
+    good one (None: it starts from scratch)."""
+    good = _good(checkpoints(s, job.id))
+    chosen = [r for r in good if r.id == job.resume_from]
+    return chosen[0] if chosen else (good[-1] if good else None)
+
+
+def retired(rows: Sequence[CheckpointRow], keep: int, protect: str | None) -> list[CheckpointRow]:
+    """Retention: of ``rows`` (oldest first), those to drop so that the newest ``keep`` good ones stay. Bad
+    ones are kept for inspection and do not count; ``protect`` (the checkpoint the job resumes from) stays
+    whatever its age."""
+    good = _good(rows)
+    return [r for r in good[: max(0, len(good) - keep)] if r.id != protect]
 
 
 # -- devices ----------------------------------------------------------------------------------------------
@@ -179,24 +200,19 @@ def rendezvous(job: JobRow, tag: str) -> dict[str, str] | None:
     return {"addr": addr, "prefix": f"{job.id}/{job.attempt}/{tag}"}
 
 
-def latest_checkpoint(s: Session, job_id: str) -> CheckpointRow | None:
-    rows = checkpoints(s, job_id)
-    return rows[-1] if rows else None
-
-
 def _parts(c: CheckpointRow) -> list[str]:
     return list(c.parts or [c.id])
 
 
 def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None, keep: int) -> None:
     """Launch the job on ``devices`` (rank r on ``devices[r]``, over one node or several), or restore it
-    there from its latest checkpoint when it has one."""
+    there from the checkpoint it resumes from (:func:`restore_source`) when it has one."""
     if len(devices) != job.ranks:
         raise Conflict(f"job {job.id} has {job.ranks} rank(s), placement gives {len(devices)} device(s)",
                        job=job.id)
-    latest = latest_checkpoint(s, job.id)
-    restore = latest is not None
-    how = "restoring from its latest checkpoint" if restore else "launching"
+    source = restore_source(s, job)
+    restore = source is not None
+    how = f"restoring from checkpoint {source.id}" if source is not None else "launching"
     by_node: dict[str, list[tuple[int, DeviceRef]]] = {}
     for r, d in enumerate(devices):
         by_node.setdefault(d.node, []).append((r, d))
@@ -225,8 +241,8 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None, 
             "rendezvous": rdv,
             "fs": any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
         }
-        if latest is not None:
-            payload["checkpoint"] = {"id": latest.id, "parts": _parts(latest)}
+        if source is not None:
+            payload["checkpoint"] = {"id": source.id, "parts": _parts(source)}
         new_action(s, job, node, "restore" if restore else "launch", payload, cause, op=op)
     job.op_purpose = "restore" if restore else "launch"
 
@@ -237,10 +253,11 @@ def _next_checkpoint_id(s: Session, job: JobRow) -> str:
 
 
 def _keep_ids(s: Session, job: JobRow, keep: int, new: list[str]) -> list[str]:
-    """Store checkpoints an agent must keep when it applies retention: the parts of the newest
-    ``keep - 1`` committed checkpoints and the one being written."""
-    older = checkpoints(s, job.id)[-(keep - 1):] if keep > 1 else []
-    return [p for c in older for p in _parts(c)] + new
+    """Store checkpoints an agent must keep when it applies retention: the parts of every checkpoint that
+    stays once the one being written (``new``, its parts) is committed, and those of the new one."""
+    rows = checkpoints(s, job.id)
+    gone = {r.id for r in retired(rows, keep - 1, job.resume_from)}  # the new one takes one of the ``keep``
+    return [p for c in rows if c.id not in gone for p in _parts(c)] + new
 
 
 def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, keep: int) -> None:
@@ -297,11 +314,28 @@ def preempt(s: Session, job: JobRow, cause: str, keep: int) -> None:
         checkpoint(s, job, "hold", cause, keep)
 
 
-def resume(s: Session, job: JobRow, cause: str) -> None:
-    """Release a hold (a no-op on a job that is not held)."""
+def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> None:
+    """Release a hold (a no-op on a job that is not held). ``from_``: the checkpoint a stopped job resumes
+    from, instead of its newest one."""
     st = state(job)
+    if from_ is not None:
+        row = s.get(CheckpointRow, from_)
+        if row is None or row.job_id != job.id or not row.retained:
+            raise ValidationError(f"job {job.id} has no checkpoint {from_!r}", field="from", checkpoint=from_,
+                                  hint=f"`tidal checkpoints {job.id}` lists its checkpoints")
+        if row.state is CheckpointState.BAD:
+            raise Conflict(f"checkpoint {from_} of job {job.id} is bad (it failed verification) and cannot be "
+                           "restored", field="from", checkpoint=from_, state=row.state.value,
+                           hint=f"pick a committed one: `tidal checkpoints {job.id}`")
     if st in TERMINAL:
         raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if from_ is not None:
+        if st in ACTIVE:
+            raise Conflict(f"job {job.id} is {job.state}: only a stopped job can resume from a chosen checkpoint",
+                           job=job.id, state=job.state, field="from",
+                           hint=f"`tidal preempt {job.id}` first, then `tidal resume {job.id} --from {from_}`")
+        job.resume_from = from_
+        record(s, "resume_from", job_id=job.id, cause=cause, detail=f"it resumes from checkpoint {from_}")
     if st is S.HELD:
         transition(s, job, S.PENDING, cause, "released")
     elif job.held:
@@ -486,6 +520,9 @@ def _started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed:
             if g.status == "done":
                 new_action(s, job, g.node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
         if kind == "restore":
+            damaged = [(g.node, c) for g in failed if (c := (g.result or {}).get("corrupt"))]
+            if damaged and _fall_back(s, job, group[0], damaged, cause):
+                return
             # Possibly transient (a node's disk, the store): try again, from the same checkpoint, as a restart.
             lost(s, job, cause, f"restore failed ({err})", stop_others=False)
             return
@@ -500,6 +537,40 @@ def _started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed:
         transition(s, job, S.RUNNING, cause, f"restored, {detail}")
     else:
         record(s, "started", job_id=job.id, node=group[0].node, cause=cause, detail=detail)
+
+
+def _fall_back(s: Session, job: JobRow, action: ActionRow, damaged: list[tuple[str, dict[str, Any]]],
+               cause: str) -> bool:
+    """A restore found its checkpoint damaged in the store: trying it again cannot help. Mark it bad (kept
+    for inspection, never restored again) and requeue the job, without counting a restart, to resume from
+    the newest good checkpoint older than it (or else the newest good one: the bad one may have been chosen
+    with ``resume --from``); with none left, the job fails. False if the damage is not in the checkpoint the
+    restore was given (then it is handled as any failed restore)."""
+    given = action.payload.get("checkpoint") or {}
+    row = s.get(CheckpointRow, given.get("id"))
+    if row is None or row.state is not CheckpointState.COMMITTED \
+            or not any(d.get("checkpoint") in _parts(row) for _, d in damaged):
+        return False
+    row.state = CheckpointState.BAD
+    what = "; ".join(f"{d.get('message')} (found on {node})" for node, d in damaged)
+    good = _good(checkpoints(s, job.id))
+    older = [r for r in good if (r.created_at, r.id) < (row.created_at, row.id)]
+    src = older[-1] if older else (good[-1] if good else None)
+    if src is None:
+        job.resume_from = None
+        record(s, "checkpoint_bad", job_id=job.id, cause=cause,
+               detail=f"checkpoint {row.id} is damaged: {what}; it is kept for inspection; no intact checkpoint "
+                      "is left to resume from")
+        job.error = (f"checkpoint {row.id} is damaged and job {job.id} has no other intact checkpoint to resume "
+                     f"from; `tidal checkpoints {job.id}` lists what is kept; submit the job again to start over")
+        transition(s, job, S.FAILED, cause, job.error)
+        return True
+    job.resume_from = src.id
+    eid = record(s, "checkpoint_bad", job_id=job.id, cause=cause,
+                 detail=f"checkpoint {row.id} is damaged: {what}; it is kept for inspection and not restored "
+                        f"again; resuming from checkpoint {src.id}")
+    lost(s, job, eid, f"checkpoint {row.id} is damaged", stop_others=False, restart=False)
+    return True
 
 
 def _ckpt_failed(s: Session, job: JobRow, cause: str, err: str) -> None:
@@ -584,11 +655,11 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
     """The job checkpoint exists from here on: every part is stored. Older ones beyond ``keep`` are no
     longer retained (the agents delete their parts from the store)."""
     s.add(CheckpointRow(id=ck, job_id=job.id, created_at=created, bytes=nbytes, stored_bytes=stored,
-                        retained=True, parts=parts))
+                        retained=True, parts=parts, state=CheckpointState.COMMITTED))
     s.flush()
-    rows = checkpoints(s, job.id)
-    for row in rows[: max(0, len(rows) - keep)]:
+    for row in retired(checkpoints(s, job.id), keep, job.resume_from):
         row.retained = False
+    job.resume_from = None  # the new checkpoint is where the job goes on from
     job.last_checkpoint_at = time.time()
     job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({nbytes} bytes"
                    + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
@@ -706,10 +777,11 @@ def _settle_failure(s: Session, job: JobRow, cause: str, keep: int) -> None:
     transition(s, job, S.FAILED, cause, job.error)
 
 
-def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True) -> None:
+def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True, restart: bool = True) -> None:
     """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
     committed checkpoint (or launched afresh without one), up to ``max_restarts`` times. Its ranks still
-    running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known)."""
+    running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known).
+    ``restart=False``: requeued without counting a restart (its checkpoint was damaged, not the job lost)."""
     drop_actions(s, job.id)
     for node in nodes_of(job.placement) if stop_others else ():
         n = s.get(NodeRow, node)
@@ -720,14 +792,15 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
     job.opstate = None
     job.target = None
     limit = int(job.spec.get("max_restarts", 3))
-    if job.restarts >= limit:
+    if restart and job.restarts >= limit:
         job.error = why
         transition(s, job, S.FAILED, cause, f"{why}; no restarts left ({limit})")
         return
-    job.restarts += 1
-    has = bool(checkpoints(s, job.id))
-    detail = f"{why}; restart {job.restarts}/{limit}, " + (
-        "from the last checkpoint" if has else "from scratch")
+    if restart:
+        job.restarts += 1
+    src = restore_source(s, job)
+    detail = f"{why}; " + (f"restart {job.restarts}/{limit}, " if restart else "requeued ") + (
+        f"from checkpoint {src.id}" if src is not None else "from scratch")
     # Walk the lifecycle table back to a waiting state.
     st = state(job)
     if st is S.CHECKPOINTING:

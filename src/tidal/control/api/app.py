@@ -26,6 +26,7 @@ from tidal.control.api.schemas import (
     MigrateRequest,
     Register,
     ResizeRequest,
+    ResumeRequest,
     UserCreate,
 )
 from tidal.control.store.db import Database
@@ -171,7 +172,8 @@ def create_app(ctx: Context) -> FastAPI:
             if what == "preempt":
                 jobs.preempt(s, job, cause, ctx.keep)
             elif what == "resume":
-                jobs.resume(s, job, cause)
+                jobs.resume(s, job, cause, kw.get("from_"))
+                extra["resume_from"] = job.resume_from
             elif what == "cancel":
                 jobs.cancel(s, job, cause)
             elif what == "resize":
@@ -185,8 +187,8 @@ def create_app(ctx: Context) -> FastAPI:
         return _op(job_id, p, "preempt")
 
     @app.post("/v1/jobs/{job_id}/resume")
-    def resume(job_id: str, p: User) -> dict[str, Any]:
-        return _op(job_id, p, "resume")
+    def resume(job_id: str, p: User, body: ResumeRequest | None = None) -> dict[str, Any]:
+        return _op(job_id, p, "resume", from_=body.from_ if body else None)
 
     @app.post("/v1/jobs/{job_id}/cancel")
     def cancel(job_id: str, p: User) -> dict[str, Any]:
@@ -322,7 +324,7 @@ def _summary(j: JobRow) -> dict[str, Any]:
 
 def _ckpt(c: Any) -> dict[str, Any]:
     return {"id": c.id, "created_at": c.created_at, "bytes": c.bytes, "stored_bytes": c.stored_bytes,
-            "parts": list(c.parts or [c.id])}
+            "parts": list(c.parts or [c.id]), "state": c.state.value}
 
 
 def _event(e: EventRow) -> dict[str, Any]:
@@ -344,6 +346,7 @@ def _detail(s: Session, j: JobRow) -> dict[str, Any]:
         "devices": len({(p["node"], p["device"]) for p in j.placement}),
         "min_devices": j.spec.get("min_devices") or 1, "max_devices": j.spec.get("max_devices") or j.ranks,
         "pinned_devices": j.pinned_devices,
+        "resume_from": j.resume_from,
         "placement": [{"rank": p["rank"], "node": p["node"], "device": p["device"], "pid": p["pid"]}
                       for p in j.placement],
         "checkpoints": [_ckpt(c) for c in jobs.checkpoints(s, j.id)],

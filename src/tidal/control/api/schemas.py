@@ -30,6 +30,11 @@ class ResizeRequest(BaseModel):
     devices: int | None = None  # None: give D back to the scheduler (--auto)
 
 
+class ResumeRequest(BaseModel):
+    # ``from`` is a Python keyword: the attribute is ``from_``, the JSON field ``from``.
+    from_: str | None = Field(default=None, alias="from")  # the checkpoint to resume from (default: newest)
+
+
 class UserCreate(BaseModel):
     name: str
     role: str = "user"

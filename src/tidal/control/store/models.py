@@ -3,9 +3,10 @@ user's request (never changed), the other job columns are the live state, ``even
 
 from __future__ import annotations
 
+import enum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -72,6 +73,9 @@ class JobRow(Base):
     exited: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # Devices D set by ``tidal resize``: the scheduler leaves D alone until ``--auto`` clears it.
     pinned_devices: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # The checkpoint the job resumes from next (``tidal resume --from``, or the one it fell back to from a
+    # damaged one) instead of its newest; cleared once it commits a newer one.
+    resume_from: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class ActionRow(Base):
@@ -104,6 +108,11 @@ class EventRow(Base):
     detail: Mapped[str] = mapped_column(Text, default="")
 
 
+class CheckpointState(enum.Enum):
+    COMMITTED = "committed"  # every part is stored: it may be restored
+    BAD = "bad"  # failed verification on restore: kept for inspection, never restored nor retired again
+
+
 class CheckpointRow(Base):
     __tablename__ = "checkpoints"
 
@@ -114,3 +123,7 @@ class CheckpointRow(Base):
     stored_bytes: Mapped[int] = mapped_column(BigInteger)  # new bytes the store had to write
     parts: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # store checkpoints, one per node
     retained: Mapped[bool] = mapped_column(Boolean, default=True)
+    state: Mapped[CheckpointState] = mapped_column(
+        Enum(CheckpointState, native_enum=False, length=16, validate_strings=True, create_constraint=True,
+             name="checkpoint_state", values_callable=lambda e: [m.value for m in e]),
+        default=CheckpointState.COMMITTED, server_default=CheckpointState.COMMITTED.value)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointCorrupt
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -156,7 +156,7 @@ class Manifest:
             body = json.loads(raw)
             digest = body.pop("digest")
             if digest != _digest(body):
-                raise CheckpointError(
+                raise CheckpointCorrupt(
                     f"manifest {where} is corrupt: sha256 mismatch", object=where, reason="sha256 mismatch"
                 )
             if body.get("format") != FORMAT:
@@ -169,10 +169,10 @@ class Manifest:
                 meta=dict(body["meta"]),
                 entries=tuple(Entry.from_json(e) for e in body["entries"]),
             )
-        except CheckpointError:
+        except CheckpointCorrupt:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise CheckpointError(
+            raise CheckpointCorrupt(
                 f"manifest {where} is undecodable ({e})", object=where, reason="undecodable"
             ) from None
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError
 
 from .chunks import chunk_key, zero_digest, zeros
 from .manifest import CheckpointInfo, Entry, Manifest, file_digest
@@ -245,7 +245,7 @@ class CheckpointReader:
                 base_fd, base_at = (-1, {}) if here is None or plan is not None else (_open_base(here.path), here.at)
                 if base_fd >= 0:
                     base_fds.append(base_fd)
-                st = _State(entry, sink)
+                st = _State(entry, sink, self.info.id)
                 sink.open(entry)
                 opened.append(st)
                 if plan is not None:
@@ -306,8 +306,9 @@ class CheckpointReader:
         try:
             raw = store.backend.get_into(key, buf)
         except FileNotFoundError:
-            raise CheckpointError(
+            raise CheckpointCorrupt(
                 f"checkpoint {where}: file {entry.name!r}: chunk {digest} is missing from the store ({key})",
+                checkpoint=self.info.id,
                 object=entry.name,
                 chunk=digest,
                 reason="missing",
@@ -315,15 +316,17 @@ class CheckpointReader:
         try:
             data = store.codec.decode(raw, n)
         except ValueError as e:
-            raise CheckpointError(
+            raise CheckpointCorrupt(
                 f"checkpoint {where}: file {entry.name!r}: chunk {digest} is {e}",
+                checkpoint=self.info.id,
                 object=entry.name,
                 chunk=digest,
                 reason=str(e).split(":")[0].split(" (")[0],
             ) from None
         if hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointError(
+            raise CheckpointCorrupt(
                 f"checkpoint {where}: file {entry.name!r}: chunk {digest} is corrupt (sha256 mismatch)",
+                checkpoint=self.info.id,
                 object=entry.name,
                 chunk=digest,
                 reason="sha256 mismatch",
@@ -333,9 +336,10 @@ class CheckpointReader:
 
 
 class _State:
-    def __init__(self, entry: Entry, sink: _Sink) -> None:
+    def __init__(self, entry: Entry, sink: _Sink, checkpoint: str) -> None:
         self.entry = entry
         self.sink = sink
+        self.checkpoint = checkpoint
         self.hash = hashlib.sha256()
         self.done = False
 
@@ -350,8 +354,10 @@ def _drain_one(window: deque[_Slot], free: list[bytearray]) -> None:
         e = st.entry
         want = st.hash.hexdigest() if e.kind == "symlink" else file_digest(e.size, e.chunks)
         if want != e.sha256:
-            raise CheckpointError(
-                f"file {st.entry.name!r}: its chunk list does not match its sha256 (damaged manifest entry)",
+            raise CheckpointCorrupt(
+                f"checkpoint {st.checkpoint}: file {st.entry.name!r}: its chunk list does not match its sha256 "
+                "(damaged manifest entry)",
+                checkpoint=st.checkpoint,
                 object=st.entry.name,
                 reason="sha256 mismatch",
             )

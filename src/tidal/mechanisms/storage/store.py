@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError
 
 from .backends import Backend, LocalBackend, open_backend
 from .chunks import Codec
@@ -124,15 +124,23 @@ class CheckpointStore:
         try:
             raw = self.backend.get(key)
         except FileNotFoundError:
+            # Not a verification failure: an id never committed, or a store that is not the one written to.
             raise CheckpointError(
                 f"checkpoint {job_id}/{checkpoint_id} does not exist or was never committed (no manifest)",
                 object=key,
                 reason="missing",
             ) from None
-        m = Manifest.decode(raw, key)
+        try:
+            m = Manifest.decode(raw, key)
+        except CheckpointCorrupt as e:
+            e.fields["checkpoint"] = checkpoint_id
+            raise
         if (m.job_id, m.id) != (job_id, checkpoint_id):
-            raise CheckpointError(
-                f"manifest {key} belongs to checkpoint {m.job_id}/{m.id}", object=key, reason="misplaced"
+            raise CheckpointCorrupt(
+                f"manifest {key} belongs to checkpoint {m.job_id}/{m.id}",
+                checkpoint=checkpoint_id,
+                object=key,
+                reason="misplaced",
             )
         return m, len(raw)
 
