@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import platform
 import pwd
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from tidal.errors import MechanismError
 
 _libc = ctypes.CDLL(None, use_errno=True)
-SYS_SETGROUPS = 116  # x86_64; the raw call changes this thread only (glibc's setgroups changes all)
+# The raw system call changes this thread only (glibc's setgroups changes every thread of the process).
+SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine(), 116)
 
 
 @dataclass(frozen=True)
