@@ -20,7 +20,7 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     expected_out, expected_progress = reference_run(tmp_path)
     env = {"GATE": str(gate)}
 
-    job = c.cli("submit", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
                 env=env).stdout.strip()
     follow = subprocess.Popen([sys.executable, "-m", "tidal.cli.main", "logs", "-f", job], env=c.env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
