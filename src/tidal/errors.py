@@ -49,6 +49,12 @@ class Conflict(TidalError):
     status_code = 409
 
 
+class PayloadTooLarge(TidalError):
+    """A request body over the route's limit; ``limit`` is that limit in bytes."""
+
+    status_code = 413
+
+
 class Unauthorized(TidalError):
     status_code = 401
 

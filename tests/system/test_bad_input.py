@@ -36,6 +36,24 @@ def test_bad_job_specs_name_the_field(make_cluster, workdir: Path, tmp_path: Pat
         assert field in r.json()["message"] or field.replace("_", " ") in r.json()["message"]
     r = _submit(c, {**ok, "ranks": "many"})
     assert r.status_code == 422 and r.json()["field"] == "ranks"
+    # each of these was a 500 (or, for a rank that does not exist, a 200 with nothing)
+    with c.api() as api:
+        raw = {"Authorization": f"Bearer {c.token()}", "content-type": "application/json"}
+        for body, field in ((f'{{"command": ["true"], "workdir": "{workdir}", "ranks": {2**70}}}', "ranks"),
+                            (f'{{"command": ["true"], "workdir": "{workdir}", "name": "\\ud800"}}', "name"),
+                            (f'{{"command": ["true"], "workdir": "{workdir}", "env": {{"TIDAL_TOKEN": "t"}}}}', "env")):
+            r = api.post("/v1/jobs", content=body, headers=raw)
+            assert r.status_code == 422 and r.json()["field"] == field, r.text
+        job = _submit(c, ok).json()["id"]
+        for params, field in (({"offset": -5}, "offset"), ({"rank": -1}, "rank"), ({"rank": 1}, "rank")):
+            r = api.get(f"/v1/jobs/{job}/logs", params=params)
+            assert r.status_code == 422 and r.json()["field"] == field, r.text
+        r = api.post("/v1/jobs", content=b"[" * (2 << 20), headers=raw)
+        assert r.status_code == 413 and r.json()["error"] == "PayloadTooLarge"
+    p = c.cli("logs", job, "--rank", "-1", check=False)
+    assert p.returncode == 2 and "--rank" in p.stderr
+    p = c.cli("submit", "--env", "TIDAL_TOKEN=x", "--", "true", cwd=workdir, check=False)
+    assert p.returncode == 2 and "variables beginning with TIDAL_" in p.stderr, p.stderr
 
     # the CLI prints the message, no traceback
     p = c.cli("submit", "--tier", "gold", "--", "true", cwd=workdir, check=False)

@@ -77,8 +77,8 @@ def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_
 def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Path) -> None:
     c: LiveCluster = make_cluster(nodes=1, devices=2)
     env = {"GATE": str(gate)}
-    job = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB, cwd=workdir,
-                env=env).stdout.strip()
+    job = c.cli("submit", "--env", "GATE", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB,
+                cwd=workdir, env=env).stdout.strip()
     c.wait_state(job, "running")
     for d, msg in (("0", "--devices must be at least 1, not 0"),
                    ("3", f"job {job} has 2 rank(s): it cannot use 3 devices")):
@@ -89,7 +89,7 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
     # Shrink to one device: the freed one takes another job; growing back then finds no room.
     c.cli("resize", job, "--devices", "1")
     assert c.job(job)["devices"] == 1
-    other = c.cli("submit", "-q", "--", "sh", "-c", JOB, cwd=workdir, env=env).stdout.strip()
+    other = c.cli("submit", "--env", "GATE", "-q", "--", "sh", "-c", JOB, cwd=workdir, env=env).stdout.strip()
     c.wait_state(other, "running")
     p = c.cli("resize", job, "--devices", "2", check=False)
     assert p.returncode != 0 and f"there is no room for job {job} on 2 devices" in p.stderr, p.stderr
@@ -97,15 +97,15 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
     assert j["state"] == "running" and j["devices"] == 1 and not j["busy"]
 
     # Bounds from submission; pending and finished jobs.
-    rigid = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "2", "--", "sh", "-c", JOB, cwd=workdir,
-                  env=env).stdout.strip()
+    rigid = c.cli("submit", "--env", "GATE", "-q", "--ranks", "2", "--min-devices", "2", "--", "sh", "-c", JOB,
+                  cwd=workdir, env=env).stdout.strip()
     p = c.cli("resize", rigid, "--devices", "1", check=False)
     assert p.returncode != 0 and f"job {rigid} may run on 2..2 devices, not 1" in p.stderr, p.stderr
     c.cli("cancel", rigid)
     p = c.cli("resize", rigid, "--devices", "2", check=False)
     assert p.returncode != 0 and f"job {rigid} has already cancelled" in p.stderr, p.stderr
-    pending = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB, cwd=workdir,
-                    env=env).stdout.strip()
+    pending = c.cli("submit", "--env", "GATE", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c", JOB,
+                    cwd=workdir, env=env).stdout.strip()
     p = c.cli("resize", pending, "--devices", "1", check=False)
     assert p.returncode != 0 and "is not running (it is pending)" in p.stderr, p.stderr
     out = c.cli("resize", job, "--auto").stdout

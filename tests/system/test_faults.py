@@ -25,7 +25,7 @@ def test_premium_preempts_basic_which_resumes_by_itself(make_cluster, workdir: P
                                                         tmp_path: Path) -> None:
     c = make_cluster(nodes=1, devices=1)
     expected_out, expected_progress = reference_run(tmp_path)
-    basic = c.cli("submit", "-q", "--tier", "basic", "--", "sh", "-c", JOB, cwd=workdir,
+    basic = c.cli("submit", "--env", "GATE", "-q", "--tier", "basic", "--", "sh", "-c", JOB, cwd=workdir,
                   env={"GATE": str(gate)}).stdout.strip()
     pid1 = c.wait_state(basic, "running")["placement"][0]["pid"]
     wait_for(lambda: _progress(workdir) >= 5, what="progress")
@@ -55,8 +55,8 @@ def test_agent_sigkill_fences_ranks_and_restores_after_lease(make_cluster, workd
     lease = 2.0
     c = make_cluster(nodes=2, devices=1, lease=lease)
     expected_out, expected_progress = reference_run(tmp_path)
-    job = c.cli("submit", "-q", "--checkpoint-every", "1s", "--max-restarts", "2", "--", "sh", "-c", JOB,
-                cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    job = c.cli("submit", "--env", "GATE", "-q", "--checkpoint-every", "1s", "--max-restarts", "2", "--", "sh", "-c",
+                JOB, cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
     j = c.wait_state(job, "running")
     node, pid = j["placement"][0]["node"], j["placement"][0]["pid"]
     wait_for(lambda: len(c.job(job)["checkpoints"]) >= 1, what="a periodic checkpoint")
@@ -89,7 +89,7 @@ def test_agent_sigkill_fences_ranks_and_restores_after_lease(make_cluster, workd
 def test_rank_killed_from_outside_is_restored(make_cluster, workdir: Path, gate: Path, tmp_path: Path) -> None:
     c = make_cluster(nodes=1, devices=1)
     expected_out, expected_progress = reference_run(tmp_path)
-    job = c.cli("submit", "-q", "--checkpoint-every", "1s", "--", "sh", "-c", JOB, cwd=workdir,
+    job = c.cli("submit", "--env", "GATE", "-q", "--checkpoint-every", "1s", "--", "sh", "-c", JOB, cwd=workdir,
                 env={"GATE": str(gate)}).stdout.strip()
     wait_for(lambda: len(c.job(job)["checkpoints"]) >= 1, what="a periodic checkpoint")
     init = c.wait_state(job, "running")["placement"][0]["pid"]
@@ -109,7 +109,8 @@ def test_control_plane_kill9_and_restart_loses_nothing(make_cluster, workdir: Pa
                                                        tmp_path: Path) -> None:
     c = make_cluster(nodes=2, devices=1)
     expected_out, expected_progress = reference_run(tmp_path)
-    job = c.cli("submit", "-q", "--", "sh", "-c", JOB, cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    job = c.cli("submit", "--env", "GATE", "-q", "--", "sh", "-c", JOB, cwd=workdir,
+                env={"GATE": str(gate)}).stdout.strip()
     pid = c.wait_state(job, "running")["placement"][0]["pid"]
     c.cli("migrate", job)
     before = c.show(job)

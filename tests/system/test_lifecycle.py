@@ -28,7 +28,7 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
         env["GATE"] = str(gate)
         c.become(account)
 
-    job = c.cli("submit", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--name", "steps", "--", "sh", "-c", JOB, cwd=workdir,
                 env=env).stdout.strip()
     follow = subprocess.Popen([sys.executable, "-m", "tidal.cli.main", "logs", "-f", job], env=c.env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)

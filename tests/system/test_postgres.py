@@ -17,7 +17,8 @@ def test_job_life_on_postgres(make_cluster, postgres_url: str, workdir: Path, ga
                               tmp_path: Path) -> None:
     c = make_cluster(nodes=2, devices=1, database_url=postgres_url)
     expected_out, expected_progress = reference_run(tmp_path)
-    job = c.cli("submit", "-q", "--", "sh", "-c", JOB, cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    job = c.cli("submit", "--env", "GATE", "-q", "--", "sh", "-c", JOB, cwd=workdir,
+                env={"GATE": str(gate)}).stdout.strip()
     pid1 = c.wait_state(job, "running")["placement"][0]["pid"]
     wait_for(lambda: (workdir / "progress.txt").exists(), what="progress")
     c.cli("preempt", job)

@@ -16,8 +16,10 @@ from tidal.core import (
     Tier,
     Topology,
     advance,
+    limits,
     rank_map,
 )
+from tidal.core.spec import validate_env
 from tidal.errors import Conflict, ValidationError
 
 
@@ -58,12 +60,58 @@ def test_jobspec_defaults_elastic_bounds_to_1_w() -> None:
         ({"max_restarts": -1}, "max_restarts"),
         ({"env": {"A=B": "x"}}, "env"),
         ({"project": ""}, "project"),
+        ({"ranks": 2**70}, "ranks"),
+        ({"ranks": limits.MAX_RANKS + 1}, "ranks"),
+        ({"name": "a\ud800"}, "name"),
+        ({"name": "a\x00"}, "name"),
+        ({"name": "n" * (limits.MAX_NAME_CHARS + 1)}, "name"),
+        ({"command": ["python", "\udfff"]}, "command"),
+        ({"command": ["python", "a\x00"]}, "command"),
+        ({"command": ["x" * (limits.MAX_ARG_BYTES + 1)]}, "command"),
+        ({"command": ["x"] * (limits.MAX_COMMAND_ARGS + 1)}, "command"),
+        ({"workdir": "/w\ud800"}, "workdir"),
+        ({"checkpoint_every": float("inf")}, "checkpoint_every"),
+        ({"checkpoint_every": float("nan")}, "checkpoint_every"),
+        ({"max_restarts": 2**70}, "max_restarts"),
+        ({"project": "\ud800"}, "project"),
+        ({"project": "p" * (limits.MAX_PROJECT_CHARS + 1)}, "project"),
     ],
 )
 def test_jobspec_validation_names_the_field(kw: dict[str, object], field: str) -> None:
     with pytest.raises(ValidationError) as e:
         spec(**kw)
     assert e.value.fields["field"] == field
+
+
+@pytest.mark.parametrize(
+    ("env", "what"),
+    [
+        ({"TIDAL_TOKEN": "t"}, "TIDAL_TOKEN: variables beginning with TIDAL_ are Tidal's own settings"),
+        ({"tidal_home": "/x"}, "tidal_home: variables beginning with TIDAL_"),
+        ({"": "x"}, "'' is not a variable name"),
+        ({"A=B": "x"}, "A=B is not a variable name"),
+        ({"A\x00B": "x"}, "is not a variable name"),
+        ({"A": "x\x00"}, "A: the value holds a NUL character"),
+        ({"\ud800": "x"}, "the name is not valid Unicode text"),
+        ({"A": "\ud800"}, "A: the value is not valid Unicode text"),
+        ({"N" * (limits.MAX_ENV_NAME_BYTES + 1): "x"}, "the name is over"),
+        ({"A": "v" * (limits.MAX_ENV_VALUE_BYTES + 1)}, "A: the value is"),
+        ({f"V{i}": "x" * 60_000 for i in range(5)}, "bytes in all, over"),
+        ({f"V{i}": "" for i in range(limits.MAX_ENV_VARS + 1)}, "variables, more than"),
+    ],
+)
+def test_job_env_is_checked(env: dict[str, str], what: str) -> None:
+    with pytest.raises(ValidationError) as e:
+        spec(env=env)
+    assert e.value.fields["field"] == "env"
+    assert what in e.value.message, e.value.message
+
+
+def test_job_env_may_set_the_loaders_variables() -> None:
+    # The ranks' command runs as the job's owner: these are as safe as in the owner's own shell.
+    env = {"LD_PRELOAD": "/opt/x.so", "LD_LIBRARY_PATH": "/opt/lib", "MY_TIDAL_VAR": "1", "A": "x=y"}
+    assert dict(spec(env=env).env) == env
+    validate_env({f"V{i}": "" for i in range(limits.MAX_ENV_VARS)})
 
 
 def test_lifecycle_main_path_and_invalid_transition() -> None:

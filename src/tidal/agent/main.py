@@ -23,6 +23,7 @@ from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
+from tidal.core import limits
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import Node, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
@@ -130,6 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--region", default="local")
     ap.add_argument("--cluster", default="local")
     args = ap.parse_args(argv)
+    if not 1 <= args.devices <= limits.MAX_DEVICES_PER_NODE:  # the control plane would refuse the node
+        ap.error(f"--devices: from 1 to {limits.MAX_DEVICES_PER_NODE}")
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

@@ -23,6 +23,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
+from tidal.cli import jobenv
 from tidal.cli.output import console
 from tidal.config import load_settings
 from tidal.errors import ConfigError, TidalError
@@ -152,6 +153,7 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
     refdir.mkdir()
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    job_env = {**jobenv.passed(env), "PYTHONUNBUFFERED": "1"}  # what `tidal submit` would send
     story = _Story()
     console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in {home}")
     reference = subprocess.Popen(train, cwd=refdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -164,7 +166,7 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
 
         def submit(name: str, tier: str, argv: list[str]) -> str:
             job = api.post("/v1/jobs", json={"name": name, "tier": tier, "command": argv,
-                                             "workdir": str(workdir), "env": env})
+                                             "workdir": str(workdir), "env": job_env})
             return str(job["id"])
 
         def job(jid: str) -> dict[str, Any]:
@@ -260,6 +262,7 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
     refdir.mkdir()
     args = [str(script), "--steps", str(steps), "--step-time", "0.05", "--collectives"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    job_env = {**jobenv.passed(env), "PYTHONUNBUFFERED": "1"}  # what `tidal submit` would send
     story = _Story()
     console.print(f"[bold]Tidal demo: distributed[/] — 2 nodes with 2 devices each, state in {home}")
     reference = subprocess.Popen(
@@ -272,7 +275,7 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
         api = Api()
         story.say("Cluster up (plain `torchrun --nproc-per-node 4` of the same script runs in the background)")
         jid = str(api.post("/v1/jobs", json={"name": "ddp", "command": [sys.executable, *args], "ranks": 4,
-                                             "min_devices": 1, "workdir": str(workdir), "env": env})["id"])
+                                             "min_devices": 1, "workdir": str(workdir), "env": job_env})["id"])
 
         def job() -> dict[str, Any]:
             return dict(api.get(f"/v1/jobs/{jid}"))

@@ -16,8 +16,9 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
+from tidal.cli import jobenv
 from tidal.cli.api import Api
-from tidal.cli.output import console
+from tidal.cli.output import console, fail
 from tidal.errors import Conflict, TidalError, ValidationError
 
 STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
@@ -50,6 +51,24 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if "checkpoint_every" in data and isinstance(data["checkpoint_every"], str):
         data["checkpoint_every"] = parse_duration(data["checkpoint_every"])
     return data
+
+
+def _submission(command: list[str] | None, file: Path | None, env: list[str], checkpoint_every: str | None,
+                workdir: Path | None, given: dict[str, Any]) -> dict[str, Any]:
+    """The body of `tidal submit`'s request: job.yaml, then the options over it."""
+    body: dict[str, Any] = load_job_file(file) if file else {}
+    body.update({k: v for k, v in given.items() if v is not None})
+    if checkpoint_every is not None:
+        body["checkpoint_every"] = parse_duration(checkpoint_every)
+    if command:
+        body["command"] = list(command)
+    if not body.get("command"):
+        raise ValidationError("command: give the command after --, e.g. `tidal submit -- python train.py`",
+                              field="command")
+    wd = workdir or Path(body.get("workdir") or os.getcwd())
+    body["workdir"] = str(wd.absolute())
+    body["env"] = jobenv.job_env(os.environ, body.pop("env", None), env)
+    return body
 
 
 def wait_stable(api: Api, job_id: str, done: Any, timeout: float, what: str) -> dict[str, Any]:
@@ -98,24 +117,20 @@ def register(app: typer.Typer) -> None:
         max_restarts: int = typer.Option(None, "--max-restarts"),
         workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
         file: Path = typer.Option(None, "-f", "--file", help="a job.yaml"),
+        env: list[str] = typer.Option(None, "--env", "-e", metavar="NAME[=VALUE]",
+                                      help="set a variable in the job's environment (NAME alone: your value); "
+                                           "repeatable"),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the job id"),
     ) -> None:
-        """Submit a job: `tidal submit [options] -- CMD ...`. It runs with your environment."""
-        body: dict[str, Any] = load_job_file(file) if file else {}
-        given = {"name": name, "tier": tier, "project": project, "ranks": ranks, "min_devices": min_devices,
-                 "max_devices": max_devices, "max_restarts": max_restarts}
-        body.update({k: v for k, v in given.items() if v is not None})
-        if checkpoint_every is not None:
-            body["checkpoint_every"] = parse_duration(checkpoint_every)
-        if command:
-            body["command"] = list(command)
-        if not body.get("command"):
-            raise ValidationError("command: give the command after --, "
-                                  "e.g. `tidal submit -- python train.py`",
-                                  field="command")
-        wd = workdir or Path(body.get("workdir") or os.getcwd())
-        body["workdir"] = str(wd.absolute())
-        body.setdefault("env", dict(os.environ))
+        """Submit a job: `tidal submit [options] -- CMD ...`. Its environment: PATH, HOME, locale, Python
+        and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
+        try:
+            body = _submission(command, file, env or [], checkpoint_every, workdir,
+                               {"name": name, "tier": tier, "project": project, "ranks": ranks,
+                                "min_devices": min_devices, "max_devices": max_devices,
+                                "max_restarts": max_restarts})
+        except ValidationError as exc:
+            fail(exc, code=2)  # a usage error, found before anything was sent
         job = Api().post("/v1/jobs", json=body)
         if quiet:
             print(job["id"])
@@ -170,7 +185,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
-             rank: int = typer.Option(0, "--rank")) -> None:
+             rank: int = typer.Option(0, "--rank", min=0)) -> None:
         """Print a rank's output exactly as the program wrote it (across all its restores)."""
         api = Api()
         offset = 0
@@ -180,7 +195,10 @@ def register(app: typer.Typer) -> None:
             size = int(r.headers["X-Tidal-Log-Size"])
             out.write(r.content)
             out.flush()
-            offset = max(size, offset) if r.content else min(offset, size)
+            # A reply holds at most a few MiB of the log: ask again from where it ended.
+            offset = offset + len(r.content) if r.content else min(offset, size)
+            if offset < size:
+                continue
             if not follow:
                 return
             if r.headers["X-Tidal-Job-State"] in TERMINAL and not r.content:
@@ -267,7 +285,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def migrate(job_id: str, to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
-                rank: int = typer.Option(None, "--rank", help="move only this rank (needs --to)"),
+                rank: int = typer.Option(None, "--rank", min=0, help="move only this rank (needs --to)"),
                 no_wait: bool = typer.Option(False, "--no-wait"),
                 timeout: float = typer.Option(300.0)) -> None:
         """Move a running job, or one of its ranks, to other nodes (checkpoint every rank at a consistent

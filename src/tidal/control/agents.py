@@ -8,17 +8,19 @@ agent whose lease was lost is told so at its next heartbeat and kills its ranks 
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tidal.control import jobs
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
-from tidal.errors import Conflict, NotFound
+from tidal.core import limits
+from tidal.errors import Conflict, NotFound, ValidationError
 
 
 class LeaseLost(Conflict):
@@ -32,6 +34,7 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
     if node is not None and node.agent_id != agent_id and node.up and node.lease_until > now:
         raise Conflict(f"node {name} is held by another agent for {node.lease_until - now:.1f}s more",
                        hint="retry once its lease has expired", retry_after=node.lease_until - now)
+    _within_limits(s, node, name, devices)
     if node is None:
         node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
                        agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now)
@@ -42,6 +45,25 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
         node.region, node.cluster, node.devices, node.cpus = region, cluster, devices, cpus
         node.agent_id, node.lease_until, node.up, node.registered_at = agent_id, now + lease_s, True, now
     record(s, "node_up", node=name, cause=agent_id, detail=f"{devices} device(s) in {region}/{cluster}")
+
+
+def _within_limits(s: Session, node: NodeRow | None, name: str, devices: int) -> None:
+    """The cluster's size stays bounded: what the control plane builds per node and per device (free
+    device sets, the policy's view) grows with it."""
+    if node is None and (s.scalar(select(func.count()).select_from(NodeRow)) or 0) >= limits.MAX_NODES:
+        raise Conflict(f"the control plane knows {limits.MAX_NODES} nodes, the most it takes: node {name} "
+                       "was not registered", field="name", node=name)
+    others = select(func.coalesce(func.sum(NodeRow.devices), 0)).where(NodeRow.up.is_(True), NodeRow.name != name)
+    if int(s.scalar(others) or 0) + devices > limits.MAX_CLUSTER_DEVICES:
+        raise Conflict(f"node {name}'s {devices} device(s) would take the cluster over "
+                       f"{limits.MAX_CLUSTER_DEVICES} devices", field="devices", node=name)
+
+
+def over_limits(node: NodeRow) -> str | None:
+    """Why a node registered before its registration was checked cannot be kept, or None."""
+    if not 1 <= node.devices <= limits.MAX_DEVICES_PER_NODE or len(node.cpus or ()) != node.devices:
+        return f"its {node.devices} device(s) and {len(node.cpus or ())} CPU set(s) are over Tidal's limits"
+    return None
 
 
 def holder(s: Session, name: str, agent_id: str) -> NodeRow:
@@ -60,7 +82,9 @@ def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
     node.lease_until = now + lease_s
     for job_id, p in (progress or {}).items():
         job = s.get(JobRow, job_id)
-        if job is not None and job.attempt == int(p.get("attempt", -1)) and job.placement:
+        # Only the node's own jobs: a node's figures must not land in (and grow) another job's progress.
+        if (job is not None and job.attempt == int(p.get("attempt", -1))
+                and any(q["node"] == name for q in job.placement)):
             job.progress = merge_progress(job, name, {k: v for k, v in p.items() if k != "attempt"}, now)
 
 
@@ -139,6 +163,9 @@ def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int, rank
     job = s.get(JobRow, job_id)
     if job is None:
         return False
+    bad = [r["rank"] for r in ranks if not 0 <= r["rank"] < job.ranks]
+    if bad:
+        raise ValidationError(f"ranks: job {job_id} has ranks 0..{job.ranks - 1}, not {bad[0]}", field="ranks")
     eid = record(s, "ranks_exited", job_id=job_id, node=name, cause=agent_id,
                  detail=f"attempt {attempt}: " + ", ".join(
                      f"rank {r['rank']} " + (f"code {r['code']}" if r.get("signal") is None
@@ -158,10 +185,14 @@ def write_log(s: Session, home: Path, name: str, agent_id: str, job_id: str, att
     job = s.get(JobRow, job_id)
     if job is None or job.attempt != attempt:
         return False
+    if not 0 <= rank < job.ranks:
+        raise ValidationError(f"rank: job {job_id} has ranks 0..{job.ranks - 1}, not {rank}", field="rank")
     path = log_path(home, job_id, rank)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = path.open("r+b") if path.exists() else path.open("w+b")
-    with fd as f:
+    # Owner-only whatever the process's umask: a job's output may hold its secrets.
+    (home / "logs").mkdir(exist_ok=True, mode=0o700)
+    path.parent.parent.mkdir(exist_ok=True, mode=0o700)
+    path.parent.mkdir(exist_ok=True, mode=0o700)
+    with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o600), "r+b") as f:
         f.seek(offset)
         f.write(data)
         f.truncate(offset + len(data))

@@ -22,6 +22,7 @@ from tidal.config import Settings
 from tidal.control import tokens
 from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_path, token_path
 from tidal.control.store.db import Database
+from tidal.core import limits
 from tidal.errors import ConfigError, TidalError
 from tidal.mechanisms.criu.rank import Node
 
@@ -32,7 +33,8 @@ def bootstrap(settings: Settings) -> None:
     """Create the database schema and, once, the admin, user and cluster tokens (owner-only files)."""
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (home / "tokens").mkdir(exist_ok=True, mode=0o700)
+    private_dir(home / "tokens")
+    private_dir(home / "logs")
     db = Database(settings.db_url)
     try:
         db.migrate()
@@ -42,7 +44,7 @@ def bootstrap(settings: Settings) -> None:
             if path.exists():
                 continue
             name, role = {"admin": ("admin", "admin"), "user": (unix, "user"),
-                          "cluster": ("cluster", "agent")}[who]
+                          "cluster": (tokens.CLUSTER_AGENT, "agent")}[who]
             with db.tx() as s:
                 from tidal.control.store.models import User
 
@@ -56,6 +58,14 @@ def bootstrap(settings: Settings) -> None:
                 f.write(token + "\n")
     finally:
         db.close()
+
+
+def private_dir(path: Path) -> None:
+    """A directory of secrets (tokens, logs) that only its owner may enter, also one an older version
+    made with the caller's umask."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
 
 
 def _free_port() -> int:
@@ -80,8 +90,10 @@ def _env(settings: Settings) -> dict[str, str]:
 
 def _respawn(proc: Proc, settings: Settings) -> Proc:
     log = Path(proc.log)
-    log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log, "ab") as out:
+    private_dir(log.parent)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)  # one an older version wrote with the caller's umask, too
+    with os.fdopen(fd, "ab") as out:
         p = subprocess.Popen(proc.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                              start_new_session=True, env=_env(settings))
     return Proc(p.pid, proc.argv, str(log))
@@ -119,6 +131,8 @@ def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: f
     """Start the cluster, or whatever of it is not running. Returns the state and what was started."""
     if nodes < 1 or devices_per_node < 1:
         raise ConfigError("a cluster needs at least one node with at least one device")
+    if devices_per_node > limits.MAX_DEVICES_PER_NODE:
+        raise ConfigError(f"{devices_per_node} devices per node: a node has at most {limits.MAX_DEVICES_PER_NODE}")
     home = Path(settings.home)
     bootstrap(settings)
     st = load(home)

@@ -13,6 +13,7 @@ import uvicorn
 from sqlalchemy import select, update
 
 from tidal.config import load_settings
+from tidal.control import agents
 from tidal.control.api.app import Context, create_app
 from tidal.control.history import record
 from tidal.control.reconcile import Reconciler, make_policy
@@ -29,6 +30,10 @@ def recover(db: Database, lease_s: float) -> None:
     now = time.time()
     with db.tx() as s:
         for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True))):
+            why = agents.over_limits(node)
+            if why is not None:  # registered before registrations were checked: it would not be now
+                agents.expire(s, node, why)
+                continue
             node.lease_until = max(node.lease_until, now + lease_s)
         s.execute(update(ActionRow).where(ActionRow.status == "sent").values(status="pending"))
         record(s, "control_plane_started", cause=f"pid-{os.getpid()}")

@@ -6,8 +6,14 @@ import dataclasses
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from tidal.core import limits
 from tidal.core.tiers import Tier
 from tidal.errors import ValidationError
+
+# Tidal's own settings (pydantic-settings reads them case-insensitively) and credentials: a job's
+# environment never carries them, so a job can neither impersonate its submitter nor steer Tidal's code
+# that runs inside its ranks.
+RESERVED_ENV_PREFIX = "TIDAL_"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -41,14 +47,19 @@ class JobSpec:
         self.validate()
 
     def validate(self) -> None:
-        if not self.name or not self.name.strip():
-            raise ValidationError("job name must not be empty", field="name")
+        # The command first: a job's name defaults to its program's.
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise ValidationError("command must be a non-empty list of non-empty strings", field="command")
+        _command(self.command)
+        if not self.name or not self.name.strip():
+            raise ValidationError("job name must not be empty", field="name")
+        _text(self.name, "name", max_chars=limits.MAX_NAME_CHARS)
+        _text(self.workdir, "workdir", max_bytes=limits.MAX_WORKDIR_BYTES)
         if not self.workdir.startswith("/"):
             raise ValidationError(f"workdir must be absolute, got {self.workdir!r}", field="workdir")
-        if not isinstance(self.ranks, int) or self.ranks < 1:
-            raise ValidationError(f"ranks must be an integer ≥ 1, got {self.ranks!r}", field="ranks")
+        if not isinstance(self.ranks, int) or not 1 <= self.ranks <= limits.MAX_RANKS:
+            raise ValidationError(f"ranks must be an integer from 1 to {limits.MAX_RANKS}, got {self.ranks!r}",
+                                  field="ranks")
         lo, hi = self.min_devices, self.max_devices
         assert lo is not None and hi is not None
         if lo < 1:
@@ -61,18 +72,100 @@ class JobSpec:
             raise ValidationError(
                 f"min_devices ({lo}) must be ≤ max_devices ({hi})", field="min_devices"
             )
-        if self.checkpoint_every is not None and not self.checkpoint_every > 0:
+        every = self.checkpoint_every
+        if every is not None and not 0 < every <= limits.MAX_CHECKPOINT_EVERY_S:
             raise ValidationError(
-                f"checkpoint_every must be > 0 seconds, got {self.checkpoint_every}", field="checkpoint_every"
-            )
-        if self.max_restarts < 0:
-            raise ValidationError(f"max_restarts must be ≥ 0, got {self.max_restarts}", field="max_restarts")
-        for k, v in self.env.items():
-            if not isinstance(k, str) or not isinstance(v, str) or not k or "=" in k:
-                raise ValidationError(f"bad environment variable {k!r}", field="env")
+                f"checkpoint_every must be > 0 and ≤ {limits.MAX_CHECKPOINT_EVERY_S:.0f} seconds, got {every}",
+                field="checkpoint_every", hint="leave it out for no periodic checkpoints")
+        if not 0 <= self.max_restarts <= limits.MAX_RESTARTS:
+            raise ValidationError(f"max_restarts must be from 0 to {limits.MAX_RESTARTS}, got {self.max_restarts}",
+                                  field="max_restarts")
+        validate_env(self.env)
         if not self.project:
             raise ValidationError("project must not be empty", field="project")
+        _text(self.project, "project", max_chars=limits.MAX_PROJECT_CHARS)
 
     @property
     def elastic(self) -> bool:
         return self.min_devices != self.max_devices
+
+
+def validate_env(env: Mapping[str, str]) -> None:
+    """A job's environment: names and values the kernel can pass to exec, within the limits, and none of
+    Tidal's own variables. ``LD_PRELOAD``, ``LD_LIBRARY_PATH`` and the like are allowed: the job's
+    environment is applied only in the rank's command, which already runs as the job's owner, where they
+    can do no more than the owner setting them in their own shell."""
+    if len(env) > limits.MAX_ENV_VARS:
+        raise ValidationError(f"env: {len(env)} variables, more than the {limits.MAX_ENV_VARS} a job may have",
+                              field="env")
+    total = 0
+    for name, value in env.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValidationError(f"env: {name!r}: names and values must be strings", field="env")
+        shown = _shown(name)
+        if not name or "=" in name or "\0" in name:
+            raise ValidationError(f"env: {shown} is not a variable name (non-empty, without '=' or NUL)",
+                                  field="env", variable=shown)
+        if name.upper().startswith(RESERVED_ENV_PREFIX):
+            raise ValidationError(
+                f"env: {shown}: variables beginning with {RESERVED_ENV_PREFIX} are Tidal's own settings and "
+                "credentials and cannot be set for a job", field="env", variable=shown,
+                hint=f"remove {shown} from the job's environment")
+        size = _utf8(name, "env", f"env: {shown}: the name")
+        if size > limits.MAX_ENV_NAME_BYTES:
+            raise ValidationError(f"env: {shown}: the name is over {limits.MAX_ENV_NAME_BYTES} bytes",
+                                  field="env", variable=shown)
+        if "\0" in value:
+            raise ValidationError(f"env: {shown}: the value holds a NUL character", field="env", variable=shown)
+        vsize = _utf8(value, "env", f"env: {shown}: the value")
+        if vsize > limits.MAX_ENV_VALUE_BYTES:
+            raise ValidationError(f"env: {shown}: the value is {vsize} bytes, over {limits.MAX_ENV_VALUE_BYTES}",
+                                  field="env", variable=shown)
+        total += size + vsize + 2
+    if total > limits.MAX_ENV_BYTES:
+        raise ValidationError(f"env: {total} bytes in all, over {limits.MAX_ENV_BYTES}", field="env",
+                              hint="pass large settings in a file in the working directory")
+
+
+def _command(argv: tuple[str, ...]) -> None:
+    if len(argv) > limits.MAX_COMMAND_ARGS:
+        raise ValidationError(f"command: {len(argv)} arguments, more than {limits.MAX_COMMAND_ARGS}",
+                              field="command")
+    total = 0
+    for i, arg in enumerate(argv):
+        if "\0" in arg:
+            raise ValidationError(f"command: argument {i} holds a NUL character", field="command")
+        size = _utf8(arg, "command", f"command: argument {i}")
+        if size > limits.MAX_ARG_BYTES:
+            raise ValidationError(f"command: argument {i} is {size} bytes, over {limits.MAX_ARG_BYTES}",
+                                  field="command")
+        total += size + 1
+    if total > limits.MAX_COMMAND_BYTES:
+        raise ValidationError(f"command: {total} bytes in all, over {limits.MAX_COMMAND_BYTES}", field="command",
+                              hint="put long arguments in a file or a script")
+
+
+def _text(value: str, field: str, *, max_chars: int | None = None, max_bytes: int | None = None) -> None:
+    """Text that can be stored and shown: valid Unicode without NUL, within its length."""
+    if "\0" in value:
+        raise ValidationError(f"{field} holds a NUL character", field=field)
+    size = _utf8(value, field, field)
+    if max_chars is not None and len(value) > max_chars:
+        raise ValidationError(f"{field} is {len(value)} characters, over {max_chars}", field=field)
+    if max_bytes is not None and size > max_bytes:
+        raise ValidationError(f"{field} is {size} bytes, over {max_bytes}", field=field)
+
+
+def _utf8(value: str, field: str, what: str) -> int:
+    """Its size in UTF-8; a lone surrogate (JSON allows one as an escape) has no UTF-8 form."""
+    try:
+        return len(value.encode())
+    except UnicodeEncodeError as exc:
+        raise ValidationError(f"{what} is not valid Unicode text (a lone surrogate at character {exc.start})",
+                              field=field) from None
+
+
+def _shown(name: str) -> str:
+    """A variable's name as an error message may quote it: printable, and not the whole of a huge one."""
+    text = name if name and name.isprintable() and len(name) <= 64 else ascii(name[:64])
+    return text.encode("utf-8", "backslashreplace").decode()

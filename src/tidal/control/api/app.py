@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import pwd
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, Query, Request
+from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from starlette.exceptions import HTTPException
 
 from tidal.control import agents, jobs, tokens
+from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.schemas import (
     ActionResult,
     AgentHello,
@@ -31,7 +35,7 @@ from tidal.control.api.schemas import (
 )
 from tidal.control.store.db import Database
 from tidal.control.store.models import EventRow, JobRow, NodeRow
-from tidal.core import TERMINAL, JobSpec, JobState
+from tidal.core import TERMINAL, JobSpec, JobState, limits
 from tidal.errors import Forbidden, TidalError, Unauthorized, ValidationError
 from tidal.policy.admission import Quotas
 
@@ -91,6 +95,14 @@ async def _agent(p: Annotated[Principal, Depends(principal)]) -> Principal:
     return p
 
 
+def _for_node(p: Principal, node: str) -> None:
+    """The cluster's agent credential acts for any node; any other agent credential is one node's own
+    (its user name is the node's name) and acts for that node only."""
+    if p.name not in (tokens.CLUSTER_AGENT, node):
+        raise Forbidden(f"this credential is node {p.name}'s: it cannot act for node {node}", field="node",
+                        hint="use the node's own token, or the cluster token")
+
+
 AnyToken = Annotated[Principal, Depends(principal)]
 User = Annotated[Principal, Depends(_user)]
 Admin = Annotated[Principal, Depends(_admin)]
@@ -101,10 +113,13 @@ def create_app(ctx: Context) -> FastAPI:
     app = FastAPI(title="Tidal control plane", version="1")
     app.state.ctx = ctx
     app.state.principals = {}
+    # Log chunks from agents are larger than anything else a client sends.
+    app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES,
+                       routes=(("PUT", r"/v1/agent/[^/]+/logs/[^/]+/[^/]+", limits.MAX_LOG_UPLOAD_BYTES),))
 
     @app.exception_handler(TidalError)
     async def _tidal_error(_: Request, exc: TidalError) -> JSONResponse:
-        return JSONResponse(exc.to_dict(), status_code=exc.status_code)
+        return _error(exc.to_dict(), exc.status_code)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -112,8 +127,13 @@ def create_app(ctx: Context) -> FastAPI:
         loc = [str(p) for p in err.get("loc", ()) if p not in ("body", "query", "path")]
         field = ".".join(loc) or None
         msg = f"{field}: {err.get('msg')}" if field else str(err.get("msg"))
-        return JSONResponse({"error": "ValidationError", "message": msg, "hint": None, "field": field},
-                            status_code=422)
+        return _error({"error": "ValidationError", "message": msg, "hint": None, "field": field}, 422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        # Unknown routes, wrong methods, bodies that are not JSON text: the same error shape as the rest.
+        return _error({"error": "HTTPError", "message": str(exc.detail), "hint": None}, exc.status_code,
+                      exc.headers)
 
     # -- service ------------------------------------------------------------------------------------------
     @app.get("/healthz")
@@ -152,7 +172,7 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.get("/v1/jobs")
     def list_jobs(p: User, all_users: Annotated[bool, Query(alias="all")] = False,
-                  limit: int = 1000) -> list[dict[str, Any]]:
+                  limit: Annotated[int, Query(ge=1, le=limits.MAX_PAGE)] = 1000) -> list[dict[str, Any]]:
         with ctx.db.read() as s:
             q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
             if p.owner_filter is not None or not all_users:
@@ -209,10 +229,14 @@ def create_app(ctx: Context) -> FastAPI:
             return [_ckpt(c) for c in jobs.checkpoints(s, job.id)]
 
     @app.get("/v1/jobs/{job_id}/logs")
-    def logs(job_id: str, p: User, rank: int = 0, offset: int = 0) -> Response:
+    def logs(job_id: str, p: User, rank: Annotated[int, Query(ge=0)] = 0,
+             offset: Annotated[int, Query(ge=0, le=limits.MAX_LOG_OFFSET)] = 0) -> Response:
+        """At most MAX_LOG_READ_BYTES from ``offset``; X-Tidal-Log-Size says how much there is."""
         with ctx.db.read() as s:
             job = jobs.get(s, job_id, owner=p.owner_filter)
-            st = job.state
+            st, ranks = job.state, job.ranks
+        if rank >= ranks:
+            raise ValidationError(f"rank: job {job_id} has ranks 0..{ranks - 1}, not {rank}", field="rank")
         path = agents.log_path(ctx.home, job_id, rank)
         data = b""
         size = 0
@@ -221,13 +245,14 @@ def create_app(ctx: Context) -> FastAPI:
                 size = f.seek(0, 2)
                 if offset < size:
                     f.seek(offset)
-                    data = f.read(size - offset)
+                    data = f.read(min(size - offset, limits.MAX_LOG_READ_BYTES))
         return Response(data, media_type="application/octet-stream",
                         headers={"X-Tidal-Log-Size": str(size), "X-Tidal-Job-State": st})
 
     @app.get("/v1/events")
-    def events(p: User, job: str | None = None, after: int = 0, limit: int = 1000,
-               last: int | None = None) -> list[dict[str, Any]]:
+    def events(p: User, job: str | None = None, after: Annotated[int, Query(ge=0, lt=2**63)] = 0,
+               limit: Annotated[int, Query(ge=1, le=limits.MAX_PAGE)] = 1000,
+               last: Annotated[int | None, Query(ge=1, le=limits.MAX_PAGE)] = None) -> list[dict[str, Any]]:
         """Events after ``after`` (oldest first, at most ``limit``), or the ``last`` N."""
         with ctx.db.read() as s:
             if last is not None:
@@ -255,6 +280,7 @@ def create_app(ctx: Context) -> FastAPI:
     # -- agents ---------------------------------------------------------------------------------------------
     @app.post("/v1/agent/register")
     def register(body: Register, p: Agent) -> dict[str, Any]:
+        _for_node(p, body.name)
         with ctx.db.tx() as s:
             agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
                             cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s)
@@ -262,13 +288,16 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.post("/v1/agent/{node}/heartbeat")
     def heartbeat(node: str, body: Heartbeat, p: Agent) -> dict[str, Any]:
+        _for_node(p, node)
         with ctx.db.tx(notify=False) as s:
             agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
         return {"lease_s": ctx.lease_s}
 
     @app.get("/v1/agent/{node}/actions")
-    def take_actions(node: str, agent_id: str, p: Agent, wait: float = 0.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + min(wait, 30.0)
+    def take_actions(node: str, agent_id: str, p: Agent,
+                     wait: Annotated[float, Query(ge=0, le=limits.MAX_POLL_WAIT_S)] = 0.0) -> list[dict[str, Any]]:
+        _for_node(p, node)
+        deadline = time.monotonic() + wait
         with ctx.db.changed:
             while True:
                 seen = ctx.db.action_generation
@@ -287,12 +316,14 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.post("/v1/agent/{node}/leave")
     def leave(node: str, body: AgentHello, p: Agent) -> dict[str, Any]:
+        _for_node(p, node)
         with ctx.db.tx() as s:
             agents.expire(s, agents.holder(s, node, body.agent_id), "its agent stopped")
         return {"ok": True}
 
     @app.post("/v1/agent/{node}/results")
     def action_result(node: str, body: ActionResult, p: Agent) -> dict[str, Any]:
+        _for_node(p, node)
         with ctx.db.tx() as s:
             applied = agents.result(s, node, body.agent_id, body.action_id, body.ok, body.data, body.error,
                                     ctx.keep)
@@ -300,15 +331,18 @@ def create_app(ctx: Context) -> FastAPI:
 
     @app.post("/v1/agent/{node}/exits")
     def exits(node: str, body: ExitReport, p: Agent) -> dict[str, Any]:
+        _for_node(p, node)
         with ctx.db.tx() as s:
             applied = agents.exited(s, node, body.agent_id, body.job_id, body.attempt,
                                     [r.model_dump() for r in body.ranks], ctx.keep)
         return {"applied": applied}
 
     @app.put("/v1/agent/{node}/logs/{job_id}/{rank}")
-    async def upload_log(node: str, job_id: str, rank: int, agent_id: str, attempt: int, offset: int,
+    async def upload_log(node: str, job_id: str, rank: Annotated[int, PathParam(ge=0, lt=limits.MAX_RANKS)],
+                         agent_id: str, attempt: int, offset: Annotated[int, Query(ge=0, le=limits.MAX_LOG_OFFSET)],
                          request: Request, p: Agent) -> dict[str, Any]:
-        data = await request.body()
+        _for_node(p, node)
+        data = await request.body()  # at most MAX_LOG_UPLOAD_BYTES (BodyLimit)
         with ctx.db.tx(notify=False) as s:
             applied = agents.write_log(s, ctx.home, node, agent_id, job_id, attempt, rank, offset, data)
         return {"applied": applied}
@@ -333,7 +367,9 @@ def _event(e: EventRow) -> dict[str, Any]:
 
 
 def _detail(s: Session, j: JobRow) -> dict[str, Any]:
-    evs = s.scalars(select(EventRow).where(EventRow.job_id == j.id).order_by(EventRow.seq))
+    # The latest events only: a long-lived job with frequent checkpoints has many.
+    evs = s.scalars(select(EventRow).where(EventRow.job_id == j.id).order_by(EventRow.seq.desc())
+                    .limit(limits.MAX_JOB_EVENTS_SHOWN))
     return {
         **_summary(j),
         "command": j.spec["command"], "workdir": j.spec["workdir"],
@@ -350,5 +386,21 @@ def _detail(s: Session, j: JobRow) -> dict[str, Any]:
         "placement": [{"rank": p["rank"], "node": p["node"], "device": p["device"], "pid": p["pid"]}
                       for p in j.placement],
         "checkpoints": [_ckpt(c) for c in jobs.checkpoints(s, j.id)],
-        "events": [_event(e) for e in evs],
+        "events": [_event(e) for e in evs][::-1],
     }
+
+
+def _error(body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None) -> JSONResponse:
+    """An error as JSON. Its text may quote the request (a field's name, a value): a lone surrogate there
+    has no UTF-8 form, so it is shown escaped instead of failing the answer."""
+    return JSONResponse(_escaped(body), status_code=status, headers=headers)
+
+
+def _escaped(value: Any) -> Any:
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode()
+    if isinstance(value, dict):
+        return {_escaped(k): _escaped(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_escaped(v) for v in value]
+    return value

@@ -7,6 +7,8 @@ lock's condition wakes long-polling agents and the reconcile loop after each com
 
 from __future__ import annotations
 
+import os
+import stat
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,14 +17,36 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).with_name("migrations")
+# SQLite's companions of a database file: they hold the same rows.
+SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+
+
+def private_sqlite(url: str) -> None:
+    """Make a SQLite database file the owner's only, whatever the umask: it holds users' jobs and the
+    hashes of their tokens. SQLite creates its WAL and shared-memory files with the database file's
+    mode, so they follow. A file made readable to others by an older version is tightened."""
+    db = make_url(url).database
+    if not db or db == ":memory:" or db.startswith("file:"):
+        return
+    path = Path(db)
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    for suffix in SQLITE_FILES:
+        f = path.with_name(path.name + suffix)
+        try:
+            st = f.stat()
+        except FileNotFoundError:
+            continue
+        if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+            f.chmod(stat.S_IMODE(st.st_mode) & 0o700)
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite(url)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
         @event.listens_for(engine, "connect")
