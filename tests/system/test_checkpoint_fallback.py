@@ -32,7 +32,7 @@ def _stop(c: LiveCluster, job: str) -> str:
 
 def two_checkpoints(c: LiveCluster, workdir: Path, gate: Path) -> tuple[str, str, str]:
     """A job stopped (held) after two checkpoints that differ in its progress file."""
-    job = c.cli("submit", "-q", "--", "sh", "-c", JOB, cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    job = c.cli("submit", "-q", "--env", f"GATE={gate}", "--", "sh", "-c", JOB, cwd=workdir).stdout.strip()
     c.wait_state(job, "running")
     wait_for(lambda: _progress(workdir) >= 3, what="progress")
     first = _stop(c, job)

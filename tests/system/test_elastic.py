@@ -171,8 +171,8 @@ def test_a_job_of_an_ordinary_account_is_resized_and_a_rank_moved(make_cluster, 
     wd = owned_dir(shared_tmp / "work", "nobody")
     gate = shared_tmp / "gate"
     c.become("nobody")
-    job = c.cli("submit", "-q", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c",
-                JOB.replace("progress.txt", "progress-$RANK.txt"), cwd=wd, env={"GATE": str(gate)}).stdout.strip()
+    job = c.cli("submit", "-q", "--env", f"GATE={gate}", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c",
+                JOB.replace("progress.txt", "progress-$RANK.txt"), cwd=wd).stdout.strip()
     c.wait_state(job, "running")
     wait_for(lambda: (wd / "progress-1.txt").exists() and len((wd / "progress-1.txt").read_text().split()) >= 10,
              what="progress")
