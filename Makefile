@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint typecheck criu venv clean bench
+.PHONY: demo test test-quick lint typecheck criu venv clean bench
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: criu lint
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
+
+# Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
+test-quick: criu lint
+	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
 
 demo: criu
 	$(VENV)/bin/tidal demo

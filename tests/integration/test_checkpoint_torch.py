@@ -10,6 +10,8 @@ import pytest
 from tests.integration.conftest import Cluster, reference_run, train_argv, wait_for_line
 from tidal.mechanisms.criu.job import Job
 
+pytestmark = [pytest.mark.torch, pytest.mark.slow]
+
 STEPS = 60
 
 

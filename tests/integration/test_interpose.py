@@ -29,7 +29,7 @@ from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.interpose.channel import CutTimeout, Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 
-pytestmark = [pytest.mark.criu, pytest.mark.torch]
+pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 
 DDP = EXAMPLES / "ddp_train.py"
 SCRIPTS = Path(__file__).with_name("scripts")

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_demo_story_end_to_end(tmp_path: Path) -> None:
     tidal = Path(sys.executable).with_name("tidal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
@@ -24,6 +27,7 @@ def test_demo_story_end_to_end(tmp_path: Path) -> None:
     assert not any((tmp_path / "home").glob("demo-cluster-*"))
 
 
+@pytest.mark.slow
 def test_distributed_demo_story(tmp_path: Path) -> None:
     tidal = Path(sys.executable).with_name("tidal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}

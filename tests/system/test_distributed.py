@@ -19,7 +19,7 @@ import pytest
 
 from tests.system.conftest import LiveCluster, pid_alive, wait_for
 
-pytestmark = [pytest.mark.criu, pytest.mark.torch]
+pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 ENV = {"OMP_NUM_THREADS": "1"}  # the same math as the reference, whatever a device's cores
 

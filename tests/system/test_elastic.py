@@ -27,6 +27,7 @@ def _affinity(pid: int) -> str:
 
 @pytest.mark.criu
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_path: Path) -> None:
     world, held = 4, 115
@@ -117,6 +118,7 @@ def test_resize_bad_input(make_cluster, tmp_path: Path, workdir: Path, gate: Pat
 
 @pytest.mark.criu
 @pytest.mark.torch
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster, tmp_path: Path) -> None:
     world = 4

@@ -12,7 +12,7 @@ import pytest
 
 from tests.system.conftest import pid_alive, wait_for
 
-pytestmark = [pytest.mark.criu, pytest.mark.torch]
+pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 ARGS = ["--steps", "80", "--step-time", "0.08", "--dataset-mb", "4"]
 
