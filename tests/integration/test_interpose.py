@@ -288,9 +288,11 @@ def test_stopped_rank_times_out_keeps_last_checkpoint_and_finishes(cluster: Clus
 
 # Two ranks running an ordinary single-process training script (each in its own subdirectory, with its own
 # seed), and a third that is a shell loop (which starts once rank 0 trains): no torch.distributed anywhere.
-TRAIN_RANK = ["sh", "-c", 'mkdir -p r$RANK && cd r$RANK && exec "$0" "$1" --steps 100 --step-time 0.02 --seed $RANK',
-              sys.executable, str(EXAMPLES / "train.py")]
-LOOP_RANK = ["sh", "-c", 'until [ -e r0/metrics.csv ]; do sleep 0.01; done; i=0; while [ $i -lt 100 ]; do i=$((i+1)); '
+# The two training ranks start together (each waits for the other's directory) and take long enough that
+# neither has ended by the second checkpoint, however slowly the other started on a busy machine.
+TRAIN_RANK = ["sh", "-c", 'mkdir -p r$RANK && until [ -d r0 ] && [ -d r1 ]; do sleep 0.01; done && cd r$RANK && '
+              'exec "$0" "$1" --steps 200 --step-time 0.05 --seed $RANK', sys.executable, str(EXAMPLES / "train.py")]
+LOOP_RANK = ["sh", "-c", 'until [ -e r0/metrics.csv ]; do sleep 0.01; done; i=0; while [ $i -lt 350 ]; do i=$((i+1)); '
              'echo "tick $i"; sleep 0.03; done']
 
 
