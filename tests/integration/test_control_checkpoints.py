@@ -60,6 +60,17 @@ def stopped_with(p: Plane, a: FakeAgent, n: int) -> tuple[str, list[str]]:
     return jid, ids
 
 
+def resumed(p: Plane, n: int) -> tuple[FakeAgent, str, list[str], dict[str, Any]]:
+    """A job stopped after ``n`` checkpoints, then resumed: its agent, id, checkpoints and restore action."""
+    a = FakeAgent(p, "node-1", "A")
+    a.register()
+    jid, ids = stopped_with(p, a, n)
+    post(p, f"/v1/jobs/{jid}/resume")
+    p.rec.once()
+    (act,) = a.actions()
+    return a, jid, ids, act
+
+
 def states(p: Plane, jid: str) -> list[tuple[str, str]]:
     r = p.http.get(f"/v1/jobs/{jid}/checkpoints", headers=p.as_user())
     assert r.status_code == 200
@@ -67,12 +78,7 @@ def states(p: Plane, jid: str) -> list[tuple[str, str]]:
 
 
 def test_a_damaged_checkpoint_is_marked_bad_and_the_job_resumes_from_the_one_before(plane: Plane) -> None:
-    a = FakeAgent(plane, "node-1", "A")
-    a.register()
-    jid, (c1, c2) = stopped_with(plane, a, 2)
-    post(plane, f"/v1/jobs/{jid}/resume")
-    plane.rec.once()
-    (act,) = a.actions()
+    a, jid, (c1, c2), act = resumed(plane, 2)
     assert act["kind"] == "restore" and act["payload"]["checkpoint"] == {"id": c2, "parts": [c2]}
     assert a.result(act, ok=False, **corrupt(c2))
 
@@ -112,12 +118,7 @@ def test_a_damaged_checkpoint_is_marked_bad_and_the_job_resumes_from_the_one_bef
 
 
 def test_with_no_intact_checkpoint_left_the_job_fails_saying_so(plane: Plane) -> None:
-    a = FakeAgent(plane, "node-1", "A")
-    a.register()
-    jid, (c1,) = stopped_with(plane, a, 1)
-    post(plane, f"/v1/jobs/{jid}/resume")
-    plane.rec.once()
-    (act,) = a.actions()
+    a, jid, (c1,), act = resumed(plane, 1)
     assert a.result(act, ok=False, **corrupt(c1))
     j = plane.job(jid)
     assert j["state"] == "failed" and j["restarts"] == 0
@@ -127,12 +128,7 @@ def test_with_no_intact_checkpoint_left_the_job_fails_saying_so(plane: Plane) ->
 
 
 def test_other_restore_failures_are_retried_from_the_same_checkpoint(plane: Plane) -> None:
-    a = FakeAgent(plane, "node-1", "A")
-    a.register()
-    jid, (c1, c2) = stopped_with(plane, a, 2)
-    post(plane, f"/v1/jobs/{jid}/resume")
-    plane.rec.once()
-    (act,) = a.actions()
+    a, jid, (c1, c2), act = resumed(plane, 2)
     assert a.result(act, ok=False)  # no verification failure: possibly transient
     j = plane.job(jid)
     assert j["state"] == "pending" and j["restarts"] == 1
@@ -143,12 +139,7 @@ def test_other_restore_failures_are_retried_from_the_same_checkpoint(plane: Plan
 
 
 def test_damage_reported_for_another_checkpoint_is_an_ordinary_failure(plane: Plane) -> None:
-    a = FakeAgent(plane, "node-1", "A")
-    a.register()
-    jid, (c1, c2) = stopped_with(plane, a, 2)
-    post(plane, f"/v1/jobs/{jid}/resume")
-    plane.rec.once()
-    (act,) = a.actions()
+    a, jid, (c1, c2), act = resumed(plane, 2)
     assert a.result(act, ok=False, **corrupt(c1))  # not the checkpoint this restore was given
     j = plane.job(jid)
     assert j["state"] == "pending" and j["restarts"] == 1
@@ -242,12 +233,7 @@ def test_retention_counts_only_good_checkpoints_and_keeps_the_one_resumed_from()
 
 
 def test_retention_at_commit_keeps_bad_checkpoints_and_k_good_ones(plane: Plane) -> None:
-    a = FakeAgent(plane, "node-1", "A")
-    a.register()
-    jid, (_, c2) = stopped_with(plane, a, 2)
-    post(plane, f"/v1/jobs/{jid}/resume")
-    plane.rec.once()
-    (act,) = a.actions()
+    a, jid, (_, c2), act = resumed(plane, 2)
     assert a.result(act, ok=False, **corrupt(c2))
     plane.rec.once()
     (act,) = a.actions()
