@@ -1,11 +1,18 @@
-"""A command that ends at once is seen to end: the rank's init must not miss its child's exit."""
+"""A command that ends at once is seen to end: the rank's init must not miss its child's exit, and if an init
+ever does, the agent's watchdog ends the rank."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.integration.conftest import Cluster
+import pytest
+
+from tests.integration.conftest import Cluster, wait_until
+from tidal.agent.executor import Watchdog
 from tidal.mechanisms.criu.rank import RankProcess, RankSpec
 
 STARTS = 300
@@ -27,3 +34,36 @@ def test_commands_that_end_at_once_are_always_reaped(cluster: Cluster) -> None:
         results = list(pool.map(one, range(STARTS)))
     assert [code for _, code, _ in results] == [0 if i % 2 == 0 else 127 for i in range(STARTS)]
     assert max(took for _, _, took in results) < 15
+
+
+def test_the_watchdog_ends_a_rank_whose_init_missed_its_commands_end(cluster: Cluster,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    # An init that cannot run (stopped here) never reports its command's end: without the watchdog the job
+    # would stay running, holding its devices, forever.
+    spec = RankSpec("stuck", 0, ("sh", "-c", "read _ < /dev/null; sleep 0.5"), cluster.workdir, {},
+                    interpose=False)
+    rank = RankProcess.launch(spec, cluster.nodes[0])
+    os.kill(rank.pid, signal.SIGSTOP)
+    wait_until(lambda: rank.command_gone(), 30, "the command to end under the stopped init")
+    dog = Watchdog(every=0.05, nudge_after=0.2, kill_after=1.0)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="tidal.agent.executor"):
+        while rank.poll() is None and time.monotonic() - t0 < 30:
+            dog.check([rank])
+            time.sleep(0.02)
+    assert rank.wait(5).signal == signal.SIGKILL
+    assert time.monotonic() - t0 < 5
+    assert "rank stuck.r0: its command ended and its init has not reported it; waking the init" in caplog.text
+    assert "its init did not report it; killing the rank" in caplog.text
+
+
+def test_the_watchdog_leaves_running_ranks_alone(cluster: Cluster) -> None:
+    # Also right after the launch, before the init has forked the command: not for long enough to count.
+    spec = RankSpec("busy", 0, ("sleep", "3"), cluster.workdir, {}, interpose=False)
+    rank = RankProcess.launch(spec, cluster.nodes[0])
+    dog = Watchdog(every=0.0, nudge_after=0.5, kill_after=1.0)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 2:
+        dog.check([rank])
+        time.sleep(0.02)
+    assert rank.wait(30).code == 0

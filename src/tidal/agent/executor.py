@@ -53,6 +53,37 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class Watchdog:
+    """Notices a rank whose command has ended while its init did not report it (the job would stay running,
+    holding its devices, with nothing left to run): after ``nudge_after`` seconds it wakes the init, as the
+    command's end should have; after ``kill_after`` it kills the rank, whose end is then reported."""
+
+    def __init__(self, every: float = 1.0, nudge_after: float = 2.0, kill_after: float = 6.0) -> None:
+        self.every, self.nudge_after, self.kill_after = every, nudge_after, kill_after
+        self.last = time.monotonic()
+        self.since: dict[int, float] = {}
+
+    def check(self, ranks: list[RankProcess]) -> None:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return
+        self.last = now
+        for rp in ranks:
+            if not rp.command_gone():
+                self.since.pop(rp.spec.rank, None)
+                continue
+            first = self.since.setdefault(rp.spec.rank, now)
+            if now - first >= self.kill_after:
+                log.error("rank %s: its command ended %.0fs ago and its init did not report it; killing the rank",
+                          rp.spec.name, now - first)
+                with contextlib.suppress(Exception):
+                    rp.kill(wait=False)
+            elif now - first >= self.nudge_after:
+                log.warning("rank %s: its command ended and its init has not reported it; waking the init",
+                            rp.spec.name)
+                rp.nudge()
+
+
 @dataclass
 class Running:
     job_id: str
@@ -330,10 +361,12 @@ class Executor:
         # a checkpoint-and-kill in the action thread) does too, and the two must not race.
         ranks = run.job.ranks
         ended: dict[int, dict[str, Any]] = {}
+        dog = Watchdog()
         while len(ended) < len(ranks):
             for rp in ranks:
                 if rp.spec.rank not in ended and rp.poll() is not None:
                     ended[rp.spec.rank] = _status(rp, run.stopped)
+            dog.check([rp for rp in ranks if rp.spec.rank not in ended])
             with run.lock:
                 stopping = run.stopping
             if not stopping and len(ended) < len(ranks) and any(_failed(st) for st in ended.values()):

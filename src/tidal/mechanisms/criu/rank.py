@@ -370,6 +370,18 @@ class RankProcess:
     def pids(self) -> list[int]:
         return tasks.descendants(self.pid) if self.running else []
 
+    def command_gone(self) -> bool:
+        """The init still runs, but nothing else of the rank does: its command ended and the init has not
+        (yet) seen it. Read from /proc only: a lazily restored rank's memory is not touched."""
+        if not self.running or not tasks.alive(self.pid):
+            return False
+        return not any(tasks.alive(p) for p in tasks.descendants(self.pid)[1:])
+
+    def nudge(self) -> None:
+        """Wake the init as its command's end would (it then reaps and reports)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGCHLD)
+
     # -- checkpoint steps ---------------------------------------------------------------------------
     def _check_running(self, what: str) -> None:
         if not self.running or not tasks.alive(self.pid):

@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # annotations only: the init imports as little as it can
     Spec = dict[str, Any]
 
 CLONE_NEWPID = 0x20000000
-REAP_EVERY_MS = 1000
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 
@@ -130,9 +129,9 @@ def _init(spec: Spec, status_fd: int) -> None:
     poller.register(rfd, select.POLLIN)
     poller.register(status_fd, 0)  # POLLERR/POLLHUP are always reported: the owner is gone
     while True:
-        # The timeout is a second line of defence: whatever happens to a SIGCHLD, the command's end is seen
-        # within a second (the job must never stay "running" with nothing left to run).
-        for fd, ev in poller.poll(REAP_EVERY_MS):
+        # No timeout: a lazily restored rank must not touch its memory unasked (the owner watches for a
+        # command that ended unseen, and wakes or kills the init).
+        for fd, ev in poller.poll():
             if fd == status_fd and ev & (select.POLLERR | select.POLLHUP):
                 os.kill(-1, signal.SIGKILL)  # every process of the namespace but PID 1
                 os._exit(137)
