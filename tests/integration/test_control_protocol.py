@@ -367,3 +367,27 @@ def test_guaranteed_jobs_over_their_projects_quota_are_admitted_as_basic(tmp_pat
     assert p.http.post(f"/v1/jobs/{first['id']}/cancel", headers=p.as_user()).status_code == 200
     assert p.submit_reply(tier="premium", ranks=2, project="vision")["tier"] == "premium"  # room again
     p.db.close()
+
+
+def test_agents_retire_only_checkpoints_no_longer_listed(plane: Plane) -> None:
+    """A checkpoint action tells the agent which stored checkpoints to keep when it applies retention:
+    every one the API lists, not only the newest keep - 1. The one being written may never be committed
+    (here: it fails), and until it is the oldest listed checkpoint must still be in the store."""
+    a = FakeAgent(plane, "node-1", "A")
+    a.register()
+    jid = plane.submit(checkpoint_every=0.01)
+    start(plane, a, jid)
+    committed = []
+    for n in range(1, 7):
+        time.sleep(0.02)
+        plane.rec.once()
+        (act,) = a.actions()
+        listed = plane.job(jid)["checkpoints"]
+        new = act["payload"]["checkpoint_id"]
+        assert act["payload"]["keep_ids"] == [p for c in listed for p in c["parts"]] + [new]
+        ok = n != 4
+        data = {"checkpoint": {"id": new, "created_at": time.time(), "bytes": 100, "stored_bytes": 10}}
+        assert a.result(act, ok=ok, **(data if ok else {}))
+        committed += [new] if ok else []
+        assert [c["id"] for c in plane.job(jid)["checkpoints"]] == committed[-3:]
+    assert len(committed) == 5

@@ -252,12 +252,14 @@ def _next_checkpoint_id(s: Session, job: JobRow) -> str:
     return f"{n + 1:06d}-{secrets.token_hex(3)}"
 
 
-def _keep_ids(s: Session, job: JobRow, keep: int, new: list[str]) -> list[str]:
-    """Store checkpoints an agent must keep when it applies retention: the parts of every checkpoint that
-    stays once the one being written (``new``, its parts) is committed, and those of the new one."""
-    rows = checkpoints(s, job.id)
-    gone = {r.id for r in retired(rows, keep - 1, job.resume_from)}  # the new one takes one of the ``keep``
-    return [p for c in rows if c.id not in gone for p in _parts(c)] + new
+def _keep_ids(s: Session, job: JobRow, new: list[str]) -> list[str]:
+    """Store checkpoints an agent must keep when it applies retention: the parts of every checkpoint the
+    control plane still lists (its newest ``keep`` good ones, the bad ones kept for inspection, the one
+    it resumes from) and of the one being written. An agent retires a
+    checkpoint only once it is no longer listed: the new one may never be committed (a part fails, the
+    agent dies before its result arrives), and until it is, the oldest listed one is still a checkpoint
+    of the job. So the store holds ``keep + 1`` checkpoints between a commit and the next checkpoint."""
+    return [p for c in checkpoints(s, job.id) for p in _parts(c)] + new
 
 
 def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, keep: int) -> None:
@@ -281,7 +283,7 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, keep: i
         job.opstate = {"phase": "single", "checkpoint_id": ck}
         new_action(s, job, nodes[0], "checkpoint", {
             "job_id": job.id, "attempt": job.attempt, "then": then, "keep": keep, "checkpoint_id": ck,
-            "keep_ids": _keep_ids(s, job, keep, [ck]), "rendezvous": rendezvous(job, ck)}, cause, op=op)
+            "keep_ids": _keep_ids(s, job, [ck]), "rendezvous": rendezvous(job, ck)}, cause, op=op)
     else:
         epoch = secrets.randbelow(1 << 48)
         job.opstate = {"phase": "cut", "checkpoint_id": ck, "epoch": epoch, "then": then}
@@ -619,7 +621,7 @@ def _parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: s
     job.opstate = {**job.opstate, "phase": "dump", "parts": list(parts.values()), "rendezvous": rdv}
     op = new_id("o")
     then = "continue" if job.opstate["then"] == "continue" else "hold"
-    keep_ids = _keep_ids(s, job, keep, list(parts.values()))
+    keep_ids = _keep_ids(s, job, list(parts.values()))
     holder = min(job.placement, key=lambda p: int(p["rank"]))["node"]
     for node in nodes:
         new_action(s, job, node, "checkpoint", {

@@ -25,6 +25,7 @@ from tidal.control.store.db import Database
 from tidal.core import limits
 from tidal.errors import ConfigError, TidalError
 from tidal.mechanisms.criu.rank import Node
+from tidal.mechanisms.interpose import storeserver
 
 TOKENS = ("admin", "user", "cluster")
 
@@ -194,5 +195,6 @@ def down(settings: Settings) -> list[str]:
     if st.server.pid and alive(st.server.pid):
         stopped.append("control plane")
     _stop(st.server.pid)
+    storeserver.stop_recorded(home)  # outlives a control plane that was killed rather than stopped
     state_path(home).unlink(missing_ok=True)
     return stopped

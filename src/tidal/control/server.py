@@ -20,6 +20,7 @@ from tidal.control.reconcile import Reconciler, make_policy
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
 from tidal.errors import ValidationError
+from tidal.mechanisms.interpose import storeserver
 from tidal.policy.admission import parse_quotas
 
 
@@ -52,6 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     settings = load_settings()
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    # Distributed jobs' rendezvous store: the one a killed predecessor left running, if there is one.
+    storeserver.hold(home)
     db = Database(settings.db_url)
     db.migrate()
     recover(db, args.lease)
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         rec.stop()
         db.close()
+        storeserver.close_shared()
 
 
 if __name__ == "__main__":
