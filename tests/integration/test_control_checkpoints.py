@@ -252,7 +252,12 @@ def test_retention_at_commit_keeps_bad_checkpoints_and_k_good_ones(plane: Plane)
     assert states(plane, jid) == [(c2, "bad")] + [(c, "committed") for c in made]
     post(plane, f"/v1/jobs/{jid}/preempt")
     (act,) = a.actions()
-    assert act["payload"]["keep_ids"] == [c2, *made[1:], act["payload"]["checkpoint_id"]]
+    # The agent keeps all the control plane still lists (c2, bad, and the newest 3), and the new one: the
+    # oldest good one goes only once the new one is committed.
+    new = act["payload"]["checkpoint_id"]
+    assert act["payload"]["keep_ids"] == [c2, *made, new]
+    assert a.result(act, **committed(new))
+    assert states(plane, jid) == [(c2, "bad")] + [(c, "committed") for c in [*made[1:], new]]
 
 
 def upgrade_from_0003(url: str) -> None:
