@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import random
 import signal
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.system.conftest import LiveCluster, pid_alive, wait_for
+from tests.system.conftest import LiveCluster, owned_dir, pid_alive, wait_for
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -222,3 +224,66 @@ def test_failing_rank_is_the_root_cause_and_the_others_are_stopped(make_cluster,
     started = next(e for e in j["events"] if e["kind"] == "started")
     pids = json.loads(started["detail"].removeprefix("pids "))
     assert len(pids) == 4 and not any(pid_alive(p) for p in pids)
+
+
+def _python_for(account: str, checkout: Path) -> list[str] | None:
+    """How a job of ``account`` runs this test environment's Python: this interpreter may sit where other
+    accounts cannot go (a private pyenv), so the system's one of the same version, with this environment's
+    packages on PYTHONPATH. None where the account cannot read them."""
+    exe = Path(f"/usr/bin/python{sys.version_info.major}.{sys.version_info.minor}")
+    site = Path(sysconfig.get_paths()["purelib"])
+    probe = f"PYTHONPATH={site}:{checkout / 'src'} {exe} -c 'import torch, tidal'"
+    ok = subprocess.run(["su", account, "-s", "/bin/sh", "-c", probe], capture_output=True, check=False)
+    return [str(exe), f"PYTHONPATH={site}:{checkout / 'src'}"] if exe.exists() and ok.returncode == 0 else None
+
+
+def test_ddp_job_of_an_ordinary_account_preempted_migrated_resized_is_bit_identical(
+        make_cluster, tmp_path: Path, shared_tmp: Path) -> None:
+    # Most users are not root: a W = 2 DDP job of "nobody" is preempted and resumed, has a rank moved to
+    # another node, is shrunk to one device and grown back, and ends identical to plain torchrun.
+    checkout = Path(__file__).resolve().parents[2]
+    how = _python_for("nobody", checkout)
+    if how is None:
+        pytest.skip(f"the account nobody cannot read this checkout ({checkout}) or its Python environment, "
+                    "so no job of it can run this test's script")
+    exe, pythonpath = how
+    world, held = 2, 75
+    script = shared_tmp / "ddp_train.py"
+    script.write_bytes(DDP.read_bytes())
+    script.chmod(0o644)
+    gate = shared_tmp / "gate"
+    args = ["--steps", "80", "--step-time", "0.05", "--collectives", "--gate", f"{gate}:{held}"]
+    gate.touch()
+    expected, params = torchrun(tmp_path, world, [*args])
+    gate.unlink()
+
+    c = make_cluster(nodes=2, devices=2)
+    work = owned_dir(shared_tmp / "work", "nobody")
+    c.become("nobody")
+    job = c.cli("submit", "-q", "--ranks", str(world), "--min-devices", "1", "--env", pythonpath,
+                "--env", "OMP_NUM_THREADS=1", "--", exe, str(script), *args, cwd=work).stdout.strip()
+    j = c.wait_state(job, "running", timeout=120)
+    assert all(Path(f"/proc/{_user_pid(p['pid'])}").stat().st_uid == pwd.getpwnam("nobody").pw_uid
+               for p in j["placement"])
+    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+
+    c.cli("preempt", job)
+    assert c.job(job)["state"] == "preempted"
+    c.cli("resume", job)
+    j = c.wait_state(job, "running")
+    n = _steps_done(c, job)
+    wait_for(lambda: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after the resume")
+    here = _nodes(j)
+    other = next(x["name"] for x in c.api().get("/v1/nodes").json() if x["name"] != here[1])
+    c.cli("migrate", job, "--rank", "1", "--to", other)
+    assert _nodes(c.wait_state(job, "running"))[1] == other
+    c.cli("resize", job, "--devices", "1", timeout=300)
+    assert c.wait_state(job, "running")["devices"] == 1
+    c.cli("resize", job, "--devices", "2", timeout=300)
+    assert c.wait_state(job, "running")["devices"] == 2
+
+    gate.touch()
+    assert c.cli("wait", job, check=False, timeout=600).returncode == 0
+    assert _rank_lines(c, job, world) == expected
+    assert (work / "params.bin").read_bytes() == params
+    assert (work / "params.bin").stat().st_uid == pwd.getpwnam("nobody").pw_uid
