@@ -9,7 +9,8 @@ retention (only ever older ones than those kept). The accounting adds up: a job'
 checkpoints are those its events tell.
 
 The faults, their order and the delays around them come from ``random.Random(seed)``: the seed is
-``TIDAL_CHAOS_SEED`` when set, else a fresh one. It is printed with every fault and in every assertion
+``TIDAL_CHAOS_SEED`` when set (``random`` for a fresh one), else a fixed one, so that CI runs the same
+schedule every time. It is printed with every fault and in every assertion
 message; ``TIDAL_CHAOS_SEED=N pytest tests/system/test_chaos.py`` replays that schedule (what a fault hits
 also depends on timing: which job happens to be checkpointing when it strikes).
 """
@@ -45,6 +46,7 @@ from tidal.mechanisms.storage.manifest import MANIFEST, sequence_of
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 FAULTS = ("control_plane", "agent", "commit", "store_full")
+DEFAULT_SEED = 20261125
 KEEP = 3  # TIDAL_KEEP_CHECKPOINTS: the cluster's default
 # A checkpoint event names the committed checkpoint: "checkpoint 000004-a1b2c3 (1234 bytes...".
 COMMITTED = re.compile(r"\bcheckpoint (\d{6}-[0-9a-f]+) \(")
@@ -90,8 +92,8 @@ class Chaos:
 
 @pytest.fixture
 def chaos(request: pytest.FixtureRequest) -> Chaos:
-    env = os.environ.get("TIDAL_CHAOS_SEED")
-    seed = int(env) if env else random.SystemRandom().randrange(1 << 31)
+    env = os.environ.get("TIDAL_CHAOS_SEED", str(DEFAULT_SEED))
+    seed = random.SystemRandom().randrange(1 << 31) if env == "random" else int(env)
     # Shown with the failure of the test whatever fails (a timeout, a crash in a helper).
     request.node.add_report_section("setup", "chaos seed", f"TIDAL_CHAOS_SEED={seed}\n")
     ch = Chaos(seed)
