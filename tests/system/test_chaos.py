@@ -466,6 +466,8 @@ def check_outcome(c: LiveCluster, ch: Chaos, store: SmallStore, tracker: Tracker
                 ch.say(f"job {j}: {restored} restores without a checkpoint")
     finally:
         st.close()
+    left = sorted(str(d.relative_to(store.root)) for d in store.root.glob("jobs/*/*") if not (d / MANIFEST).exists())
+    ch.log(f"store: {shutil.disk_usage(store.mount).used >> 20} MiB used; uncommitted checkpoints left: {left}")
     return final
 
 

@@ -36,10 +36,11 @@ def torchrun(tmp_path: Path, world: int, args: list[str]) -> tuple[dict[int, lis
     """Each rank's step lines and the final parameters under plain torchrun on one machine."""
     ref = tmp_path / "torchrun"
     ref.mkdir()
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                    "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--log-dir", str(ref / "logs"),
-                    "--redirects", "3", str(DDP), *args], cwd=ref, env={**os.environ, **ENV},
-                   capture_output=True, check=True, timeout=600)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
+                        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--log-dir",
+                        str(ref / "logs"), "--redirects", "3", str(DDP), *args], cwd=ref,
+                       env={**os.environ, **ENV}, capture_output=True, timeout=600)
+    assert p.returncode == 0, f"the torchrun reference exited {p.returncode}:\n{p.stderr.decode()[-3000:]}"
     out = {}
     for r in range(world):
         (log,) = (ref / "logs").glob(f"*/attempt_0/{r}/stdout.log")
