@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tidal.errors import MechanismError, RankExited
 from tidal.mechanisms.accounts import Account
-from tidal.mechanisms.criu import tasks, uffd
+from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import Freezer
 from tidal.mechanisms.criu.discard import empty_trash
 from tidal.mechanisms.criu.logpump import pump
@@ -192,7 +192,6 @@ class RankProcess:
         self._exited = threading.Event()
         self._frozen = False
         self._pager: subprocess.Popen[bytes] | None = None  # fills in a lazily restored rank's memory
-        self._uffds: list[int] = []  # our copies of the pager's userfaultfds (see tidal.mechanisms.criu.uffd)
         self._killed = False
         p = pump()
         self._out_closed = p.add_file(out_r, node.log_path(spec))
@@ -306,8 +305,6 @@ class RankProcess:
         pid = int(pidfile.read_text())
         rank = cls(spec, node, pid, out_r, st_r, ctl)
         rank._pager = pager
-        if pager is not None:
-            rank._uffds = uffd.hold(pager.pid)
         if rank.channel is not None and dump.interposed:
             rank.channel.hello.set()  # it said hello before the dump
         # CRIU left the tree stopped: place it, then let it run. A stopped init cannot notice that its
@@ -350,7 +347,6 @@ class RankProcess:
         else:
             self._exit = ExitStatus(code=code, signal=sig)
         self.freezer.remove()
-        uffd.release(self._uffds)
         with _REAPING_LOCK:
             if _REAPING.get(self.freezer.path) is self._exited:
                 del _REAPING[self.freezer.path]
@@ -403,14 +399,8 @@ class RankProcess:
                                  hint="criu lazy-pages is still filling it in") from None
         self._pager = None
         if code != 0 and self.running and not self._killed:
-            # Killed while we still hold its userfaultfds: its faults on missing pages are pending, not
-            # served as zeros.
-            with contextlib.suppress(Exception):
-                self.kill(wait=False)
-            uffd.release(self._uffds)
             raise MechanismError(f"rank {self.spec.name}: criu lazy-pages, which restored its memory, exited "
                                  f"with code {code}", hint="the rank may have lost memory: restore it again")
-        uffd.release(self._uffds)  # every page is in (or the rank is gone)
 
     def freeze(self) -> None:
         self._check_running("freeze")
@@ -494,7 +484,6 @@ class RankProcess:
         if pager is not None:  # nothing left to fill in
             pager.kill()
             pager.wait()
-        uffd.release(self._uffds)  # after the signal: what it faults on now cannot run
         # A frozen task handles SIGKILL only once thawed.
         if self._frozen:
             self.freezer.thaw()
