@@ -203,6 +203,10 @@ def test_a_lazy_restore_whose_pager_dies_kills_the_job(cluster: Cluster, caplog:
     job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[1])], runner=runner)
     with caplog.at_level(logging.ERROR, logger="tidal.mechanisms.criu.job"):
         os.kill(runner.pager.pid, signal.SIGKILL)
-        assert [s.signal for s in job.wait(60)] == [signal.SIGKILL]
+        # Once the daemon is gone the kernel serves the rank's pending fault with a zero page: on a busy
+        # machine the rank may crash on it (SIGSEGV, SIGBUS) before Tidal's kill lands. Either way it does
+        # not go on, and Tidal has seen why.
+        (ended,) = job.wait(60)
+        assert ended.signal in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS), ended
     assert "rank job.r0: criu lazy-pages, which restored its memory, exited with code -9; killing the job" in (
         caplog.text)

@@ -398,7 +398,8 @@ class RankProcess:
             raise MechanismError(f"rank {self.spec.name}: its memory was not all restored after {timeout:.0f}s",
                                  hint="criu lazy-pages is still filling it in") from None
         self._pager = None
-        if code != 0 and self.running and not self._killed:
+        # Also when the rank has already died: it may have crashed on the pages it lacked, and that is why.
+        if code != 0 and not self._killed:
             raise MechanismError(f"rank {self.spec.name}: criu lazy-pages, which restored its memory, exited "
                                  f"with code {code}", hint="the rank may have lost memory: restore it again")
 
