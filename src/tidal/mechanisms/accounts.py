@@ -24,7 +24,8 @@ from tidal.errors import MechanismError
 
 _libc = ctypes.CDLL(None, use_errno=True)
 # The raw system call changes this thread only (glibc's setgroups changes every thread of the process).
-SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine(), 116)
+# Elsewhere the number is unknown here: None, and acting for another account is refused (not guessed).
+SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}.get(platform.machine())
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,9 @@ class Account:
 
 
 def _set(uid: int, gid: int, groups: tuple[int, ...]) -> None:
+    if SYS_SETGROUPS is None:
+        raise MechanismError(f"cannot act for another account on {platform.machine()}: no per-thread setgroups "
+                             "known for it", hint="run jobs as the agent's own account on this machine")
     arr = (ctypes.c_uint * max(1, len(groups)))(*groups)
     if _libc.syscall(SYS_SETGROUPS, len(groups), arr) != 0:
         err = ctypes.get_errno()
