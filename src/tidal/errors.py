@@ -98,3 +98,10 @@ class RankExited(MechanismError):
 
 class StorageError(TidalError):
     """The checkpoint store could not read or write an object."""
+
+
+class ProtocolMismatch(ValidationError):
+    """A message between the control plane and an agent is of a protocol version this side does not speak
+    (``version``; ``accepted`` lists those it does)."""
+
+    status_code = 426

@@ -14,14 +14,14 @@ import os
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from tidal.control.history import new_id, record
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow, User
-from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, Tier, advance, rank_map
+from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, Tier, advance, protocol, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
 from tidal.policy.admission import Quotas, decide
 
@@ -162,11 +162,12 @@ def free_devices(s: Session) -> dict[str, list[int]]:
 
 
 # -- actions ------------------------------------------------------------------------------------------------
-def new_action(s: Session, job: JobRow, node: str, kind: str, payload: dict[str, Any], cause: str | None,
+def new_action(s: Session, job: JobRow, node: str, order: protocol.Order, cause: str | None,
                *, track: bool = True, op: str | None = None) -> ActionRow:
     """Queue an action for ``node``'s agent. Tracked actions are the job's operation in flight: one per
     node for an operation over several nodes (same ``op``), whose outcome is taken once all are done."""
-    a = ActionRow(id=new_id("a"), job_id=job.id, node=node, kind=kind, payload=payload, status="pending",
+    a = ActionRow(id=new_id("a"), job_id=job.id, node=node, kind=order.kind, payload=protocol.encode(order),
+                  status="pending",
                   cause=cause, created_at=time.time())
     a.op = op or a.id
     s.add(a)
@@ -185,7 +186,7 @@ def nodes_of(placement: Iterable[dict[str, Any]]) -> list[str]:
     return out
 
 
-def rendezvous(job: JobRow, tag: str) -> dict[str, str] | None:
+def rendezvous(job: JobRow, tag: str) -> protocol.Rendezvous | None:
     """Where the ranks of a distributed job (re)build their torch.distributed group: the store hosted by
     the control plane, and keys unique to this build."""
     if job.ranks < 2:
@@ -197,7 +198,7 @@ def rendezvous(job: JobRow, tag: str) -> dict[str, str] | None:
     except Exception as exc:  # no torch here: only scripts that use torch.distributed will miss it
         log.warning("no rendezvous store for job %s: %s", job.id, exc)
         return None
-    return {"addr": addr, "prefix": f"{job.id}/{job.attempt}/{tag}"}
+    return protocol.Rendezvous(addr=addr, prefix=f"{job.id}/{job.attempt}/{tag}")
 
 
 def _parts(c: CheckpointRow) -> list[str]:
@@ -231,19 +232,20 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None, 
     for node, ranks in by_node.items():
         noderow = s.get(NodeRow, node)
         cpus = noderow.cpus if noderow else []
-        payload = {
-            "job_id": job.id, "attempt": job.attempt, "argv": spec["command"], "workdir": spec["workdir"],
-            "env": spec["env"], "world_size": job.ranks, "local_world_size": len(ranks), "keep": keep,
+        fields: dict[str, Any] = dict(
+            job_id=job.id, attempt=job.attempt, argv=spec["command"], workdir=spec["workdir"], env=spec["env"],
+            world_size=job.ranks, local_world_size=len(ranks),
             # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
-            "unix_user": owner.unix_user if owner else None,
-            "ranks": [{"rank": r, "local_rank": i, "device": d.index,
-                       "cpus": cpus[d.index] if d.index < len(cpus) else None} for i, (r, d) in enumerate(ranks)],
-            "rendezvous": rdv,
-            "fs": any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
-        }
-        if source is not None:
-            payload["checkpoint"] = {"id": source.id, "parts": _parts(source)}
-        new_action(s, job, node, "restore" if restore else "launch", payload, cause, op=op)
+            unix_user=owner.unix_user if owner else None,
+            ranks=[protocol.RankSlot(rank=r, local_rank=i, device=d.index,
+                                     cpus=cpus[d.index] if d.index < len(cpus) else None)
+                   for i, (r, d) in enumerate(ranks)],
+            rendezvous=rdv,
+            fs=any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
+        )
+        order: protocol.Order = (protocol.Launch(**fields) if source is None else protocol.Restore(
+            **fields, checkpoint=protocol.CheckpointRef(id=source.id, parts=_parts(source))))
+        new_action(s, job, node, order, cause, op=op)
     job.op_purpose = "restore" if restore else "launch"
 
 
@@ -276,19 +278,19 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, keep: i
         raise Conflict(f"job {job.id} is busy ({_busy(job)}); try again in a moment", job=job.id, busy=True)
     nodes = nodes_of(job.placement)
     transition(s, job, S.CHECKPOINTING, cause, f"{purpose} checkpoint")
-    then = "continue" if purpose == "periodic" else "kill"
+    then: protocol.Then = "continue" if purpose == "periodic" else "kill"
     ck = _next_checkpoint_id(s, job)
     op = new_id("o")
     if len(nodes) == 1:
         job.opstate = {"phase": "single", "checkpoint_id": ck}
-        new_action(s, job, nodes[0], "checkpoint", {
-            "job_id": job.id, "attempt": job.attempt, "then": then, "keep": keep, "checkpoint_id": ck,
-            "keep_ids": _keep_ids(s, job, [ck]), "rendezvous": rendezvous(job, ck)}, cause, op=op)
+        new_action(s, job, nodes[0], protocol.Checkpoint(
+            job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=ck, keep_ids=_keep_ids(s, job, [ck]),
+            rendezvous=rendezvous(job, ck)), cause, op=op)
     else:
         epoch = secrets.randbelow(1 << 48)
         job.opstate = {"phase": "cut", "checkpoint_id": ck, "epoch": epoch, "then": then}
         for node in nodes:
-            new_action(s, job, node, "cut", {"job_id": job.id, "attempt": job.attempt, "epoch": epoch},
+            new_action(s, job, node, protocol.CutCounts(job_id=job.id, attempt=job.attempt, epoch=epoch),
                        cause, op=op)
     job.op_purpose = purpose
 
@@ -474,12 +476,16 @@ def resize_to(s: Session, job: JobRow, target: list[DeviceRef], cause: str | Non
     checkpoint(s, job, "resize", cause, keep)
 
 
+def _kill(job: JobRow, report: bool = False) -> protocol.Kill:
+    return protocol.Kill(job_id=job.id, attempt=job.attempt, report=report)
+
+
 def cancel(s: Session, job: JobRow, cause: str) -> None:
     st = state(job)
     if st in TERMINAL:
         raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
     for node in {p["node"] for p in job.placement}:
-        new_action(s, job, node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
+        new_action(s, job, node, _kill(job), cause, track=False)
     transition(s, job, S.CANCELLED, cause)
 
 
@@ -520,7 +526,7 @@ def _started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed:
     if failed:
         for g in group:  # the nodes where it did start must not keep half a job running
             if g.status == "done":
-                new_action(s, job, g.node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
+                new_action(s, job, g.node, _kill(job), cause, track=False)
         if kind == "restore":
             damaged = [(g.node, c) for g in failed if (c := (g.result or {}).get("corrupt"))]
             if damaged and _fall_back(s, job, group[0], damaged, cause):
@@ -582,7 +588,7 @@ def _ckpt_failed(s: Session, job: JobRow, cause: str, err: str) -> None:
     transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {err}")
 
 
-def _finish(s: Session, job: JobRow, then: str, cause: str, **state_: Any) -> None:
+def _finish(s: Session, job: JobRow, then: Literal["kill", "resume"], cause: str, **state_: Any) -> None:
     """The last step over several nodes: kill the held ranks, or let every rank go on. After the dump
     step every rank builds a new group (on the same keys everywhere), else the gates just open."""
     assert job.opstate is not None
@@ -590,9 +596,10 @@ def _finish(s: Session, job: JobRow, then: str, cause: str, **state_: Any) -> No
     job.opstate = {**job.opstate, "phase": "finish", "finish": then, **state_}
     op = new_id("o")
     for node in nodes_of(job.placement):
-        new_action(s, job, node, "finish", {
-            "job_id": job.id, "attempt": job.attempt, "then": then, "rebuild": rebuild,
-            "rendezvous": job.opstate.get("rendezvous") if rebuild else None}, cause, op=op)
+        rdv = job.opstate.get("rendezvous") if rebuild else None
+        new_action(s, job, node, protocol.Finish(
+            job_id=job.id, attempt=job.attempt, then=then, rebuild=rebuild,
+            rendezvous=protocol.Rendezvous(**rdv) if rdv else None), cause, op=op)
 
 
 def _cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str,
@@ -605,8 +612,8 @@ def _cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[Acti
     job.opstate = {**job.opstate, "phase": "park", "target": target}
     op = new_id("o")
     for node in nodes_of(job.placement):
-        new_action(s, job, node, "park", {"job_id": job.id, "attempt": job.attempt,
-                                          "epoch": job.opstate["epoch"], "target": target}, cause, op=op)
+        new_action(s, job, node, protocol.Park(job_id=job.id, attempt=job.attempt, epoch=job.opstate["epoch"],
+                                               target=target), cause, op=op)
 
 
 def _parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: str, keep: int) -> None:
@@ -618,16 +625,17 @@ def _parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: s
     nodes = nodes_of(job.placement)
     parts = {n: f"{ck}.p{k}" for k, n in enumerate(nodes)}
     rdv = rendezvous(job, ck)
-    job.opstate = {**job.opstate, "phase": "dump", "parts": list(parts.values()), "rendezvous": rdv}
+    job.opstate = {**job.opstate, "phase": "dump", "parts": list(parts.values()),
+                   "rendezvous": protocol.encode(rdv) if rdv else None}
     op = new_id("o")
-    then = "continue" if job.opstate["then"] == "continue" else "hold"
+    then: protocol.Then = "continue" if job.opstate["then"] == "continue" else "hold"
     keep_ids = _keep_ids(s, job, list(parts.values()))
     holder = min(job.placement, key=lambda p: int(p["rank"]))["node"]
     for node in nodes:
-        new_action(s, job, node, "checkpoint", {
-            "job_id": job.id, "attempt": job.attempt, "then": then, "keep": keep, "checkpoint_id": parts[node],
-            "keep_ids": keep_ids, "rendezvous": rdv, "fs": node == holder,
-            "cut": {"epoch": job.opstate["epoch"], "target": job.opstate["target"]}}, cause, op=op)
+        new_action(s, job, node, protocol.Checkpoint(
+            job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=parts[node], keep_ids=keep_ids,
+            rendezvous=rdv, fs=node == holder,
+            cut=protocol.Cut(epoch=job.opstate["epoch"], target=job.opstate["target"])), cause, op=op)
 
 
 def _dumped(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str, cause: str,
@@ -734,8 +742,7 @@ def on_exit(s: Session, job: JobRow, attempt: int, ranks: list[dict[str, Any]], 
         others = [n for n in nodes_of(job.placement) if n not in here]
         job.opstate = {"phase": "failing", "purpose": job.op_purpose}
         for n in others:
-            new_action(s, job, n, "kill", {"job_id": job.id, "attempt": job.attempt, "report": True}, cause,
-                       track=False)
+            new_action(s, job, n, _kill(job, report=True), cause, track=False)
     if job.opstate is not None and job.opstate.get("phase") == "failing":
         _settle_failure(s, job, cause, keep)
         return True
@@ -788,7 +795,7 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
     for node in nodes_of(job.placement) if stop_others else ():
         n = s.get(NodeRow, node)
         if n is not None and n.up:
-            new_action(s, job, node, "kill", {"job_id": job.id, "attempt": job.attempt}, cause, track=False)
+            new_action(s, job, node, _kill(job), cause, track=False)
     job.op = None
     job.op_purpose = None
     job.opstate = None

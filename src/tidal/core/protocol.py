@@ -1,0 +1,369 @@
+"""The messages between the control plane and its node agents: one typed, versioned model each.
+
+Control plane → agent: an :class:`Action` wraps one order (:data:`Order`: launch, restore, cut, park,
+checkpoint, finish, kill), chosen by its ``kind``. Agent → control plane: :class:`Register`,
+:class:`Heartbeat`, :class:`ActionResult` (whose ``data`` is the order's typed result, :func:`result_of`),
+:class:`ExitReport` and :class:`Leave`. Every message carries the protocol version ``v``; both ends refuse
+a version they do not speak (:class:`tidal.errors.ProtocolMismatch`), because a control plane and its
+agents are upgraded at different times. Every field is bounded (:mod:`tidal.core.limits`): what arrives
+over the network is validated before it is used, and an unknown field is an error, not ignored.
+
+Encoding is one function each way: :func:`encode` (a model to JSON-ready data) and the ``decode_*``
+functions (data to a model, or :class:`tidal.errors.ValidationError` naming the bad field).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, TypeVar
+
+import pydantic
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from tidal.core import limits
+from tidal.errors import ProtocolMismatch, ValidationError
+
+#: The protocol this build speaks. Bump it on any change an older peer would misread.
+VERSION = 1
+#: The versions this build accepts from a peer.
+ACCEPTED = frozenset({VERSION})
+
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+# Names of nodes, regions, clusters and agents: they end up in paths and log lines.
+NodeName = Annotated[str, StringConstraints(pattern=_NAME, max_length=limits.MAX_NODE_NAME_CHARS)]
+Ident = Annotated[str, StringConstraints(pattern=_NAME, max_length=limits.MAX_ID_CHARS)]
+JobId = Annotated[str, StringConstraints(pattern=_NAME, max_length=32)]
+# A Unix account name (POSIX portable, plus the '$' of machine accounts).
+UnixName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._][A-Za-z0-9._-]*\$?$",
+                                            max_length=limits.MAX_ID_CHARS)]
+Rank = Annotated[int, Field(ge=0, lt=limits.MAX_RANKS)]
+Count = Annotated[int, Field(ge=0, lt=2**63)]
+Int32 = Annotated[int, Field(ge=-(2**31), lt=2**31)]
+Seconds = Annotated[float, Field(allow_inf_nan=False)]
+Text = Annotated[str, StringConstraints(max_length=64 * 1024)]
+Figure = Annotated[str, StringConstraints(max_length=limits.MAX_ID_CHARS)]
+CheckpointId = Annotated[str, StringConstraints(pattern=_NAME, max_length=limits.MAX_ID_CHARS)]
+Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_BYTES)]
+CpuSet = Annotated[list[Annotated[int, Field(ge=0, le=limits.MAX_CPU_ID)]], Field(max_length=limits.MAX_CPU_ID + 1)]
+
+
+def _printable(text: str | None) -> str | None:
+    """Text as a database can store it: a lone surrogate (from an undecodable file name, say) is shown
+    escaped rather than refusing a report the agent would otherwise retry."""
+    return None if text is None else text.encode("utf-8", "backslashreplace").decode()
+
+
+class Message(BaseModel):
+    """A message's fields are exactly its model's: an unknown one is refused (a misspelt key is found at
+    the first message, not at run time on a node)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# -- control plane → agent --------------------------------------------------------------------------------
+class Rendezvous(Message):
+    """Where the ranks of a distributed job (re)build their torch.distributed group."""
+
+    addr: Annotated[str, StringConstraints(max_length=limits.MAX_NODE_NAME_CHARS + 8)]
+    prefix: Annotated[str, StringConstraints(max_length=256)]
+
+
+class RankSlot(Message):
+    """One rank of a launch or restore on this node."""
+
+    rank: Rank
+    local_rank: Rank
+    device: Annotated[int, Field(ge=0, lt=limits.MAX_DEVICES_PER_NODE)]
+    cpus: CpuSet | None = None
+
+
+class CheckpointRef(Message):
+    """A job checkpoint: its id and the store checkpoints holding its parts (one per node it spanned)."""
+
+    id: CheckpointId
+    parts: Annotated[list[CheckpointId], Field(min_length=1, max_length=limits.MAX_RANKS)]
+
+
+class Cut(Message):
+    """A consistent cut parked across nodes: its epoch and the collective every rank waits after."""
+
+    epoch: Count
+    target: Count
+
+
+class _JobOrder(Message):
+    job_id: JobId
+    attempt: Annotated[int, Field(ge=0, lt=2**31)]
+
+
+class _Start(_JobOrder):
+    argv: Annotated[list[Arg], Field(min_length=1, max_length=limits.MAX_COMMAND_ARGS)]
+    workdir: Annotated[str, StringConstraints(max_length=limits.MAX_WORKDIR_BYTES)]
+    env: Annotated[dict[Annotated[str, StringConstraints(max_length=limits.MAX_ENV_NAME_BYTES)],
+                        Annotated[str, StringConstraints(max_length=limits.MAX_ENV_VALUE_BYTES)]],
+                   Field(max_length=limits.MAX_ENV_VARS)]
+    world_size: Annotated[int, Field(ge=1, le=limits.MAX_RANKS)]
+    local_world_size: Annotated[int, Field(ge=1, le=limits.MAX_RANKS)]
+    # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
+    unix_user: UnixName | None = None
+    ranks: Annotated[list[RankSlot], Field(min_length=1, max_length=limits.MAX_RANKS)]
+    rendezvous: Rendezvous | None = None
+    fs: bool = True  # this node keeps the job's working directory in its checkpoints (rank 0's node)
+
+
+class Launch(_Start):
+    """Start the job's ranks on this node from scratch."""
+
+    kind: Literal["launch"] = "launch"
+
+
+class Restore(_Start):
+    """Start the job's ranks on this node from a checkpoint."""
+
+    kind: Literal["restore"] = "restore"
+    checkpoint: CheckpointRef
+
+
+class CutCounts(_JobOrder):
+    """First step of a checkpoint over several nodes: say how many collectives each rank announced."""
+
+    kind: Literal["cut"] = "cut"
+    epoch: Count
+
+
+class Park(_JobOrder):
+    """Second step: let every rank run to collective ``target`` and wait there."""
+
+    kind: Literal["park"] = "park"
+    epoch: Count
+    target: Count
+
+
+Then = Literal["continue", "kill", "hold"]
+
+
+class Checkpoint(_JobOrder):
+    """Dump every rank here and store it as ``checkpoint_id``; then go on, be killed, or stay frozen (a
+    part of a checkpoint over several nodes: ``cut`` is set)."""
+
+    kind: Literal["checkpoint"] = "checkpoint"
+    then: Then
+    checkpoint_id: CheckpointId
+    # Store checkpoints to keep when retention applies: every one the control plane still lists.
+    keep_ids: Annotated[list[CheckpointId], Field(max_length=100_000)]
+    rendezvous: Rendezvous | None = None
+    fs: bool = True
+    cut: Cut | None = None
+
+
+class Finish(_JobOrder):
+    """Last step over several nodes: kill the frozen ranks, or let them go on (rebuilding their group
+    after a dump)."""
+
+    kind: Literal["finish"] = "finish"
+    then: Literal["kill", "resume"]
+    rebuild: bool = False
+    rendezvous: Rendezvous | None = None
+
+
+class Kill(_JobOrder):
+    """Stop the job's ranks here (every attempt up to ``attempt``) and say how they ended."""
+
+    kind: Literal["kill"] = "kill"
+    report: bool = False
+
+
+Order = Annotated[Launch | Restore | CutCounts | Park | Checkpoint | Finish | Kill, Field(discriminator="kind")]
+OrderKind = Literal["launch", "restore", "cut", "park", "checkpoint", "finish", "kill"]
+
+
+class Action(Message):
+    """An order for one node's agent, with the id its result is reported under."""
+
+    v: int = VERSION
+    id: Ident
+    order: Order
+
+    @property
+    def kind(self) -> OrderKind:
+        return self.order.kind
+
+    @property
+    def job_id(self) -> str:
+        return self.order.job_id
+
+
+# -- results of the orders (in ActionResult.data) ----------------------------------------------------------
+class RankPid(Message):
+    rank: Rank
+    pid: Annotated[int, Field(ge=1, lt=2**31)] | None
+
+
+class Started(Message):
+    """A launch or restore is done: each rank's process id."""
+
+    ranks: Annotated[list[RankPid], Field(max_length=limits.MAX_RANKS)]
+
+
+class Counted(Message):
+    """Collectives announced per rank (rank as a string key) at the cut."""
+
+    counts: Annotated[dict[Annotated[str, StringConstraints(max_length=16)], Count],
+                      Field(max_length=limits.MAX_RANKS)]
+
+
+class Done(Message):
+    """An order with nothing to report but its success (park, finish)."""
+
+
+class StoredCheckpoint(Message):
+    id: CheckpointId
+    created_at: Seconds
+    bytes: Count
+    stored_bytes: Count
+
+
+class Dumped(Message):
+    checkpoint: StoredCheckpoint
+
+
+class RankExit(Message):
+    rank: Rank
+    code: Int32 | None = None
+    signal: Annotated[int, Field(ge=0, le=128)] | None = None
+    # When it exited (the earliest failure is a job's root cause).
+    at: Seconds | None = None
+    stopped: bool = False  # stopped by Tidal after another rank failed
+
+
+class Killed(Message):
+    ranks: Annotated[list[RankExit], Field(max_length=limits.MAX_RANKS)]
+
+
+class Corruption(Message):
+    """A checkpoint that failed verification: the control plane marks it bad and restores an older one."""
+
+    checkpoint: CheckpointId | None = None
+    object: Annotated[str | None, StringConstraints(max_length=4096)] = None
+    chunk: Annotated[str | None, StringConstraints(max_length=128)] = None
+    reason: Annotated[str | None, AfterValidator(_printable), StringConstraints(max_length=4096)] = None
+    message: Annotated[str | None, AfterValidator(_printable)] = None
+
+
+class Failure(Message):
+    """What a failed order's result carries besides its message."""
+
+    corrupt: Corruption | None = None
+
+
+Result = Started | Counted | Done | Dumped | Killed | Failure
+RESULTS: dict[str, type[Message]] = {
+    "launch": Started, "restore": Started, "cut": Counted, "park": Done, "checkpoint": Dumped, "finish": Done,
+    "kill": Killed,
+}
+
+
+# -- agent → control plane ----------------------------------------------------------------------------------
+class _FromAgent(Message):
+    v: int = VERSION
+    agent_id: Ident
+
+
+class Register(_FromAgent):
+    name: NodeName
+    region: Ident = "local"
+    cluster: Ident = "local"
+    devices: int = Field(ge=1, le=limits.MAX_DEVICES_PER_NODE)
+    cpus: list[CpuSet]  # device index → its CPU set
+
+    @field_validator("cpus")
+    @classmethod
+    def _one_cpu_set_per_device(cls, cpus: list[list[int]], info: pydantic.ValidationInfo) -> list[list[int]]:
+        devices = info.data.get("devices")
+        if devices is not None and len(cpus) != devices:
+            raise ValueError(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
+        for i, cs in enumerate(cpus):
+            if not cs or len(set(cs)) != len(cs):
+                raise ValueError(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
+        return cpus
+
+
+class Leave(_FromAgent):
+    """The agent stops: its node's jobs are requeued at once."""
+
+
+class Heartbeat(_FromAgent):
+    # job id → {"attempt", "cpu_s", "rss_bytes", "output_bytes", "steps", "collectives", ...} for the jobs
+    # running on the node
+    jobs: dict[JobId, Annotated[dict[Figure, float], Field(max_length=limits.MAX_PROGRESS_FIGURES)]] = Field(
+        default_factory=dict, max_length=limits.MAX_HEARTBEAT_JOBS)
+
+    @field_validator("jobs")
+    @classmethod
+    def _finite(cls, jobs: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+        # A figure that is not a finite number (a rate over no time, say) is left out, not refused: a
+        # refused heartbeat would cost the node its lease. JSON cannot carry it back to users anyway.
+        return {j: {k: v for k, v in figures.items() if math.isfinite(v)} for j, figures in jobs.items()}
+
+
+class ActionResult(_FromAgent):
+    action_id: Ident
+    ok: bool
+    error: Annotated[str | None, AfterValidator(_printable)] = None
+    # The order's result (:data:`RESULTS`), or a :class:`Failure`; checked against the order's kind by
+    # :func:`result_of` on the control plane, which knows the kind.
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class ExitReport(_FromAgent):
+    """Ranks of a job that ended on their own (or were killed from outside Tidal)."""
+
+    job_id: JobId
+    attempt: Int32
+    ranks: Annotated[list[RankExit], Field(max_length=limits.MAX_RANKS)]
+
+
+# -- encoding ------------------------------------------------------------------------------------------------
+M = TypeVar("M", bound=Message)
+
+
+def encode(msg: Message) -> dict[str, Any]:
+    """The message as JSON-ready data (what crosses the network and what the database keeps)."""
+    return msg.model_dump(mode="json")
+
+
+def check_version(data: Any, what: str) -> None:
+    """Refuse a message of a protocol version this build does not speak, before reading anything else."""
+    v = data.get("v", VERSION) if isinstance(data, dict) else VERSION
+    if v not in ACCEPTED:
+        raise ProtocolMismatch(
+            f"{what} speaks protocol version {v!r}; this Tidal speaks {sorted(ACCEPTED)}", version=v,
+            accepted=sorted(ACCEPTED),
+            hint="run the same Tidal release on the control plane and its agents (upgrade the older one)")
+
+
+def decode(model: type[M], data: Any, what: str | None = None) -> M:
+    """``data`` as a ``model``, or a ValidationError naming the first bad field."""
+    what = what or model.__name__
+    check_version(data, what)
+    try:
+        return model.model_validate(data)
+    except pydantic.ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(message)"
+        raise ValidationError(f"bad {what}: {where}: {err['msg']}", field=where,
+                              hint="the control plane and the agent must run the same Tidal release") from None
+
+
+def decode_action(data: Any) -> Action:
+    return decode(Action, data, "action")
+
+
+def result_of(kind: str, ok: bool, data: Any) -> Result:
+    """An action's result data as the typed result of an order of ``kind`` (a :class:`Failure` when not ok)."""
+    model = RESULTS.get(kind) if ok else Failure
+    if model is None:
+        raise ValidationError(f"no order of kind {kind!r}", field="kind", hint=f"one of {sorted(RESULTS)}")
+    out = decode(model, data, f"result of a {kind} order")
+    assert isinstance(out, Started | Counted | Done | Dumped | Killed | Failure)
+    return out
