@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlalchemy import text
 
 from tests.integration.test_control_api_fuzz import served
@@ -152,15 +153,22 @@ def test_migration_removes_credentials_from_existing_jobs(tmp_path: Path) -> Non
     # BIG: the environment spans pages, so rewriting it frees space the token was in
     kept = {"PATH": "/bin", "MY_TIDAL_THING": "kept", "BIG": "b" * 9000}
     env = {**kept, "TIDAL_TOKEN": token, "tidal_home": "/x"}
-    with db.tx() as s:
-        s.add(JobRow(id="j1", seq=1, name="j", owner="alice", tier="basic", ranks=1, state="running", held=False,
-                     submitted_at=0.0, restarts=0, attempt=1, placement=[],
-                     spec={"command": ["x"], "workdir": "/", "env": env}))
-        s.add(JobRow(id="j2", seq=2, name="k", owner="alice", tier="basic", ranks=1, state="pending", held=False,
-                     submitted_at=0.0, restarts=0, attempt=0, placement=[],
-                     spec={"command": ["x"], "workdir": "/", "env": {"A": "1"}}))
-        s.add(ActionRow(id="a-1", job_id="j1", node="n", kind="launch", status="done", created_at=0.0,
-                        payload={"job_id": "j1", "env": env}))
+    # Rows as revision 0004 holds them (the models of today have columns it lacks).
+    jobs = sa.table("jobs", *(sa.column(c) for c in ("id", "seq", "name", "owner", "tier", "ranks", "state", "held",
+                                                     "submitted_at", "restarts", "attempt")),
+                    sa.column("placement", sa.JSON), sa.column("spec", sa.JSON))
+    actions = sa.table("actions", *(sa.column(c) for c in ("id", "job_id", "node", "kind", "status", "created_at")),
+                       sa.column("payload", sa.JSON))
+    with db.engine.begin() as conn:
+        conn.execute(jobs.insert(), [
+            dict(id="j1", seq=1, name="j", owner="alice", tier="basic", ranks=1, state="running", held=False,
+                 submitted_at=0.0, restarts=0, attempt=1, placement=[],
+                 spec={"command": ["x"], "workdir": "/", "env": env}),
+            dict(id="j2", seq=2, name="k", owner="alice", tier="basic", ranks=1, state="pending", held=False,
+                 submitted_at=0.0, restarts=0, attempt=0, placement=[],
+                 spec={"command": ["x"], "workdir": "/", "env": {"A": "1"}})])
+        conn.execute(actions.insert(), [dict(id="a-1", job_id="j1", node="n", kind="launch", status="done",
+                                             created_at=0.0, payload={"job_id": "j1", "env": env})])
     db.close()
     db = Database(f"sqlite:///{tmp_path / 'old.db'}")
     migrate(db.engine)

@@ -16,7 +16,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import jobs
+from tidal.control import failures, jobs, operations
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import limits
@@ -115,7 +115,7 @@ def expire(s: Session, node: NodeRow, why: str) -> None:
         a.status = "dropped"
     for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in jobs.ACTIVE]))):
         if any(p["node"] == node.name for p in job.placement):
-            jobs.lost(s, job, eid, f"node {node.name} lost ({why})")
+            failures.lost(s, job, eid, f"node {node.name} lost ({why})")
         elif any(n == node.name for n, _ in job.target or ()):
             # Only the migration's destination is gone: the ranks still run (and are being checkpointed)
             # where they are, so they must not be requeued; the job lands wherever there is room instead.
@@ -153,7 +153,7 @@ def result(s: Session, name: str, agent_id: str, action_id: str, ok: bool, data:
     a.status = "done" if ok else "failed"
     a.done_at = time.time()
     a.result = {"ok": ok, "error": error, **data}
-    jobs.on_result(s, a, ok, data, error, keep)
+    operations.on_result(s, a, data, keep)
     return True
 
 
@@ -170,7 +170,7 @@ def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int, rank
                  detail=f"attempt {attempt}: " + ", ".join(
                      f"rank {r['rank']} " + (f"code {r['code']}" if r.get("signal") is None
                                              else f"signal {r['signal']}") for r in ranks))
-    return jobs.on_exit(s, job, attempt, ranks, eid, keep)
+    return failures.on_exit(s, job, attempt, ranks, eid)
 
 
 def log_path(home: Path, job_id: str, rank: int) -> Path:

@@ -17,6 +17,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tidal.control import agents, jobs
+from tidal.control.checkpointing import checkpoint
+from tidal.control.launch import start
+from tidal.control.rendezvous import RendezvousHost
+from tidal.control.requests import resize_to
 from tidal.control.store.db import Database
 from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import (
@@ -83,6 +87,9 @@ class Reconciler:
                 self.db.changed.wait_for(moved, timeout=self.interval)
 
     def once(self) -> None:
+        host = self.db.info.get("rendezvous")
+        if isinstance(host, RendezvousHost):
+            host.prepare(self.db)  # before the transaction that may launch a distributed job
         now = time.time()
         # Look first without the writers' lock (SQLite WAL and PostgreSQL give a consistent snapshot):
         # most passes find nothing to do, and holding the lock for their queries would stall the API.
@@ -93,7 +100,7 @@ class Reconciler:
             for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True), NodeRow.lease_until < now)):
                 agents.expire(s, node, "lease expired")
             for job in self._due(s, now):
-                jobs.checkpoint(s, job, "periodic", f"timer-{self._run}", self.keep)
+                checkpoint(s, job, "periodic", f"timer-{self._run}")
             self._schedule(s, now)
 
     def _anything_to_do(self, s: Session, now: float) -> bool:
@@ -137,17 +144,17 @@ class Reconciler:
             try:
                 waiting = jobs.state(job) in (S.PENDING, S.PREEMPTED) and not job.held
                 if a.kind in (ActionKind.PLACE, ActionKind.RESUME) and waiting:
-                    jobs.start(s, job, list(a.placement), cause, self.keep)
+                    start(s, job, list(a.placement), cause)
                 elif (a.kind is ActionKind.PREEMPT and not a.kill and jobs.state(job) is S.RUNNING
                       and job.op is None):
-                    jobs.checkpoint(s, job, "preempt", cause, self.keep)
+                    checkpoint(s, job, "preempt", cause)
                 elif a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None:
                     job.target = [[d.node, d.index] for d in a.placement]
-                    jobs.checkpoint(s, job, "migrate", cause, self.keep)
+                    checkpoint(s, job, "migrate", cause)
                 elif (a.kind is ActionKind.RESIZE and jobs.state(job) is S.RUNNING and job.op is None
                       and not job.pinned_devices):
                     before, after = jobs.device_count(job), len(a.devices)
-                    jobs.resize_to(s, job, list(a.placement), cause, self.keep,
+                    resize_to(s, job, list(a.placement), cause,
                                    why=f"from {before} to {after} device(s) by the scheduler: {a.reason}")
                 # Time-slicing of different jobs on one device is simulator-only (not LIVE_EXECUTABLE).
             except TidalError as exc:

@@ -17,6 +17,7 @@ from tidal.control import agents
 from tidal.control.api.app import Context, create_app
 from tidal.control.history import record
 from tidal.control.reconcile import Reconciler, make_policy
+from tidal.control.rendezvous import RendezvousHost
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
 from tidal.errors import ValidationError
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     db = Database(settings.db_url)
     db.migrate()
     recover(db, args.lease)
+    host = RendezvousHost()
+    db.info["rendezvous"] = host
+    host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_policy(args.policy), keep=settings.keep_checkpoints)
     rec.start()
     try:

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 from starlette.exceptions import HTTPException
 
-from tidal.control import agents, jobs, tokens
+from tidal.control import agents, jobs, requests, submission, tokens
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.schemas import (
     ActionResult,
@@ -164,7 +164,7 @@ def create_app(ctx: Context) -> FastAPI:
                        max_devices=body.max_devices, env=body.env, checkpoint_every=body.checkpoint_every,
                        max_restarts=body.max_restarts, owner=p.name, project=body.project)
         with ctx.db.tx() as s:
-            job, why = jobs.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas)
+            job, why = submission.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas)
             out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
             if why:  # over its project's quota
                 out["admitted_as"], out["admission"] = job.tier, why
@@ -190,16 +190,16 @@ def create_app(ctx: Context) -> FastAPI:
             cause = f"api:{p.name}:{what}"
             extra: dict[str, Any] = {}
             if what == "preempt":
-                jobs.preempt(s, job, cause, ctx.keep)
+                requests.preempt(s, job, cause)
             elif what == "resume":
-                jobs.resume(s, job, cause, kw.get("from_"))
+                requests.resume(s, job, cause, kw.get("from_"))
                 extra["resume_from"] = job.resume_from
             elif what == "cancel":
-                jobs.cancel(s, job, cause)
+                requests.cancel(s, job, cause)
             elif what == "resize":
-                extra.update(jobs.resize(s, job, kw.get("devices"), cause, ctx.keep))
+                extra.update(requests.resize(s, job, kw.get("devices"), cause))
             elif what == "migrate":
-                extra["to"] = jobs.migrate(s, job, kw.get("to"), cause, ctx.keep, rank=kw.get("rank"))
+                extra["to"] = requests.migrate(s, job, kw.get("to"), cause, rank=kw.get("rank"))
             return {"id": job.id, "state": job.state, "held": job.held, **extra}
 
     @app.post("/v1/jobs/{job_id}/preempt")

@@ -20,6 +20,8 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
+from tidal.core.clock import SYSTEM, Clock
+
 MIGRATIONS = Path(__file__).with_name("migrations")
 # SQLite's companions of a database file: they hold the same rows.
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
@@ -71,8 +73,11 @@ def migrate(engine: Engine) -> None:
 
 
 class Database:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, clock: Clock = SYSTEM) -> None:
         self.url = url
+        # What every transaction's session carries in ``Session.info``: the clock the control plane reads
+        # time from, and services it reaches without I/O inside a transaction (the rendezvous host).
+        self.info: dict[str, Any] = {"clock": clock}
         self.engine = make_engine(url)
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.lock = threading.RLock()
@@ -88,6 +93,7 @@ class Database:
         """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on."""
         with self.lock:
             with self.sessions() as s, s.begin():
+                s.info.update(self.info)
                 yield s
                 new_actions = bool(s.info.get("new_actions"))
             if new_actions:
@@ -99,6 +105,7 @@ class Database:
     @contextmanager
     def read(self) -> Iterator[Session]:
         with self.lock, self.sessions() as s:
+            s.info.update(self.info)
             yield s
 
     def close(self) -> None:

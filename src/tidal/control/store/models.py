@@ -9,6 +9,8 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from tidal.core.operations import Phase
+
 
 class Base(DeclarativeBase):
     pass
@@ -67,7 +69,13 @@ class JobRow(Base):
     last_checkpoint_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     # What the agents last saw of the ranks: {"time", "cpu_s", "rss_bytes", "output_bytes", "steps", ...}.
     progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
-    # The steps of an operation over several nodes (a checkpoint's cut, dump and finish), else None.
+    # The phase of the job's operation in flight (tidal.core.operations: an invalid step raises).
+    phase: Mapped[Phase] = mapped_column(
+        Enum(Phase, native_enum=False, length=16, validate_strings=True, create_constraint=True,
+             name="job_phase", values_callable=lambda e: [m.value for m in e]),
+        default=Phase.IDLE, server_default=Phase.IDLE.value)
+    # What the operation's steps carry from one to the next (checkpoint id, cut epoch and target, parts,
+    # rendezvous, the outcome so far), else None.
     opstate: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # Ranks of the current attempt that have exited: {rank: {"code", "signal", "at", "stopped"}}.
     exited: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

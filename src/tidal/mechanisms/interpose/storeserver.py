@@ -163,6 +163,12 @@ def shared() -> RendezvousServer:
         return _server
 
 
+def shared_alive() -> bool:
+    """Whether this process has a store server (started or adopted) that still runs."""
+    with _lock:
+        return _server is not None and _server.alive()
+
+
 def close_shared() -> None:
     """Stop this process's store server, or the one it holds but has not needed yet (a control plane
     shutting down on purpose)."""

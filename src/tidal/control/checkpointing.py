@@ -1,0 +1,215 @@
+"""Checkpointing a running job, step by step through the operation phases (:mod:`tidal.core.operations`).
+
+On one node, one order does it all (phase ``checkpoint``). Over several nodes it takes four steps, each an
+order per node, each step on every node before the next: ``cut`` (every rank says how many collectives it
+has announced), ``park`` (every rank runs to the largest count and waits), ``dump`` (every rank drops its
+group, is dumped and stored as that node's part; for a stop it stays frozen), then ``finish``: once every
+part is stored and the job checkpoint committed, kill the frozen ranks or let them all rebuild their
+group and go on; if a step failed anywhere, let every rank go on. docs/distributed.md argues why the cut
+cannot deadlock.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tidal.control.clock import now
+from tidal.control.dispatch import new_action
+from tidal.control.history import new_id
+from tidal.control.jobs import (
+    busy,
+    checkpoints,
+    device_count,
+    end_op,
+    nodes_of,
+    nodes_of_devices,
+    parts_of,
+    phase,
+    retired,
+    set_phase,
+    state,
+    transition,
+)
+from tidal.control.launch import start
+from tidal.control.rendezvous import rendezvous
+from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
+from tidal.core import DeviceRef, JobState, protocol
+from tidal.core.operations import Phase
+from tidal.errors import Conflict
+
+S = JobState
+
+
+def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None) -> None:
+    """Checkpoint a running job. ``purpose``: periodic (it continues), hold / preempt (stopped; a hold is
+    not resumed automatically), migrate or resize (stopped, then restored on ``job.target``)."""
+    if state(job) is not S.RUNNING or job.op is not None:
+        raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
+    nodes = nodes_of(job.placement)
+    transition(s, job, S.CHECKPOINTING, cause, f"{purpose} checkpoint")
+    then: protocol.Then = "continue" if purpose == "periodic" else "kill"
+    ck = _next_checkpoint_id(s, job)
+    op = new_id("o")
+    if len(nodes) == 1:
+        set_phase(job, Phase.CHECKPOINT)
+        job.opstate = {"checkpoint_id": ck}
+        new_action(s, job, nodes[0], protocol.Checkpoint(
+            job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=ck, keep_ids=_keep_ids(s, job, [ck]),
+            rendezvous=rendezvous(s, job, ck)), cause, op=op)
+    else:
+        epoch = secrets.randbelow(1 << 48)
+        set_phase(job, Phase.CUT)
+        job.opstate = {"checkpoint_id": ck, "epoch": epoch, "then": then}
+        for node in nodes:
+            new_action(s, job, node, protocol.CutCounts(job_id=job.id, attempt=job.attempt, epoch=epoch),
+                       cause, op=op)
+    job.op_purpose = purpose
+
+
+def _next_checkpoint_id(s: Session, job: JobRow) -> str:
+    n = s.scalar(select(func.count()).select_from(CheckpointRow).where(CheckpointRow.job_id == job.id)) or 0
+    return f"{n + 1:06d}-{secrets.token_hex(3)}"
+
+
+def _keep_ids(s: Session, job: JobRow, new: list[str]) -> list[str]:
+    """Store checkpoints an agent must keep when it applies retention: the parts of every checkpoint the
+    control plane still lists (its newest ``keep`` good ones, the bad ones kept for inspection, the one
+    it resumes from) and of the one being written. An agent retires a
+    checkpoint only once it is no longer listed: the new one may never be committed (a part fails, the
+    agent dies before its result arrives), and until it is, the oldest listed one is still a checkpoint
+    of the job. So the store holds ``keep + 1`` checkpoints between a commit and the next checkpoint."""
+    return [p for c in checkpoints(s, job.id) for p in parts_of(c)] + new
+
+
+# -- the steps, as the agents' answers arrive ------------------------------------------------------------
+def cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str,
+             cause: str) -> None:
+    assert job.opstate is not None
+    if failed:
+        _finish(s, job, "resume", cause, error=err)
+        return
+    target = max((int(c) for g in group for c in (g.result or {}).get("counts", {}).values()), default=0)
+    set_phase(job, Phase.PARK)
+    job.opstate = {**job.opstate, "target": target}
+    op = new_id("o")
+    for node in nodes_of(job.placement):
+        new_action(s, job, node, protocol.Park(job_id=job.id, attempt=job.attempt, epoch=job.opstate["epoch"],
+                                               target=target), cause, op=op)
+
+
+def parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: str) -> None:
+    assert job.opstate is not None
+    if failed:
+        _finish(s, job, "resume", cause, error=err)
+        return
+    ck = job.opstate["checkpoint_id"]
+    nodes = nodes_of(job.placement)
+    parts = {n: f"{ck}.p{k}" for k, n in enumerate(nodes)}
+    rdv = rendezvous(s, job, ck)
+    set_phase(job, Phase.DUMP)
+    job.opstate = {**job.opstate, "parts": list(parts.values()),
+                   "rendezvous": protocol.encode(rdv) if rdv else None}
+    op = new_id("o")
+    then: protocol.Then = "continue" if job.opstate["then"] == "continue" else "hold"
+    keep_ids = _keep_ids(s, job, list(parts.values()))
+    holder = min(job.placement, key=lambda p: int(p["rank"]))["node"]
+    for node in nodes:
+        new_action(s, job, node, protocol.Checkpoint(
+            job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=parts[node], keep_ids=keep_ids,
+            rendezvous=rdv, fs=node == holder,
+            cut=protocol.Cut(epoch=job.opstate["epoch"], target=job.opstate["target"])), cause, op=op)
+
+
+def dumped(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str, cause: str,
+           keep: int) -> None:
+    assert job.opstate is not None
+    multi = phase(job) is Phase.DUMP
+    if failed:
+        if multi:
+            _finish(s, job, "resume", cause, error=err)
+        else:
+            _failed(s, job, cause, err)
+        return
+    ck = job.opstate["checkpoint_id"]
+    infos = [(g.result or {})["checkpoint"] for g in group]
+    _commit(s, job, ck, [i["id"] for i in infos], sum(int(i["bytes"]) for i in infos),
+            sum(int(i["stored_bytes"]) for i in infos), max(float(i["created_at"]) for i in infos), keep)
+    if multi:
+        _finish(s, job, "resume" if job.opstate["then"] == "continue" else "kill", cause)
+        return
+    _after_commit(s, job, cause)
+
+
+def finished(s: Session, job: JobRow, cause: str) -> None:
+    assert job.opstate is not None
+    if job.opstate.get("error"):
+        _failed(s, job, cause, job.opstate["error"])
+        return
+    _after_commit(s, job, cause)
+
+
+def _finish(s: Session, job: JobRow, then: Literal["kill", "resume"], cause: str, **state_: Any) -> None:
+    """The last step over several nodes: kill the held ranks, or let every rank go on. After the dump
+    step every rank builds a new group (on the same keys everywhere), else the gates just open."""
+    assert job.opstate is not None
+    rebuild = phase(job) is Phase.DUMP
+    set_phase(job, Phase.FINISH)
+    job.opstate = {**job.opstate, "finish": then, **state_}
+    op = new_id("o")
+    rdv = job.opstate.get("rendezvous") if rebuild else None
+    for node in nodes_of(job.placement):
+        new_action(s, job, node, protocol.Finish(
+            job_id=job.id, attempt=job.attempt, then=then, rebuild=rebuild,
+            rendezvous=protocol.Rendezvous(**rdv) if rdv else None), cause, op=op)
+
+
+def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, stored: int, created: float,
+            keep: int) -> None:
+    """The job checkpoint exists from here on: every part is stored. Older ones beyond ``keep`` are no
+    longer retained (the agents delete their parts from the store)."""
+    s.add(CheckpointRow(id=ck, job_id=job.id, created_at=created, bytes=nbytes, stored_bytes=stored,
+                        retained=True, parts=parts, state=CheckpointState.COMMITTED))
+    s.flush()
+    for row in retired(checkpoints(s, job.id), keep, job.resume_from):
+        row.retained = False
+    job.resume_from = None  # the new checkpoint is where the job goes on from
+    job.last_checkpoint_at = now(s)
+    job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({nbytes} bytes"
+                   + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
+
+
+def _failed(s: Session, job: JobRow, cause: str, err: str) -> None:
+    purpose = job.op_purpose
+    end_op(job)
+    job.target = None
+    transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {err}")
+
+
+def _after_commit(s: Session, job: JobRow, cause: str) -> None:
+    purpose = job.op_purpose
+    detail = (job.opstate or {}).get("detail", "checkpoint")
+    end_op(job)
+    if purpose == "periodic":
+        transition(s, job, S.RUNNING, cause, detail)
+    elif purpose in ("hold", "preempt"):
+        job.placement = []
+        job.held = purpose == "hold"
+        transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+    elif not job.target:  # a migration whose destination was lost meanwhile: requeue it, not held
+        job.placement = []
+        job.target = None
+        transition(s, job, S.PREEMPTED, cause, detail + ", its destination is gone: requeued")
+    else:  # migrate or resize
+        before = device_count(job)
+        job.placement = []
+        target = [DeviceRef(n, int(i)) for n, i in job.target]
+        where = f", to {', '.join(nodes_of_devices(target))}"
+        if purpose == "resize":
+            where += f" on {len(set(target))} device(s) (was {before})"
+        eid = transition(s, job, S.MIGRATING, cause, detail + where)
+        start(s, job, target, eid)
+

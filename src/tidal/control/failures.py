@@ -1,0 +1,174 @@
+"""Ranks that end on their own, jobs lost with their node, and checkpoints found damaged: what each does
+to the job (it succeeds, fails with its root cause, or is requeued from its last good checkpoint)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tidal.control.dispatch import kill
+from tidal.control.history import record
+from tidal.control.jobs import (
+    ACTIVE,
+    checkpoints,
+    drop_actions,
+    end_op,
+    good,
+    nodes_of,
+    parts_of,
+    phase,
+    restore_source,
+    set_phase,
+    state,
+    transition,
+)
+from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
+from tidal.core import JobState
+from tidal.core.operations import Phase
+
+S = JobState
+
+
+def merge_exits(job: JobRow, ranks: Iterable[dict[str, Any]]) -> None:
+    exited = dict(job.exited or {})
+    for r in ranks:
+        exited.setdefault(str(r["rank"]), {k: r.get(k) for k in ("code", "signal", "at", "stopped")})
+    job.exited = exited
+
+
+def _bad(r: dict[str, Any]) -> bool:
+    return not r.get("stopped") and (r.get("signal") is not None or r.get("code") != 0)
+
+
+def on_exit(s: Session, job: JobRow, attempt: int, ranks: list[dict[str, Any]], cause: str) -> bool:
+    """Ranks of the job exited on their own (or were killed from outside Tidal). False when stale.
+
+    The job succeeds once every rank has exited with code 0. When a rank fails, the others would fail at
+    their next collective: they are stopped, and the failure is settled once every rank's end is known,
+    the earliest failing rank being the root cause and the others its consequences."""
+    if job.attempt != attempt or state(job) not in ACTIVE:
+        return False
+    merge_exits(job, ranks)
+    exited = job.exited or {}
+    if phase(job) is not Phase.FAILING and any(_bad(r) for r in exited.values()):
+        drop_actions(s, job.id)
+        purpose = job.op_purpose
+        set_phase(job, Phase.FAILING)
+        job.op = None
+        here = {p["node"] for p in job.placement if str(p["rank"]) in {str(r["rank"]) for r in ranks}}
+        others = [n for n in nodes_of(job.placement) if n not in here]
+        job.opstate = {"purpose": purpose}
+        for n in others:
+            kill(s, job, n, cause, report=True)
+    if phase(job) is Phase.FAILING:
+        settle_failure(s, job, cause)
+        return True
+    if len(exited) == job.ranks:
+        _leave_op(s, job, cause)
+        job.exit_code = 0
+        transition(s, job, S.SUCCEEDED, cause, "every rank exited with code 0")
+    return True
+
+
+def _leave_op(s: Session, job: JobRow, cause: str) -> None:
+    if state(job) is S.CHECKPOINTING:
+        transition(s, job, S.RUNNING, cause, "exited during a checkpoint")
+    end_op(job)
+
+
+def settle_failure(s: Session, job: JobRow, cause: str) -> None:
+    """Once every rank's end is known: the earliest failure is the cause."""
+    exited = job.exited or {}
+    if len(exited) < job.ranks or state(job) not in ACTIVE:
+        return
+    bad = sorted(((r.get("at") or 0.0, int(k), r) for k, r in exited.items() if _bad(r)), key=lambda t: t[:2])
+    if not bad:  # only ranks Tidal stopped: nothing failed on its own (cannot happen; be safe)
+        _leave_op(s, job, cause)
+        lost(s, job, cause, "its ranks were stopped", stop_others=False)
+        return
+    _, root, r = bad[0]
+    rest = [f"rank {k}" for _, k, _ in bad[1:]]
+    stopped = sorted(int(k) for k, x in exited.items() if x.get("stopped"))
+    after = "".join([f"; then failed: {', '.join(rest)}" if rest else "",
+                     f"; stopped by Tidal: ranks {stopped}" if stopped else ""])
+    _leave_op(s, job, cause)
+    if r.get("signal") is not None:
+        lost(s, job, cause, f"rank {root} killed by signal {r['signal']} from outside Tidal{after}",
+             stop_others=False)
+        return
+    job.exit_code = int(r.get("code") if r.get("code") is not None else 1)
+    job.error = f"rank {root} exited with code {job.exit_code} (root cause){after}"
+    transition(s, job, S.FAILED, cause, job.error)
+
+
+def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True, restart: bool = True) -> None:
+    """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
+    committed checkpoint (or launched afresh without one), up to ``max_restarts`` times. Its ranks still
+    running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known).
+    ``restart=False``: requeued without counting a restart (its checkpoint was damaged, not the job lost)."""
+    drop_actions(s, job.id)
+    for node in nodes_of(job.placement) if stop_others else ():
+        n = s.get(NodeRow, node)
+        if n is not None and n.up:
+            kill(s, job, node, cause)
+    end_op(job)
+    job.target = None
+    limit = int(job.spec.get("max_restarts", 3))
+    if restart and job.restarts >= limit:
+        job.error = why
+        transition(s, job, S.FAILED, cause, f"{why}; no restarts left ({limit})")
+        return
+    if restart:
+        job.restarts += 1
+    src = restore_source(s, job)
+    detail = f"{why}; " + (f"restart {job.restarts}/{limit}, " if restart else "requeued ") + (
+        f"from checkpoint {src.id}" if src is not None else "from scratch")
+    # Walk the lifecycle table back to a waiting state.
+    st = state(job)
+    if st is S.CHECKPOINTING:
+        job.placement = []
+        transition(s, job, S.PREEMPTED, cause, detail)
+        return
+    if st is S.MIGRATING:
+        transition(s, job, S.RESTORING, cause, why)
+        st = S.RESTORING
+    if st is S.RESTORING:
+        transition(s, job, S.RUNNING, cause, why)
+    job.placement = []
+    transition(s, job, S.PENDING, cause, detail)
+
+
+def fall_back(s: Session, job: JobRow, action: ActionRow, damaged: list[tuple[str, dict[str, Any]]],
+              cause: str) -> bool:
+    """A restore found its checkpoint damaged in the store: trying it again cannot help. Mark it bad (kept
+    for inspection, never restored again) and requeue the job, without counting a restart, to resume from
+    the newest good checkpoint older than it (or else the newest good one: the bad one may have been chosen
+    with ``resume --from``); with none left, the job fails. False if the damage is not in the checkpoint the
+    restore was given (then it is handled as any failed restore)."""
+    given = action.payload.get("checkpoint") or {}
+    row = s.get(CheckpointRow, given.get("id"))
+    if row is None or row.state is not CheckpointState.COMMITTED \
+            or not any(d.get("checkpoint") in parts_of(row) for _, d in damaged):
+        return False
+    row.state = CheckpointState.BAD
+    what = "; ".join(f"{d.get('message')} (found on {node})" for node, d in damaged)
+    ok = good(checkpoints(s, job.id))
+    older = [r for r in ok if (r.created_at, r.id) < (row.created_at, row.id)]
+    src = older[-1] if older else (ok[-1] if ok else None)
+    if src is None:
+        job.resume_from = None
+        record(s, "checkpoint_bad", job_id=job.id, cause=cause,
+               detail=f"checkpoint {row.id} is damaged: {what}; it is kept for inspection; no intact checkpoint "
+                      "is left to resume from")
+        job.error = (f"checkpoint {row.id} is damaged and job {job.id} has no other intact checkpoint to resume "
+                     f"from; `tidal checkpoints {job.id}` lists what is kept; submit the job again to start over")
+        transition(s, job, S.FAILED, cause, job.error)
+        return True
+    job.resume_from = src.id
+    eid = record(s, "checkpoint_bad", job_id=job.id, cause=cause,
+                 detail=f"checkpoint {row.id} is damaged: {what}; it is kept for inspection and not restored "
+                        f"again; resuming from checkpoint {src.id}")
+    lost(s, job, eid, f"checkpoint {row.id} is damaged", stop_others=False, restart=False)
+    return True

@@ -1,0 +1,65 @@
+"""Where the ranks of distributed jobs (re)build their torch.distributed group: a store hosted by the
+control plane (not by rank 0, which may move), started or adopted *before* a transaction needs it, so
+that no transaction waits on a process start."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tidal.control.store.db import Database
+from tidal.control.store.models import JobRow
+from tidal.core import TERMINAL, protocol
+from tidal.errors import TidalError
+
+log = logging.getLogger(__name__)
+
+
+class RendezvousHost:
+    """The control plane's rendezvous store server. :meth:`prepare` (outside any transaction) starts it,
+    adopts the one a predecessor left, or restarts it if it died, once some distributed job needs it;
+    :meth:`addr` (inside transactions) only reads the address found then."""
+
+    def __init__(self) -> None:
+        self._addr: str | None = None
+        self._mu = threading.Lock()
+
+    def prepare(self, db: Database) -> None:
+        with self._mu:
+            from tidal.mechanisms.interpose import storeserver
+
+            if self._addr is not None and storeserver.shared_alive():
+                return
+            if self._addr is None and not _distributed_jobs(db):
+                return
+            try:
+                self._addr = storeserver.shared().addr
+            except (TidalError, OSError, ImportError) as exc:
+                # No torch here: only scripts that use torch.distributed will miss it.
+                log.warning("no rendezvous store for distributed jobs: %s", exc)
+                self._addr = None
+
+    def addr(self) -> str | None:
+        return self._addr
+
+
+def _distributed_jobs(db: Database) -> bool:
+    with db.sessions() as s:  # a look without the writers' lock, as the reconcile loop's
+        live = JobRow.state.not_in(tuple(t.value for t in TERMINAL))
+        return s.scalar(select(JobRow.id).where(JobRow.ranks > 1, live).limit(1)) is not None
+
+
+def rendezvous(s: Session, job: JobRow, tag: str) -> protocol.Rendezvous | None:
+    """The store and the keys, unique to this build, on which the job's ranks build their group (None for a
+    job of one rank, or when the control plane has no store)."""
+    if job.ranks < 2:
+        return None
+    host = s.info.get("rendezvous")
+    addr = host.addr() if isinstance(host, RendezvousHost) else None
+    if addr is None:
+        log.warning("no rendezvous store for job %s", job.id)
+        return None
+    return protocol.Rendezvous(addr=addr, prefix=f"{job.id}/{job.attempt}/{tag}")

@@ -1,0 +1,197 @@
+"""What users ask of their jobs: preempt (hold), resume, migrate, resize, cancel. Each request is checked
+against the job's state first; the work itself is a checkpoint (:mod:`~tidal.control.checkpointing`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tidal.control.checkpointing import checkpoint
+from tidal.control.dispatch import kill
+from tidal.control.history import record
+from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_of, state, transition
+from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
+from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
+from tidal.errors import Conflict, NotFound, ValidationError
+
+S = JobState
+
+
+def preempt(s: Session, job: JobRow, cause: str) -> None:
+    """Checkpoint, release the devices and hold the job until ``resume``."""
+    st = state(job)
+    if st in TERMINAL:
+        raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if st is S.PENDING:
+        transition(s, job, S.HELD, cause, "held before it started")
+    elif st is S.HELD or (st is S.PREEMPTED and job.held):
+        return
+    elif st is S.PREEMPTED:
+        job.held = True
+        record(s, "held", job_id=job.id, cause=cause)
+    else:
+        checkpoint(s, job, "hold", cause)
+
+
+def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> None:
+    """Release a hold (a no-op on a job that is not held). ``from_``: the checkpoint a stopped job resumes
+    from, instead of its newest one."""
+    st = state(job)
+    if from_ is not None:
+        row = s.get(CheckpointRow, from_)
+        if row is None or row.job_id != job.id or not row.retained:
+            raise ValidationError(f"job {job.id} has no checkpoint {from_!r}", field="from", checkpoint=from_,
+                                  hint=f"`tidal checkpoints {job.id}` lists its checkpoints")
+        if row.state is CheckpointState.BAD:
+            raise Conflict(f"checkpoint {from_} of job {job.id} is bad (it failed verification) and cannot be "
+                           "restored", field="from", checkpoint=from_, state=row.state.value,
+                           hint=f"pick a committed one: `tidal checkpoints {job.id}`")
+    if st in TERMINAL:
+        raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if from_ is not None:
+        if st in ACTIVE:
+            raise Conflict(f"job {job.id} is {job.state}: only a stopped job can resume from a chosen checkpoint",
+                           job=job.id, state=job.state, field="from",
+                           hint=f"`tidal preempt {job.id}` first, then `tidal resume {job.id} --from {from_}`")
+        job.resume_from = from_
+        record(s, "resume_from", job_id=job.id, cause=cause, detail=f"it resumes from checkpoint {from_}")
+    if st is S.HELD:
+        transition(s, job, S.PENDING, cause, "released")
+    elif job.held:
+        job.held = False
+        record(s, "released", job_id=job.id, cause=cause)
+
+
+def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | None = None) -> str:
+    """Checkpoint the job, stop it and restore it elsewhere: every rank on ``to`` (default: other nodes
+    with room, as few as possible), or only rank ``rank`` onto ``to`` (the others stay where they are)."""
+    st = state(job)
+    if st is not S.RUNNING or job.op is not None:
+        if st in TERMINAL or st in (S.PENDING, S.HELD, S.PREEMPTED):
+            raise Conflict(f"job {job.id} is not running (it is {job.state})", job=job.id, state=job.state)
+        raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
+    free = free_devices(s)
+    if to is not None:
+        if s.get(NodeRow, to) is None:
+            raise NotFound(f"no node {to}", field="to", node=to)
+        if to not in free:
+            raise Conflict(f"node {to} is down", field="to", node=to)
+    current = sorted(job.placement, key=lambda p: int(p["rank"]))
+    if rank is not None:
+        if to is None:
+            raise ValidationError("moving one rank needs a destination node (--to)", field="to")
+        if not 0 <= rank < job.ranks:
+            raise ValidationError(f"job {job.id} has ranks 0..{job.ranks - 1}, not {rank}", field="rank")
+        if current[rank]["node"] == to:
+            raise Conflict(f"rank {rank} of job {job.id} already runs on {to}", field="to", node=to)
+        if not free[to]:
+            raise Conflict(f"node {to} has no free device for rank {rank} of job {job.id}", field="to", node=to)
+        moved = [[p["node"], int(p["device"])] for p in current]
+        moved[rank] = [to, free[to][0]]
+        job.target = moved
+        checkpoint(s, job, "migrate", cause)
+        return to
+    need = job.ranks
+    here = set(nodes_of(job.placement))
+    if to is not None:
+        own = [int(p["device"]) for p in current if p["node"] == to]
+        room = sorted(free[to] + own)
+        if to in here and len(here) == 1:
+            raise Conflict(f"job {job.id} already runs on {to}", field="to", node=to)
+        if len(room) < need:
+            raise Conflict(f"node {to} has {len(room)} free device(s); job {job.id} needs {need}",
+                           field="to", node=to)
+        job.target = [[to, i] for i in room[:need]]
+    else:
+        # Every rank onto a device the job does not hold: other nodes first; one node if one fits (the
+        # fullest, so whole nodes stay free for large gangs), else as few nodes as possible.
+        others = {n: idx for n, idx in free.items() if n not in here}
+        fits = sorted((len(idx), n) for n, idx in others.items() if len(idx) >= need)
+        if fits:
+            job.target = [[fits[0][1], i] for i in others[fits[0][1]][:need]]
+        else:
+            spread: list[list[Any]] = []
+            for n, idx in sorted(free.items(), key=lambda kv: (kv[0] in here, -len(kv[1]), kv[0])):
+                spread += [[n, i] for i in idx[: need - len(spread)]]
+            if len(spread) < need:
+                raise Conflict(f"no other node has room for job {job.id}: it needs {need} device(s) it does "
+                               f"not hold, {len(spread)} are free", hint="free some devices or add a node")
+            job.target = spread
+    checkpoint(s, job, "migrate", cause)
+    return ", ".join(dict.fromkeys(n for n, _ in job.target))
+
+
+def pack(free: dict[str, list[int]], own: list[DeviceRef], ranks: int, devices: int) -> list[DeviceRef] | None:
+    """Rank → device for ``ranks`` ranks on ``devices`` devices chosen among ``free`` and the job's ``own``:
+    as few nodes as possible (the job's own nodes first, then those with most room), ranks spread evenly
+    and contiguous ranks together. None when there are not enough devices."""
+    room: dict[str, set[int]] = {n: set(idx) for n, idx in free.items()}
+    for d in own:
+        if d.node in room:
+            room[d.node].add(d.index)
+    mine = {d.node for d in own}
+    chosen: list[DeviceRef] = []
+    for n in sorted(room, key=lambda n: (n not in mine, -len(room[n]), n)):
+        chosen += [DeviceRef(n, i) for i in sorted(room[n])[: devices - len(chosen)]]
+        if len(chosen) == devices:
+            return list(rank_map(tuple(chosen), ranks))
+    return None
+
+
+def resize(s: Session, job: JobRow, devices: int | None, cause: str) -> dict[str, Any]:
+    """``tidal resize``: run the job's W ranks on ``devices`` devices (a consistent cut, a checkpoint of
+    every rank, a restore with the new packing), and pin that number until ``devices=None`` (``--auto``)
+    gives it back to the scheduler."""
+    st = state(job)
+    lo, hi = int(job.spec.get("min_devices") or 1), int(job.spec.get("max_devices") or job.ranks)
+    if devices is None:
+        job.pinned_devices = None
+        record(s, "resize_auto", job_id=job.id, cause=cause, detail="the scheduler may resize it again")
+        return {"devices": device_count(job) or None, "pinned": False}
+    if devices < 1:
+        raise ValidationError(f"--devices must be at least 1, not {devices}", field="devices")
+    if devices > job.ranks:
+        raise ValidationError(f"job {job.id} has {job.ranks} rank(s): it cannot use {devices} devices "
+                              "(at most one rank per device)", field="devices")
+    if not lo <= devices <= hi:
+        raise ValidationError(f"job {job.id} may run on {lo}..{hi} devices, not {devices}", field="devices",
+                              hint="its bounds are set at submission (--min-devices/--max-devices)")
+    if st in TERMINAL:
+        raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if st is not S.RUNNING:
+        if st in (S.PENDING, S.HELD, S.PREEMPTED):
+            raise Conflict(f"job {job.id} is not running (it is {job.state}): only a running job can be "
+                           "resized", job=job.id, state=job.state)
+        raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
+    if job.op is not None:
+        raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
+    now = device_count(job)
+    if devices == now:
+        job.pinned_devices = devices
+        record(s, "resize_pinned", job_id=job.id, cause=cause, detail=f"stays on {devices} device(s), pinned")
+        return {"devices": devices, "pinned": True}
+    own = [DeviceRef(p["node"], int(p["device"])) for p in job.placement]
+    target = pack(free_devices(s), own, job.ranks, devices)
+    if target is None:
+        raise Conflict(f"there is no room for job {job.id} on {devices} devices", field="devices",
+                       hint="it goes on running as it was; free some devices or add a node")
+    job.pinned_devices = devices
+    resize_to(s, job, target, cause, why=f"from {now} to {devices} device(s), pinned by its owner")
+    return {"devices": devices, "pinned": True}
+
+
+def resize_to(s: Session, job: JobRow, target: list[DeviceRef], cause: str | None, why: str) -> None:
+    """Move the job to ``target`` (rank → device, D distinct devices) through a checkpoint."""
+    job.target = [[d.node, d.index] for d in target]
+    record(s, "resize", job_id=job.id, cause=cause, detail=why)
+    checkpoint(s, job, "resize", cause)
+
+
+def cancel(s: Session, job: JobRow, cause: str) -> None:
+    st = state(job)
+    if st in TERMINAL:
+        raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    for node in {p["node"] for p in job.placement}:
+        kill(s, job, node, cause)
+    transition(s, job, S.CANCELLED, cause)
