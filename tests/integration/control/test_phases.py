@@ -1,0 +1,106 @@
+"""A job's operation through its phases on a real control plane (database, API, reconcile loop) with
+scripted agents: the phase column follows the table step by step, a result of the wrong kind for the
+phase changes nothing, and every outcome ends idle."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.test_control_protocol import FakeAgent, Plane, ckpt
+from tidal.control.store.models import JobRow
+from tidal.core.operations import Phase
+
+
+def kind(act: dict[str, Any]) -> str:
+    return str(act.get("kind") or act["order"]["kind"])
+
+
+@pytest.fixture
+def two_nodes(tmp_path: Path) -> Iterator[tuple[Plane, FakeAgent, FakeAgent]]:
+    p = Plane(tmp_path)
+    a, b = FakeAgent(p, "node-1", "A"), FakeAgent(p, "node-2", "B")
+    assert a.register() == 200 and b.register() == 200
+    yield p, a, b
+    p.db.close()
+
+
+def phase(p: Plane, jid: str) -> Phase:
+    with p.db.read() as s:
+        job = s.get(JobRow, jid)
+        assert job is not None
+        return job.phase
+
+
+def answer_all(agents: tuple[FakeAgent, ...], want: str, **data: Any) -> None:
+    acts = [(ag, act) for ag in agents for act in ag.actions()]
+    assert [kind(act) for _, act in acts] == [want] * len(agents)
+    for ag, act in acts:
+        assert ag.result(act, **data)
+
+
+def launched(p: Plane, a: FakeAgent, b: FakeAgent) -> str:
+    jid = p.submit(ranks=2)
+    p.rec.once()
+    assert phase(p, jid) is Phase.STARTING
+    assert a.result(a.actions()[0], ranks=[{"rank": 0, "pid": 10}])
+    assert phase(p, jid) is Phase.STARTING  # node-2 has not answered yet
+    assert b.result(b.actions()[0], ranks=[{"rank": 1, "pid": 11}])
+    assert phase(p, jid) is Phase.IDLE and p.job(jid)["state"] == "running"
+    return jid
+
+
+def test_a_preemption_over_two_nodes_goes_cut_park_dump_finish(two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    assert p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user()).status_code == 200
+    assert phase(p, jid) is Phase.CUT
+    answer_all((a, b), "cut", counts={"0": 7})
+    assert phase(p, jid) is Phase.PARK
+    answer_all((a, b), "park")
+    assert phase(p, jid) is Phase.DUMP
+    for ag in (a, b):
+        (act,) = ag.actions()
+        assert kind(act) == "checkpoint"
+        part = (act.get("payload") or act["order"])["checkpoint_id"]
+        assert ag.result(act, checkpoint={**ckpt(1)["checkpoint"], "id": part})
+    assert phase(p, jid) is Phase.FINISH
+    answer_all((a, b), "finish")
+    assert phase(p, jid) is Phase.IDLE
+    j = p.job(jid)
+    assert j["state"] == "preempted" and j["held"] and len(j["checkpoints"]) == 1
+
+
+def test_a_failed_cut_lets_every_rank_go_on_through_finish(two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    (cut_a,), (cut_b,) = a.actions(), b.actions()
+    assert a.result(cut_a, counts={"0": 3})
+    assert b.result(cut_b, ok=False)
+    assert phase(p, jid) is Phase.FINISH
+    finishes = [(ag, act) for ag in (a, b) for act in ag.actions()]
+    assert [(act.get("payload") or act["order"])["then"] for _, act in finishes] == ["resume", "resume"]
+    for ag, act in finishes:
+        assert ag.result(act)
+    assert phase(p, jid) is Phase.IDLE
+    j = p.job(jid)
+    assert j["state"] == "running" and j["checkpoints"] == []
+    assert "hold checkpoint failed, the job goes on: node-2: boom" in [e["detail"] for e in j["events"]]
+
+
+def test_a_rank_failing_during_a_checkpoint_settles_to_idle(two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    assert phase(p, jid) is Phase.CUT
+    assert a.exit(jid, attempt=1, code=3)
+    assert phase(p, jid) is Phase.FAILING
+    (kill,) = [act for act in b.actions() if kind(act) == "kill"]
+    assert b.result(kill, ranks=[{"rank": 1, "code": None, "signal": 9, "stopped": True}])
+    assert phase(p, jid) is Phase.IDLE
+    j = p.job(jid)
+    assert j["state"] == "failed" and j["error"].startswith("rank 0 exited with code 3 (root cause)")
