@@ -36,7 +36,7 @@ from harness import write_json
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -116,8 +116,8 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
     # Plain CRIU dumps the very same rank, interleaved with Tidal's checkpoints and the copy baseline, so
     # that all three see the same process and the same machine load.
     store = CheckpointStore(str(base / case.name / "store"))
-    node_a = Node("node-a", base / case.name / "node-a")
-    node_b = Node("node-b", base / case.name / "node-b")
+    node_a = NodeRoot("node-a", base / case.name / "node-a")
+    node_b = NodeRoot("node-b", base / case.name / "node-b")
     spec = RankSpec("bench", 0, tuple(argv), work, env)
     job = Job.launch("bench", [(spec, node_a)], store)
     try:
@@ -234,7 +234,7 @@ def _plain_migration(job: Job, d: Path) -> tuple[float, float]:
     return (t_dump - t) + (t_end - t_killed), t_end - t_killed
 
 
-def _migrate(job: Job, store: CheckpointStore, spec: RankSpec, target: Node,
+def _migrate(job: Job, store: CheckpointStore, spec: RankSpec, target: NodeRoot,
              staged: dict[int, LastDump] | None = None) -> tuple[Job, dict[str, float]]:
     t = time.perf_counter()
     job.checkpoint(then="kill")

@@ -76,7 +76,7 @@ from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import ROOT
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 from tidal.mechanisms.storage import CheckpointStore
@@ -239,7 +239,7 @@ class Elastic:
         self.cfg = cfg
         self.server = RendezvousServer()
         self.store = CheckpointStore(str(base / "store"))
-        self.node = Node("bench", base / "node")
+        self.node = NodeRoot("bench", base / "node")
         self.work = base / "work"
         self.work.mkdir()
         self.builds = 0

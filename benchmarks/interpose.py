@@ -36,7 +36,7 @@ from typing import Any
 from harness import workspace, write_json
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.interpose import SITE_DIR
 from tidal.mechanisms.interpose.channel import cut, new_epoch, resume
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
@@ -102,7 +102,7 @@ class Tidal:
         self.base = base
         self.server = RendezvousServer()
         self.store = CheckpointStore(str(base / "store"))
-        self.node = Node("bench", base / "node")
+        self.node = NodeRoot("bench", base / "node")
         self.launches = 0
 
     def launch(self, world: int, args: list[str], workdir: Path) -> tuple[Job, list[RankSpec]]:

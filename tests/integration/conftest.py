@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -38,7 +38,7 @@ class Cluster:
     root: Path
     workdir: Path
     store: CheckpointStore
-    nodes: list[Node]
+    nodes: list[NodeRoot]
 
     def spec(self, argv: list[str], job_id: str = "job", rank: int = 0, **kw: object) -> RankSpec:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "COV"))}
@@ -51,7 +51,7 @@ def cluster(tmp_path: Path, criu: object) -> Iterator[Cluster]:
     workdir.mkdir()
     # Node names key the ranks' cgroups: unique per test, so that test runs side by side never meet.
     tag = hashlib.sha256(str(tmp_path).encode()).hexdigest()[:6]
-    nodes = [Node(f"node-{i}-{tag}", tmp_path / f"node-{i}") for i in (1, 2, 3)]
+    nodes = [NodeRoot(f"node-{i}-{tag}", tmp_path / f"node-{i}") for i in (1, 2, 3)]
     yield Cluster(tmp_path, workdir, CheckpointStore(str(tmp_path / "store")), nodes)
     for n in nodes:  # images a test's jobs kept in /dev/shm for their next dump
         n.clear_staging()

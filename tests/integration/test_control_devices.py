@@ -11,7 +11,7 @@ import pytest
 
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.mechanisms.criu.job import Job
-from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 
@@ -49,7 +49,7 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
     work.mkdir()
     store = CheckpointStore(str(tmp_path / "store"))
     spec = RankSpec("q", 0, ("sh", "-c", "while :; do :; done"), work, dict(os.environ), cpus=(0,))
-    job = Job.launch("q", [(spec, Node("a", tmp_path / "a"))], store)
+    job = Job.launch("q", [(spec, NodeRoot("a", tmp_path / "a"))], store)
     try:
         quota.place(2, job.ranks[0].pid)
         busy = _child(job)
@@ -59,7 +59,7 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
         share = (_cpu_seconds(busy) - c0) / (time.monotonic() - t0)
         assert share < 0.4, share  # ≈ 0.25 of a CPU, not a whole one
         job.checkpoint("kill")
-        job = Job.restore(store, "q", [(spec, Node("b", tmp_path / "b"))])
+        job = Job.restore(store, "q", [(spec, NodeRoot("b", tmp_path / "b"))])
         quota.place(2, job.ranks[0].pid)
         busy = _child(job)
         assert "dev2" in Path(f"/proc/{busy}/cgroup").read_text()
@@ -85,7 +85,7 @@ def test_a_new_agent_kills_ranks_left_frozen_by_a_dead_one(tmp_path: Path) -> No
     work.mkdir()
     node = f"fence-{os.getpid()}"
     spec = RankSpec("f", 0, ("sh", "-c", "while :; do sleep 0.01; done"), work, dict(os.environ))
-    job = Job.launch("f", [(spec, Node(node, tmp_path / "n"))], CheckpointStore(str(tmp_path / "store")))
+    job = Job.launch("f", [(spec, NodeRoot(node, tmp_path / "n"))], CheckpointStore(str(tmp_path / "store")))
     rank = job.ranks[0]
     busy = _child(job)
     rank.freezer.freeze()

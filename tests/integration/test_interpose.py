@@ -24,7 +24,7 @@ import pytest
 from tests.integration.conftest import EXAMPLES, Cluster, wait_for_line
 from tidal.errors import Unsupported
 from tidal.mechanisms.criu.job import Job, Then
-from tidal.mechanisms.criu.rank import Node, RankSpec
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.interpose.channel import CutTimeout, Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
@@ -208,7 +208,7 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
     checkpoint("kill")
     # Then spread over two node roots: the first half of the ranks on one, the rest on another.
     half = world // 2
-    spread: list[tuple[RankSpec, Node]] = [(s, nodes[2] if s.rank < half else nodes[0]) for s in specs]
+    spread: list[tuple[RankSpec, NodeRoot]] = [(s, nodes[2] if s.rank < half else nodes[0]) for s in specs]
     job = Job.restore(cluster.store, "job", spread, rendezvous=Store(rendezvous.addr, f"{pre}/3"))
     assert {r.spec.rank: r.node.name for r in job.ranks} == {s.rank: n.name for s, n in spread}
     release.touch()

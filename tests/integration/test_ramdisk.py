@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tidal.cli.doctor import check_staging
 from tidal.mechanisms.criu import ramdisk
-from tidal.mechanisms.criu.rank import FAST_STAGING, Node
+from tidal.mechanisms.criu.rank import FAST_STAGING, NodeRoot
 
 
 def test_the_staging_root_is_mounted_with_large_pages(tmp_path: Path) -> None:
@@ -44,7 +44,7 @@ def test_an_empty_trash_does_not_stop_the_mount(tmp_path: Path) -> None:
 
 
 def test_node_stages_images_in_the_large_page_tmpfs(tmp_path: Path) -> None:
-    node = Node("node-ramdisk", tmp_path / "node")
+    node = NodeRoot("node-ramdisk", tmp_path / "node")
     try:
         d = node.staging("job-1", need_bytes=1 << 20)
         assert d.is_relative_to(FAST_STAGING / "tidal")

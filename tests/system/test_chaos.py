@@ -40,7 +40,7 @@ from tests.system.conftest import LiveCluster
 from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, torchrun
 from tidal.errors import CheckpointError
 from tidal.mechanisms.criu import cgroups
-from tidal.mechanisms.criu.rank import Node
+from tidal.mechanisms.criu.rank import NodeRoot
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.manifest import MANIFEST, sequence_of
 
@@ -240,7 +240,7 @@ def _rank_processes(c: LiveCluster) -> dict[str, list[int]]:
     machine have their own)."""
     out = {}
     for name in c.state.agents:
-        base = cgroups.ROOT / "freezer" / "tidal" / Node.of_agent(name, c.home / "nodes" / name).name
+        base = cgroups.ROOT / "freezer" / "tidal" / NodeRoot.of_agent(name, c.home / "nodes" / name).name
         for cg in sorted(base.glob("*/cgroup.procs")):
             with contextlib.suppress(FileNotFoundError):
                 if pids := [int(x) for x in cg.read_text().split()]:

@@ -28,7 +28,7 @@ from tidal.errors import CheckpointCorrupt
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
-from tidal.mechanisms.criu.rank import Node, RankProcess, RankSpec
+from tidal.mechanisms.criu.rank import NodeRoot, RankProcess, RankSpec
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.storage import CheckpointStore
 
@@ -149,7 +149,7 @@ class Outbox:
 
 
 class Executor:
-    def __init__(self, client: ControlClient, node: Node, store: CheckpointStore, agent_id: str,
+    def __init__(self, client: ControlClient, node: NodeRoot, store: CheckpointStore, agent_id: str,
                  on_lease_lost: Callable[[], None], quota: CpuQuota | None = None) -> None:
         self.client = client
         self.quota = quota

@@ -25,7 +25,7 @@ from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
 from tidal.core import limits
 from tidal.mechanisms.criu.discard import wait_discarded
-from tidal.mechanisms.criu.rank import Node, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 log = logging.getLogger("tidal.agent")
@@ -41,7 +41,7 @@ class Agent:
         self.cpus = cpu_sets(args.devices)
         settings = load_settings()
         self.store = CheckpointStore(settings.store_url)
-        self.node = Node.of_agent(self.name, Path(args.root))
+        self.node = NodeRoot.of_agent(self.name, Path(args.root))
         self.key = self.node.name
         self.registered = threading.Event()
         quota = CpuQuota(self.key, args.devices)

@@ -66,7 +66,7 @@ def _log_has_step(log: Path, step: int) -> bool:
 
 def run_demo(steps: int = 60, keep: bool = False) -> bool:
     from tidal.mechanisms.criu.job import Job
-    from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
+    from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
     from tidal.mechanisms.storage import CheckpointStore
 
     base = _demo_dir("demo-")
@@ -77,7 +77,7 @@ def run_demo(steps: int = 60, keep: bool = False) -> bool:
     workdir.mkdir()
     refdir.mkdir()
     env = {k: v for k, v in os.environ.items()}
-    nodes = [Node(f"node-{i}", base / f"node-{i}") for i in (1, 2)]
+    nodes = [NodeRoot(f"node-{i}", base / f"node-{i}") for i in (1, 2)]
     store = CheckpointStore(str(base / "checkpoints"))
     spec = RankSpec("demo", 0, argv, workdir, env)
 

@@ -24,7 +24,7 @@ from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_pat
 from tidal.control.store.db import Database
 from tidal.core import limits
 from tidal.errors import ConfigError, TidalError
-from tidal.mechanisms.criu.rank import Node
+from tidal.mechanisms.criu.rank import NodeRoot
 from tidal.mechanisms.interpose import storeserver
 
 TOKENS = ("admin", "user", "cluster")
@@ -191,7 +191,7 @@ def down(settings: Settings) -> list[str]:
         _stop(proc.pid)
         # Images a job kept in /dev/shm for its next checkpoint, also where an agent died without
         # cleaning up: nothing runs there any more.
-        Node.of_agent(name, home / "nodes" / name).clear_staging()
+        NodeRoot.of_agent(name, home / "nodes" / name).clear_staging()
     if st.server.pid and alive(st.server.pid):
         stopped.append("control plane")
     _stop(st.server.pid)

@@ -5,7 +5,7 @@ not wait for it. :func:`discard` moves the directory into ``.discarded/`` two le
 system: the staging root of the node's staging area), so that its name and its parent are free at once,
 and removes it in a background thread. The threads are not daemons: the interpreter waits for them at
 exit, so nothing is left behind in memory-backed ``/dev/shm``; what a killed process left there is
-removed by the next :meth:`Node.clear_staging`.
+removed by the next :meth:`NodeRoot.clear_staging`.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.prehash import PreHash
-from tidal.mechanisms.criu.rank import ExitStatus, Node, RankDump, RankProcess, RankSpec
+from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
 from tidal.mechanisms.permissions import private_dir
@@ -129,7 +129,7 @@ class Job:
         return [r.channel for r in self.ranks if r.channel is not None]
 
     @classmethod
-    def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, Node]], store: CheckpointStore,
+    def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]], store: CheckpointStore,
                track_fs: bool = True, **kw: Any) -> Job:
         if not placement:
             raise MechanismError("a job needs at least one rank")
@@ -357,7 +357,7 @@ class Job:
         return store.reader(job_id, checkpoint_id)
 
     @classmethod
-    def prestage(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
+    def prestage(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]],
                  checkpoint_id: str | None = None) -> dict[int, LastDump]:
         """Pre-copy for a planned move: fetch and verify the images of a committed checkpoint (default: the
         latest) on the target nodes while the job still runs. A restore given the result then fetches only
@@ -381,7 +381,7 @@ class Job:
         return staged
 
     @classmethod
-    def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, Node]],
+    def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]],
                 checkpoint_id: str | Sequence[str] | None = None, prestaged: Mapping[int, LastDump] | None = None,
                 rendezvous: Store | None = None, track_fs: bool = True, lazy: bool = True, **kw: Any) -> Job:
         """Restore the ranks of ``placement`` from ``checkpoint_id`` (default: the latest committed one),

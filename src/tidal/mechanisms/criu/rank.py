@@ -81,9 +81,10 @@ class RankSpec:
 FAST_STAGING = Path(os.environ.get("TIDAL_FAST_STAGING", "/dev/shm"))
 
 
-class Node:
-    """A node root: Tidal's private state for one node (rank logs, staging images). Several node roots on
-    one machine make migration between them real.
+class NodeRoot:
+    """A node root: Tidal's private directories for one node on disk (rank logs, staging images), as the
+    agent and the CRIU mechanisms see it. Not the scheduler's node (:class:`tidal.core.topology.Node`, a
+    name and a device count). Several node roots on one machine make migration between them real.
 
     CRIU images are staged in memory (under ``/dev/shm``; ``TIDAL_FAST_STAGING`` moves it) when it has
     room for them: they are written once and read once, and on the store's disk they would only add to
@@ -103,9 +104,9 @@ class Node:
         self._fetched = FAST_STAGING / "tidal-fetched" / f"{name}-{digest}"
 
     @classmethod
-    def of_agent(cls, name: str, root: Path) -> Node:
-        """The node an agent called ``name`` serves from ``root``. Its key names the node's cgroups: unique
-        per node root, so that two clusters on one machine that both have a "node-1" never meet."""
+    def of_agent(cls, name: str, root: Path) -> NodeRoot:
+        """The node root an agent called ``name`` serves from ``root``. Its key names the node's cgroups:
+        unique per node root, so that two clusters on one machine that both have a "node-1" never meet."""
         root = root.resolve()
         return cls(f"{name}-{hashlib.sha256(str(root).encode()).hexdigest()[:8]}", root)
 
@@ -178,7 +179,7 @@ def _pipe_pair() -> tuple[int, int]:
 class RankProcess:
     """A running rank on a node. Create with :meth:`launch` or :meth:`restore`."""
 
-    def __init__(self, spec: RankSpec, node: Node, pid: int, out_r: int, status_r: int,
+    def __init__(self, spec: RankSpec, node: NodeRoot, pid: int, out_r: int, status_r: int,
                  ctl: tuple[int, int] | None = None) -> None:
         self.spec = spec
         self.node = node
@@ -201,7 +202,7 @@ class RankProcess:
 
     # -- lifecycle ------------------------------------------------------------------------------
     @classmethod
-    def launch(cls, spec: RankSpec, node: Node) -> RankProcess:
+    def launch(cls, spec: RankSpec, node: NodeRoot) -> RankProcess:
         if not spec.workdir.is_absolute():
             raise MechanismError(f"working directory must be an absolute path, got {spec.workdir}")
         if not spec.workdir.is_dir():
@@ -273,7 +274,7 @@ class RankProcess:
         return rank
 
     @classmethod
-    def restore(cls, spec: RankSpec, node: Node, dump: RankDump, runner: CriuRunner,
+    def restore(cls, spec: RankSpec, node: NodeRoot, dump: RankDump, runner: CriuRunner,
                 lazy: bool = False) -> RankProcess:
         """Restore a dumped rank on ``node`` (its log file must already hold the dump's log). ``lazy``: it
         resumes before its memory is all in (see :meth:`CriuRunner.restore`); :meth:`settle` waits for
