@@ -283,10 +283,10 @@ def test_losing_a_migration_destination_requeues_instead(tmp_path: Path) -> None
 
 @pytest.mark.parametrize("policy", ["firstfit", "singularity"])
 def test_premium_preempts_basic_under_either_policy(tmp_path: Path, policy: str) -> None:
-    from tidal.control.reconcile import make_policy
+    from tidal.policy.registry import make_live_policy
 
     p = Plane(tmp_path)
-    p.rec = Reconciler(p.db, make_policy(policy), keep=3)
+    p.rec = Reconciler(p.db, make_live_policy(policy), keep=3)
     a = FakeAgent(p, "node-1", "A")
     a.register()
     basic = p.submit(tier="basic")

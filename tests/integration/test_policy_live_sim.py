@@ -1,6 +1,6 @@
 """The simulator and the live control loop, given the same events, make the same scheduling decisions.
 
-The simulator runs the live control plane's default policy (``tidal.control.reconcile.make_policy``) on a
+The simulator runs the live control plane's default policy (``tidal.policy.registry.make_live_policy``) on a
 small trace; its event log is then replayed into a real control plane (API, SQLite database, reconcile
 loop): each submission is posted to the API and each completion is reported by the node's agent (scripted:
 it acknowledges what it is told to run, with no processes behind it). After each batch of events the loop
@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tidal.control.reconcile import Reconciler, make_policy
+from tidal.control.reconcile import Reconciler
 from tidal.core import Cluster, Node, Region, Tier, Topology
+from tidal.policy.registry import make_live_policy
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
@@ -54,7 +55,7 @@ def simulate() -> list[tuple[list[tuple[str, str]], list[Decision]]]:
     topo = Topology((Region("r0", (Cluster("c0", tuple(Node(n, d) for n, d in NODES.items())),)),))
     jobs = [TraceJob(j, t, dur, w, tier) for j, t, dur, w, tier in TRACE]
     log: list[dict[str, Any]] = []
-    Simulator(topo, jobs, make_policy(), cost=CostModel(fixed_s=1.0), log=log.append).run()
+    Simulator(topo, jobs, make_live_policy(), cost=CostModel(fixed_s=1.0), log=log.append).run()
     batches: dict[float, tuple[list[tuple[str, str]], list[Decision]]] = {}  # one decision per instant
     for rec in log:
         events, actions = batches.setdefault(rec["time"], ([], []))
@@ -99,7 +100,7 @@ def test_same_events_same_decisions(tmp_path: Path) -> None:
     ]
 
     p = Plane(tmp_path)
-    p.rec = Reconciler(p.db, make_policy(), keep=3)  # the live default
+    p.rec = Reconciler(p.db, make_live_policy(), keep=3)  # the live default
     agents = {n: Agent(p, n, d) for n, d in NODES.items()}
     for a in agents.values():
         assert a.register() == 200

@@ -19,6 +19,9 @@ def register(app: typer.Typer) -> None:
            policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit")) -> None:
         """Start a local cluster (control plane and agents in the background; state in TIDAL_HOME)."""
         from tidal.control.localcluster import up as start
+        from tidal.policy.registry import make_live_policy
+
+        make_live_policy(policy)  # a name the control plane would refuse is refused here, with the valid ones
 
         settings = load_settings()
         with console.status("starting the cluster…"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
-import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,24 +29,28 @@ from tidal.core import (
     DeviceRef,
     JobState,
     JobView,
+    Node,
     Region,
     Tier,
     Topology,
 )
-from tidal.core import Node as TopoNode
+from tidal.core.clock import SYSTEM, Clock
 from tidal.errors import TidalError
 from tidal.policy.base import Policy
-from tidal.policy.firstfit import FirstFitPolicy
 
 log = logging.getLogger(__name__)
 S = JobState
 
 
 class Reconciler:
+    """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
+    leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing)."""
+
     def __init__(self, db: Database, policy: Policy, *, keep: int, interval: float = 0.5,
-                 min_gap: float = 0.05) -> None:
+                 min_gap: float = 0.05, clock: Clock = SYSTEM) -> None:
         self.db = db
         self.policy = policy
+        self.clock = clock
         self.keep = keep
         self.interval = interval
         self.min_gap = min_gap
@@ -69,14 +72,14 @@ class Reconciler:
 
     def _loop(self) -> None:
         while not self._stop.is_set():
-            t0 = time.monotonic()
+            t0 = self.clock.monotonic()
             try:
                 self.once()
             except Exception:
                 log.exception("reconcile pass failed")
             # Coalesce bursts (a thousand submissions): a pass reads every live job, so running one per
             # commit would make a burst quadratic.
-            self._stop.wait(max(0.0, self.min_gap - (time.monotonic() - t0)))
+            self._stop.wait(max(0.0, self.min_gap - (self.clock.monotonic() - t0)))
             with self.db.changed:
                 # once() itself commits; wait for a commit by someone else, or the interval.
                 seen = self.db.generation
@@ -90,7 +93,7 @@ class Reconciler:
         host = self.db.info.get("rendezvous")
         if isinstance(host, RendezvousHost):
             host.prepare(self.db)  # before the transaction that may launch a distributed job
-        now = time.time()
+        now = self.clock.time()
         # Look first without the writers' lock (SQLite WAL and PostgreSQL give a consistent snapshot):
         # most passes find nothing to do, and holding the lock for their queries would stall the API.
         with self.db.sessions() as s:
@@ -121,7 +124,7 @@ class Reconciler:
         if not self._worth_deciding(s):
             return
         # A new generation every pass: the live loop hands the policy no event stream, so a stateful
-        # policy must rebuild its indexes from the view each time (first-fit is stateless anyway).
+        # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
         self._passes += 1
         view, rows = snapshot(s, generation=self._passes)
         free = jobs.free_devices(s)
@@ -167,7 +170,7 @@ class Reconciler:
         waiting = (JobRow.state == S.PENDING.value) | ((JobRow.state == S.PREEMPTED.value) & ~JobRow.held)
         if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
             # Nothing waits: only growing a shrunk job into idle devices is left to decide.
-            return self.policy.name != "firstfit" and any(jobs.free_devices(s).values()) and any(
+            return self.policy.grows and any(jobs.free_devices(s).values()) and any(
                 jobs.device_count(j) < int(j.spec.get("max_devices") or j.ranks) and not j.pinned_devices
                 for j in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))))
         if any(jobs.free_devices(s).values()):
@@ -180,9 +183,9 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
     holds devices (a migration's target devices count as held: they are reserved)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
-    tree: dict[str, dict[str, list[TopoNode]]] = {}
+    tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
-        tree.setdefault(n.region, {}).setdefault(n.cluster, []).append(TopoNode(n.name, n.devices))
+        tree.setdefault(n.region, {}).setdefault(n.cluster, []).append(Node(n.name, n.devices))
     topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items()))
                           for r, cs in tree.items()))
     live = [st.value for st in (S.PENDING, S.PREEMPTED, *jobs.ACTIVE)]
@@ -207,19 +210,3 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     return ClusterView(topology=topo, jobs=views, generation=generation), rows
 
-
-DEFAULT_POLICY = "singularity"
-
-
-def make_policy(name: str = DEFAULT_POLICY) -> Policy:
-    """``singularity`` (default: Tidal's policy, the one the simulator evaluates, limited to what the live
-    cluster can execute: placement, checkpoint preemption, migration, shrinking and growing; no
-    time-slicing of different jobs on one device), or ``firstfit`` (the first, simpler policy)."""
-    if name == "firstfit":
-        return FirstFitPolicy()
-    if name == "singularity":
-        from tidal.policy.singularity import Singularity, SingularityConfig
-
-        cfg = SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
-        return Singularity(cfg)
-    raise ValueError(f"unknown policy {name!r} (singularity, firstfit)")

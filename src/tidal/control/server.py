@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -16,13 +17,14 @@ from tidal.config import load_settings
 from tidal.control import agents
 from tidal.control.api.app import Context, create_app
 from tidal.control.history import record
-from tidal.control.reconcile import Reconciler, make_policy
+from tidal.control.reconcile import Reconciler
 from tidal.control.rendezvous import RendezvousHost
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
-from tidal.errors import ValidationError
+from tidal.errors import ConfigError, TidalError, ValidationError
 from tidal.mechanisms.interpose import storeserver
-from tidal.policy.admission import parse_quotas
+from tidal.policy.admission import Quotas, parse_quotas
+from tidal.policy.registry import DEFAULT_LIVE_POLICY, LIVE_POLICIES, make_live_policy
 
 
 def recover(db: Database, lease_s: float) -> None:
@@ -46,12 +48,30 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8470)
     ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
-    ap.add_argument("--policy", default="singularity", choices=("singularity", "firstfit"))
+    ap.add_argument("--policy", default=DEFAULT_LIVE_POLICY, choices=LIVE_POLICIES)
     args = ap.parse_args(argv)
+    try:
+        serve(args)
+    except TidalError as exc:  # a wrong setting: say what and exit, without a traceback
+        sys.exit(f"tidal-control: {exc}")
+
+
+def _quotas(text: str | None) -> Quotas | None:
+    try:
+        return parse_quotas(text) if text else None
+    except ValidationError as exc:
+        raise ConfigError(f"TIDAL_QUOTAS: {exc.message}", field="TIDAL_QUOTAS",
+                          hint="set TIDAL_QUOTAS to 'project=share,...' with shares between 0 and 1, or unset "
+                               "it") from None
+
+
+def serve(args: argparse.Namespace) -> None:
+    """Migrate the database, recover, then serve the API and run the reconcile loop until stopped."""
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = load_settings()
+    quotas = _quotas(settings.quotas)
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     # Distributed jobs' rendezvous store: the one a killed predecessor left running, if there is one.
@@ -62,12 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     host = RendezvousHost()
     db.info["rendezvous"] = host
     host.prepare(db)  # adopt the store that the distributed jobs still running use
-    rec = Reconciler(db, make_policy(args.policy), keep=settings.keep_checkpoints)
+    rec = Reconciler(db, make_live_policy(args.policy), keep=settings.keep_checkpoints)
     rec.start()
-    try:
-        quotas = parse_quotas(settings.quotas) if settings.quotas else None
-    except ValidationError as exc:
-        raise SystemExit(f"tidal-control: TIDAL_QUOTAS: {exc.message}") from None
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas))
     try:
         # Long-polling agents must not hold a shutdown up: give open requests one second.

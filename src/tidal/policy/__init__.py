@@ -6,7 +6,10 @@
 from __future__ import annotations
 
 from tidal.policy.base import BasePolicy, Policy
-from tidal.policy.registry import POLICIES, make_policy
+from tidal.policy.registry import LIVE_POLICIES, POLICIES, make_live_policy, make_policy
 from tidal.policy.singularity import Singularity, SingularityConfig
 
-__all__ = ["POLICIES", "BasePolicy", "Policy", "Singularity", "SingularityConfig", "make_policy"]
+__all__ = [
+    "LIVE_POLICIES", "POLICIES", "BasePolicy", "Policy", "Singularity", "SingularityConfig", "make_live_policy",
+    "make_policy",
+]

@@ -8,6 +8,7 @@ generation changes, or after an ``action_failed`` event.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import gc
 from collections.abc import Iterator, Sequence
@@ -35,6 +36,12 @@ def _collector_paused() -> Iterator[None]:
 class Policy(Protocol):
     name: str
 
+    @property
+    def grows(self) -> bool:
+        """Whether ``decide`` may enlarge running jobs into idle devices when no job waits. A caller that
+        skips decisions while nothing waits (the live reconcile loop) must still call it then."""
+        ...
+
     def decide(self, view: ClusterView, events: Sequence[Event], now: float) -> list[Action]: ...
 
     def next_wakeup(self, now: float) -> float | None:
@@ -42,7 +49,7 @@ class Policy(Protocol):
         ...
 
 
-class BasePolicy:
+class BasePolicy(abc.ABC):
     name = "base"
     tierless = False  # baselines that know nothing of tiers
 
@@ -78,21 +85,26 @@ class BasePolicy:
     def next_wakeup(self, now: float) -> float | None:
         return self._wakeup
 
-    # ---- hooks for the concrete policies ------------------------------------------------------------
-    def on_rebuild(self, now: float) -> None:
+    @property
+    def grows(self) -> bool:
+        return False
+
+    # ---- hooks for the concrete policies (all but schedule optional: by default they do nothing) -----
+    def on_rebuild(self, now: float) -> None:  # noqa: B027
         """Index every job of the freshly built state (pending queues, running order)."""
 
-    def on_pending(self, rec: JobRec, now: float) -> None:
+    def on_pending(self, rec: JobRec, now: float) -> None:  # noqa: B027
         """A job became pending (arrival, release of a hold, rebuild)."""
 
-    def on_gone(self, rec: JobRec, now: float) -> None:
+    def on_gone(self, rec: JobRec, now: float) -> None:  # noqa: B027
         """A job left the pending queue or the cluster (finished, failed, cancelled, held)."""
 
-    def on_changed(self, rec: JobRec) -> None:
+    def on_changed(self, rec: JobRec) -> None:  # noqa: B027
         """``rec``'s devices changed (started, shared, preempted, moved, resized)."""
 
+    @abc.abstractmethod
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
-        raise NotImplementedError
+        """Decide for ``new`` (jobs that became pending) and, if ``freed``, for what devices freed allow."""
 
     # ---- intake -------------------------------------------------------------------------------------
     def _intake(self, view: ClusterView, events: Sequence[Event], now: float) -> tuple[list[JobRec], bool]:

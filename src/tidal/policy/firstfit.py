@@ -21,6 +21,7 @@ WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 
 class FirstFitPolicy:
     name = "firstfit"
+    grows = False  # it places whole jobs and never resizes one
 
     def __init__(self) -> None:
         self._n = 0

@@ -92,6 +92,10 @@ class Singularity(BasePolicy):
         self._lane_devices = 0
         self._lane_until: list[tuple[float, int, str]] = []  # when each leaves the lane (its service)
 
+    @property
+    def grows(self) -> bool:
+        return self.cfg.grow
+
     # ---- indexes ------------------------------------------------------------------------------------
     def on_rebuild(self, now: float) -> None:
         st = self.st

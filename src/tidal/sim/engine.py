@@ -30,7 +30,7 @@ from tidal.core import (
     advance,
 )
 from tidal.policy.admission import Admission
-from tidal.policy.base import BasePolicy
+from tidal.policy.base import Policy
 from tidal.sim.cost import CostModel
 from tidal.sim.trace import TraceJob
 
@@ -97,7 +97,7 @@ class Simulator:
         self,
         topology: Topology,
         jobs: Sequence[TraceJob],
-        policy: BasePolicy,
+        policy: Policy,
         *,
         cost: CostModel | None = None,
         pinned: bool = False,
