@@ -105,3 +105,8 @@ class ProtocolMismatch(ValidationError):
     (``version``; ``accepted`` lists those it does)."""
 
     status_code = 426
+
+
+class SimulationError(TidalError):
+    """A simulation could not run to its end (its policy left jobs that nothing would ever start);
+    ``policy`` names the policy, ``unfinished`` counts the jobs."""

@@ -32,7 +32,8 @@ class Quotas:
         for project, share in self.shares.items():
             if not 0.0 <= share <= 1.0:
                 raise ValidationError(f"quota of project {project!r} must be a share between 0 and 1, got {share}",
-                                      field="quota")
+                                      field="quota", hint="give each project a share of the devices from 0 to 1, "
+                                      "e.g. 'vision=0.4'")
 
     def share(self, project: str) -> float | None:
         s = self.shares.get(project)
@@ -106,10 +107,13 @@ def parse_quotas(text: str) -> Quotas:
         try:
             share = float(value)
         except ValueError:
-            raise ValidationError(f"bad quota {item!r}: {value!r} is not a number", field="quota") from None
+            raise ValidationError(f"bad quota {item!r}: {value!r} is not a number", field="quota",
+                                  hint="a share is a number from 0 to 1, e.g. 'vision=0.4'") from None
         if project.strip() in shares:
-            raise ValidationError(f"project {project.strip()!r} has two quotas", field="quota")
+            raise ValidationError(f"project {project.strip()!r} has two quotas", field="quota",
+                                  hint="give each project one share")
         shares[project.strip()] = share
     if not shares:
-        raise ValidationError("empty quota specification", field="quota")
+        raise ValidationError("empty quota specification", field="quota",
+                              hint="give at least one project=share, e.g. 'vision=0.4,*=0.1'")
     return Quotas(shares)

@@ -33,6 +33,10 @@ class ClusterSpec:
     source: str = ""
 
 
+_CLUSTER_FILE = "a cluster file is regions: [{name, clusters: [{name, nodes, devices_per_node}]}]"
+_VC_CSV = "a virtual-cluster CSV has a header row, then one row a VC: its name and its node count, e.g. 'vc1,12'"
+
+
 def parse_cluster(spec: str, *, vc_devices_per_node: int = 8) -> ClusterSpec:
     m = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", spec)
     if m:
@@ -51,7 +55,8 @@ def _from_yaml(path: str) -> Topology:
     with open(path, encoding="utf-8") as f:
         doc = yaml.safe_load(f)
     if not isinstance(doc, dict) or not isinstance(doc.get("regions"), list):
-        raise ValidationError(f"{path}: expected a mapping with a 'regions' list", field="cluster")
+        raise ValidationError(f"{path}: expected a mapping with a 'regions' list", field="cluster",
+                              hint=_CLUSTER_FILE)
     regions = []
     for ri, r in enumerate(doc["regions"]):
         rname = str(r.get("name", f"r{ri}"))
@@ -62,13 +67,14 @@ def _from_yaml(path: str) -> Topology:
                 n, d = int(c["nodes"]), int(c["devices_per_node"])
             except (KeyError, TypeError, ValueError):
                 raise ValidationError(f"{path}: cluster {cname} needs integer nodes and devices_per_node",
-                                      field="cluster") from None
+                                      field="cluster", hint=_CLUSTER_FILE) from None
             if n < 1 or d < 1:
-                raise ValidationError(f"{path}: cluster {cname} needs ≥ 1 node of ≥ 1 device", field="cluster")
+                raise ValidationError(f"{path}: cluster {cname} needs ≥ 1 node of ≥ 1 device", field="cluster",
+                                      hint="give it nodes ≥ 1 and devices_per_node ≥ 1, or leave it out")
             clusters.append(Cluster(cname, tuple(Node(f"{cname}-n{i}", d) for i in range(n))))
         regions.append(Region(rname, tuple(clusters)))
     if not any(r.clusters for r in regions):
-        raise ValidationError(f"{path}: no clusters", field="cluster")
+        raise ValidationError(f"{path}: no clusters", field="cluster", hint=_CLUSTER_FILE)
     return Topology(tuple(regions))
 
 
@@ -83,12 +89,13 @@ def read_vc_csv(path: str, field: str = "cluster") -> list[tuple[str, int]]:
         try:
             n = int(row[1])
         except (IndexError, ValueError):
-            raise ValidationError(f"{path}:{i}: expected 'vc,node num'", field=field, line=i) from None
+            raise ValidationError(f"{path}:{i}: expected 'vc,node num'", field=field, line=i, hint=_VC_CSV) from None
         if n < 0:
-            raise ValidationError(f"{path}:{i}: negative node count {n}", field=field, line=i)
+            raise ValidationError(f"{path}:{i}: negative node count {n}", field=field, line=i,
+                                  hint="give the virtual cluster 0 or more nodes")
         out.append((row[0].strip(), n))
     if not out:
-        raise ValidationError(f"{path}: no virtual clusters", field=field)
+        raise ValidationError(f"{path}: no virtual clusters", field=field, hint=_VC_CSV)
     return out
 
 

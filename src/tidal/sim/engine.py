@@ -29,6 +29,7 @@ from tidal.core import (
     Topology,
     advance,
 )
+from tidal.errors import SimulationError
 from tidal.policy.admission import Admission
 from tidal.policy.base import Policy
 from tidal.sim.cost import CostModel
@@ -440,8 +441,12 @@ class Simulator:
                 progress(self.done)
         unfinished = [j for j in self.jobs.values() if j.finish is None]
         if unfinished and total:
-            raise RuntimeError(f"{self.policy.name}: {len(unfinished)} jobs never finished "
-                               f"(e.g. {unfinished[0].id}, {unfinished[0].state.value})")
+            raise SimulationError(
+                f"{self.policy.name}: {len(unfinished)} jobs never finished "
+                f"(e.g. {unfinished[0].id}, {unfinished[0].state.value}): the policy stopped starting them",
+                policy=self.policy.name, unfinished=len(unfinished),
+                hint="a bug of the policy: it must start every job that fits the cluster once nothing else runs; "
+                     "narrow the trace down (--limit) to find the first job it leaves waiting")
         w = self.bin_w
         return SimResult(
             policy=self.policy.name,

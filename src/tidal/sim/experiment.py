@@ -77,7 +77,8 @@ def prepare(
             continue
         kept.append(j)
     if not kept:
-        raise ValidationError("no job of the trace can run on this cluster", field="cluster")
+        raise ValidationError("no job of the trace can run on this cluster", field="cluster",
+                              hint="give --cluster nodes (or virtual clusters) large enough for the trace's jobs")
     cap = spec.topology.devices
     before = offered_load(kept, cap)
     if load is not None:

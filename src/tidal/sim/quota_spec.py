@@ -18,12 +18,14 @@ from tidal.sim.cluster_spec import read_vc_csv
 
 def parse_quota_option(text: str, scale: float = 1.0) -> Quotas:
     if not 0.0 < scale <= 1.0:
-        raise ValidationError(f"--quota-scale must be in (0, 1], got {scale}", field="quota_scale")
+        raise ValidationError(f"--quota-scale must be in (0, 1], got {scale}", field="quota_scale",
+                              hint="pass a --quota-scale above 0 and at most 1, e.g. 0.8")
     if os.path.exists(text):
         rows = read_vc_csv(text, field="quota")
         nodes = sum(n for _, n in rows)
         if nodes == 0:
-            raise ValidationError(f"{text}: every VC has 0 nodes", field="quota")
+            raise ValidationError(f"{text}: every VC has 0 nodes", field="quota",
+                                  hint="give some virtual cluster of the file nodes, or pass project=share,...")
         return Quotas({vc: scale * n / nodes for vc, n in rows})
     if "=" not in text:
         raise ValidationError(f"--quota {text!r} is neither project=share,... nor an existing file",

@@ -20,7 +20,7 @@ import math
 import os
 import random
 import tarfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -66,86 +66,104 @@ def _open_text(path: str) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
+_ROW_HINT = "fix the row or pass --on-bad-row skip"
+
+
 def _bad(bad: list[BadRow], line: int, reason: str, on_bad_row: OnBadRow) -> None:
     if on_bad_row == "fail":
-        raise ValidationError(f"bad trace row at line {line}: {reason}", field="trace", line=line,
-                              hint="fix the row or pass --on-bad-row skip")
+        raise ValidationError(f"bad trace row at line {line}: {reason}", field="trace", line=line, hint=_ROW_HINT)
     bad.append(BadRow(line, reason))
+
+
+def _wrong(reason: str) -> ValidationError:
+    """What is wrong with one field of a row (the loaders turn it into a bad row)."""
+    return ValidationError(reason, field="trace", hint=_ROW_HINT)
+
+
+def _reason(exc: ValueError | ValidationError) -> str:
+    """Why a row is bad: a field's :func:`_wrong`, or a ``ValueError`` of a parser (a date, say)."""
+    return exc.message if isinstance(exc, ValidationError) else str(exc)
 
 
 def _num(value: str | None, name: str, *, positive: bool = False) -> float:
     if value is None or value.strip() == "":
-        raise ValueError(f"missing {name}")
+        raise _wrong(f"missing {name}")
     try:
         x = float(value)
     except ValueError:
-        raise ValueError(f"{name} is not a number: {value!r}") from None
+        raise _wrong(f"{name} is not a number: {value!r}") from None
     if not math.isfinite(x):
-        raise ValueError(f"{name} is not finite")
+        raise _wrong(f"{name} is not finite")
     if x < 0:
-        raise ValueError(f"negative {name}: {value}")
+        raise _wrong(f"negative {name}: {value}")
     if positive and x <= 0:
-        raise ValueError(f"{name} must be > 0: {value}")
+        raise _wrong(f"{name} must be > 0: {value}")
     return x
 
 
 def _gpus(value: str | None) -> int:
     g = _num(value, "num_gpus", positive=True)
     if g != int(g):
-        raise ValueError(f"num_gpus is not an integer: {value}")
+        raise _wrong(f"num_gpus is not an integer: {value}")
     return int(g)
 
 
-def load_philly(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
-    jobs: list[TraceJob] = []
-    bad: list[BadRow] = []
+def _csv_rows(path: str, need: set[str], header_error: str) -> Iterator[tuple[int, dict[str, str]]]:
+    """The rows of a CSV trace and their line numbers, once its header is known to have the columns
+    ``need`` (else ``header_error``)."""
     with _open_text(path) as f:
         reader = csv.DictReader(f)
-        need = {"timestamp", "duration", "num_gpus"}
         if not need <= set(reader.fieldnames or ()):
-            raise ValidationError(f"{path}: not a Philly CSV (need columns {sorted(need)})", field="trace")
+            raise ValidationError(f"{path}: {header_error}", field="trace",
+                                  hint="pass --format to name the trace's format, or give the file that header")
         for row in reader:
-            line = reader.line_num
-            try:
-                ts = row.get("timestamp")
-                if not ts:
-                    raise ValueError("missing timestamp")
-                submit = datetime.strptime(ts.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
-                dur = _num(row.get("duration"), "duration")
-                gpus = _gpus(row.get("num_gpus"))
-            except ValueError as exc:
-                _bad(bad, line, str(exc), on_bad_row)
-                continue
-            project = (row.get("cluster") or "").strip() or "unknown"
-            jobs.append(TraceJob(f"j{line - 1}", submit, dur, gpus, None, project))
+            yield reader.line_num, row
+
+
+def _jobs_of_rows(path: str, rows: Iterable[tuple[int, dict[str, str]]],
+                  job: Callable[[int, dict[str, str]], TraceJob], on_bad_row: OnBadRow) -> Trace:
+    """The trace of ``path``: ``job(line, row)`` for each of its rows, a bad row where that fails."""
+    jobs: list[TraceJob] = []
+    bad: list[BadRow] = []
+    for line, row in rows:
+        try:
+            jobs.append(job(line, row))
+        except (ValueError, ValidationError) as exc:
+            _bad(bad, line, _reason(exc), on_bad_row)
     return _finish(jobs, bad, path)
+
+
+def load_philly(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
+    need = {"timestamp", "duration", "num_gpus"}
+    rows = _csv_rows(path, need, f"not a Philly CSV (need columns {sorted(need)})")
+    return _jobs_of_rows(path, rows, _philly_job, on_bad_row)
+
+
+def _philly_job(line: int, row: dict[str, str]) -> TraceJob:
+    ts = row.get("timestamp")
+    if not ts:
+        raise _wrong("missing timestamp")
+    submit = datetime.strptime(ts.strip(), "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC).timestamp()
+    dur = _num(row.get("duration"), "duration")
+    gpus = _gpus(row.get("num_gpus"))
+    project = (row.get("cluster") or "").strip() or "unknown"
+    return TraceJob(f"j{line - 1}", submit, dur, gpus, None, project)
 
 
 def load_generic(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
-    jobs: list[TraceJob] = []
-    bad: list[BadRow] = []
-    with _open_text(path) as f:
-        reader = csv.DictReader(f)
-        need = {"submit_time", "duration", "num_gpus"}
-        if not need <= set(reader.fieldnames or ()):
-            raise ValidationError(
-                f"{path}: a generic trace needs the columns submit_time,duration,num_gpus[,tier,project]",
-                field="trace",
-            )
-        for row in reader:
-            line = reader.line_num
-            try:
-                submit = _num(row.get("submit_time"), "submit_time")
-                dur = _num(row.get("duration"), "duration")
-                gpus = _gpus(row.get("num_gpus"))
-                tier_s = (row.get("tier") or "").strip()
-                tier = Tier.parse(tier_s) if tier_s else None
-            except (ValueError, ValidationError) as exc:
-                _bad(bad, line, getattr(exc, "message", str(exc)), on_bad_row)
-                continue
-            project = (row.get("project") or "").strip() or "default"
-            jobs.append(TraceJob(f"j{line - 1}", submit, dur, gpus, tier, project))
-    return _finish(jobs, bad, path)
+    rows = _csv_rows(path, {"submit_time", "duration", "num_gpus"},
+                     "a generic trace needs the columns submit_time,duration,num_gpus[,tier,project]")
+    return _jobs_of_rows(path, rows, _generic_job, on_bad_row)
+
+
+def _generic_job(line: int, row: dict[str, str]) -> TraceJob:
+    submit = _num(row.get("submit_time"), "submit_time")
+    dur = _num(row.get("duration"), "duration")
+    gpus = _gpus(row.get("num_gpus"))
+    tier_s = (row.get("tier") or "").strip()
+    tier = Tier.parse(tier_s) if tier_s else None
+    project = (row.get("project") or "").strip() or "default"
+    return TraceJob(f"j{line - 1}", submit, dur, gpus, tier, project)
 
 
 def _gavel_rows(path: str) -> Iterator[tuple[str, str, bytes]]:
@@ -175,12 +193,12 @@ def load_gavel(path: str, *, on_bad_row: OnBadRow = "skip", gavel_step_s: float 
             cols = raw.split("\t")
             try:
                 if len(cols) != 7:
-                    raise ValueError(f"expected 7 tab-separated fields, got {len(cols)}")
+                    raise _wrong(f"expected 7 tab-separated fields, got {len(cols)}")
                 steps = _num(cols[4], "total_steps", positive=True)
                 arrival = _num(cols[5], "arrival_time_s")
                 gpus = _gpus(cols[6])
-            except ValueError as exc:
-                _bad(bad, i, f"{name}: {exc}", on_bad_row)
+            except (ValueError, ValidationError) as exc:
+                _bad(bad, i, f"{name}: {_reason(exc)}", on_bad_row)
                 continue
             jobs.append(TraceJob(f"{vc}-{i}", arrival, steps * gavel_step_s, gpus, None, vc))
     return _finish(jobs, bad, path)
@@ -196,7 +214,7 @@ def _finish(jobs: list[TraceJob], bad: list[BadRow], path: str) -> Trace:
 
 def load_trace(path: str, *, fmt: str = "auto", on_bad_row: OnBadRow = "skip", gavel_step_s: float = 1.0) -> Trace:
     if not os.path.exists(path):
-        raise ValidationError(f"trace not found: {path}", field="trace")
+        raise ValidationError(f"trace not found: {path}", field="trace", hint="check the path given to --trace")
     if fmt == "auto":
         base = os.path.basename(path)
         if base.endswith((".trace", ".tar.xz")):
@@ -211,7 +229,8 @@ def load_trace(path: str, *, fmt: str = "auto", on_bad_row: OnBadRow = "skip", g
         return load_gavel(path, on_bad_row=on_bad_row, gavel_step_s=gavel_step_s)
     if fmt == "generic":
         return load_generic(path, on_bad_row=on_bad_row)
-    raise ValidationError(f"unknown trace format {fmt!r}", field="format", hint="philly, gavel, generic or auto")
+    raise ValidationError(f"unknown trace format {fmt!r}", field="format",
+                          hint="pass --format philly, gavel, generic or auto")
 
 
 DEFAULT_MIX = (0.2, 0.3, 0.5)  # premium, standard, basic
@@ -222,7 +241,8 @@ def assign_tiers(jobs: Sequence[TraceJob], *, seed: int = 0, mix: tuple[float, f
     """Give a tier to each job without one: an independent draw per job, in trace order, from
     ``random.Random(seed)``: premium with probability mix[0], standard mix[1], else basic."""
     if abs(sum(mix) - 1.0) > 1e-9 or min(mix) < 0:
-        raise ValidationError("tier mix must be three non-negative shares summing to 1", field="tier_mix")
+        raise ValidationError("tier mix must be three non-negative shares summing to 1", field="tier_mix",
+                              hint="pass --tier-mix premium,standard,basic, e.g. 0.2,0.3,0.5")
     rng = random.Random(seed)
     out = []
     for j in jobs:
@@ -247,7 +267,7 @@ def offered_load(jobs: Iterable[TraceJob], capacity: int) -> float:
 def rescale_load(jobs: Sequence[TraceJob], capacity: int, load: float) -> list[TraceJob]:
     """Scale submission times so that GPU-time demanded ÷ (capacity × submission window) = ``load``."""
     if load <= 0:
-        raise ValidationError("--load must be > 0", field="load")
+        raise ValidationError("--load must be > 0", field="load", hint="pass a --load above 0, e.g. 0.9")
     current = offered_load(jobs, capacity)
     if current == 0 or not math.isfinite(current):
         return list(jobs)
