@@ -66,11 +66,7 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     ax.set_title("JCT CDF")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    path = os.path.join(directory, "jct_cdf.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
+    out.append(_save(fig, directory, "jct_cdf.png"))
     # Goodput and allocation over time.
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for name, s in series.items():
@@ -86,11 +82,7 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     for a in axes:
         a.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(directory, "goodput_allocation.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    out.append(path)
+    out.append(_save(fig, directory, "goodput_allocation.png"))
     # SLA attainment per tier.
     tiers = ["premium", "standard", "basic"]
     names = list(summaries)
@@ -105,9 +97,16 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     ax.set_ylabel("SLA attainment (GPU-time weighted)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
+    out.append(_save(fig, directory, "sla_attainment.png"))
+    return out
+
+
+def _save(fig: Any, directory: str, name: str) -> str:
+    """Write ``fig`` as the PNG ``name`` in ``directory`` and close it; returns the file's path."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
-    path = os.path.join(directory, "sla_attainment.png")
+    path = os.path.join(directory, name)
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    out.append(path)
-    return out
+    return path
