@@ -26,7 +26,7 @@ class Plane:
         with self.db.tx() as s:
             self.user = tokens.create_user(s, "alice", "user")
             self.agent = tokens.create_user(s, "cluster", "agent")
-        self.rec = Reconciler(self.db, FirstFitPolicy(), keep=3)
+        self.rec = Reconciler(self.db, FirstFitPolicy())
         self.http = TestClient(create_app(Context(db=self.db, home=tmp, lease_s=lease_s, quotas=quotas)))
         self.workdir = tmp
 
@@ -286,7 +286,7 @@ def test_premium_preempts_basic_under_either_policy(tmp_path: Path, policy: str)
     from tidal.policy.registry import make_live_policy
 
     p = Plane(tmp_path)
-    p.rec = Reconciler(p.db, make_live_policy(policy), keep=3)
+    p.rec = Reconciler(p.db, make_live_policy(policy))
     a = FakeAgent(p, "node-1", "A")
     a.register()
     basic = p.submit(tier="basic")

@@ -100,7 +100,7 @@ def test_same_events_same_decisions(tmp_path: Path) -> None:
     ]
 
     p = Plane(tmp_path)
-    p.rec = Reconciler(p.db, make_live_policy(), keep=3)  # the live default
+    p.rec = Reconciler(p.db, make_live_policy())  # the live default
     agents = {n: Agent(p, n, d) for n, d in NODES.items()}
     for a in agents.values():
         assert a.register() == 200

@@ -44,14 +44,14 @@ S = JobState
 
 class Reconciler:
     """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
-    leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing)."""
+    leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing); by default the
+    database's, the one every transaction of the control plane reads."""
 
-    def __init__(self, db: Database, policy: Policy, *, keep: int, interval: float = 0.5,
-                 min_gap: float = 0.05, clock: Clock = SYSTEM) -> None:
+    def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
+                 min_gap: float = 0.05, clock: Clock | None = None) -> None:
         self.db = db
         self.policy = policy
-        self.clock = clock
-        self.keep = keep
+        self.clock: Clock = clock or db.info.get("clock", SYSTEM)
         self.interval = interval
         self.min_gap = min_gap
         self._stop = threading.Event()

@@ -82,7 +82,7 @@ def serve(args: argparse.Namespace) -> None:
     host = RendezvousHost()
     db.info["rendezvous"] = host
     host.prepare(db)  # adopt the store that the distributed jobs still running use
-    rec = Reconciler(db, make_live_policy(args.policy), keep=settings.keep_checkpoints)
+    rec = Reconciler(db, make_live_policy(args.policy))
     rec.start()
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas))
     try:

@@ -52,7 +52,7 @@ class Disguised:
 def test_leases_run_out_by_the_reconcilers_clock(tmp_path: Path) -> None:
     p = Plane(tmp_path, lease_s=30.0)
     clock = Skewed()
-    p.rec = Reconciler(p.db, make_live_policy("firstfit"), keep=3, clock=clock)
+    p.rec = Reconciler(p.db, make_live_policy("firstfit"), clock=clock)
     a = Agent(p, "node-1", 1)
     assert a.register() == 200
     jid = p.submit()
@@ -70,7 +70,7 @@ def test_leases_run_out_by_the_reconcilers_clock(tmp_path: Path) -> None:
 def test_periodic_checkpoints_fall_due_by_the_reconcilers_clock(tmp_path: Path) -> None:
     p = Plane(tmp_path)
     clock = Skewed()
-    p.rec = Reconciler(p.db, make_live_policy("firstfit"), keep=3, clock=clock)
+    p.rec = Reconciler(p.db, make_live_policy("firstfit"), clock=clock)
     a = Agent(p, "node-1", 1)
     assert a.register() == 200
     jid = p.submit(checkpoint_every=20)
@@ -91,7 +91,7 @@ def _passes(tmp: Path, policy: Policy) -> list[list[tuple[str, str, Any]]]:
     tmp.mkdir()
     p = Plane(tmp)
     clock = Skewed()
-    p.rec = Reconciler(p.db, policy, keep=3, clock=clock)
+    p.rec = Reconciler(p.db, policy, clock=clock)
     a = Agent(p, "node-1", 2)
     assert a.register() == 200
     label = {p.submit(tier="basic"): "small", p.submit(tier="basic", ranks=2, min_devices=1): "elastic"}
