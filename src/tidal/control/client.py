@@ -102,3 +102,6 @@ class Client:
 
     def post(self, path: str, **kw: Any) -> Any:
         return self.request("POST", path, **kw).json()
+
+    def close(self) -> None:
+        self.http.close()
