@@ -18,9 +18,12 @@ venv: $(STAMP)
 criu: $(STAMP)
 	$(PY) -m tidal.mechanisms.criu.provision
 
+# ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the layers and the CLI's door
+# to the control plane).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks examples
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: criu lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests

@@ -10,7 +10,7 @@ Prints the figures and writes them as JSON. Timings are never asserted in tests.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import statistics
 import sys
 import tempfile
@@ -19,10 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import httpx
-
+from harness import run, wait_for, write_json
 from tidal.config import Settings
+from tidal.control.client import Client
+from tidal.control.clusterfile import token_path
 from tidal.control.localcluster import down, up
+from tidal.errors import Conflict
 
 # Holds ``MB`` of random (incompressible) bytes and keeps printing: a CPU job whose image is about that big.
 HOLDER = """
@@ -36,53 +38,51 @@ while True:
 """
 
 
-def _wait(api: httpx.Client, job: str, cond: Any, timeout: float = 120.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        j = api.get(f"/v1/jobs/{job}").raise_for_status().json()
-        if cond(j):
-            return j  # type: ignore[no-any-return]
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job} stuck in {j['state']}")
-        time.sleep(0.005)
+def _wait(api: Client, job: str, cond: Any, timeout: float = 120.0) -> dict[str, Any]:
+    def check() -> dict[str, Any] | None:
+        j: dict[str, Any] = api.get(f"/v1/jobs/{job}")
+        return j if cond(j) else None
+
+    return wait_for(check, timeout, f"job {job}", interval=0.005)
 
 
 def _running(j: dict[str, Any]) -> bool:
     return j["state"] == "running" and not j["busy"] and all(p["pid"] for p in j["placement"])
 
 
-def submissions(api: httpx.Client, workdir: Path, n: int, threads: int) -> float:
+def submissions(api: Client, workdir: Path, n: int, threads: int) -> float:
     body = {"command": ["true"], "workdir": str(workdir), "tier": "basic", "env": {}}
     ids: list[str] = []
 
     def one(_: int) -> None:
-        ids.append(api.post("/v1/jobs", json=body).raise_for_status().json()["id"])
+        ids.append(api.post("/v1/jobs", json=body)["id"])
 
     t0 = time.perf_counter()
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(n)))
     dt = time.perf_counter() - t0
     for job in ids:  # leave the cluster empty for the latency runs
-        api.post(f"/v1/jobs/{job}/cancel")
+        with contextlib.suppress(Conflict):  # it has already finished
+            api.post(f"/v1/jobs/{job}/cancel")
     return n / dt
 
 
-def latencies(api: httpx.Client, workdir: Path, mb: int, repeat: int) -> dict[str, Any]:
+def latencies(api: Client, workdir: Path, mb: int, repeat: int) -> dict[str, Any]:
     job = api.post("/v1/jobs", json={"command": [sys.executable, "-c", HOLDER.format(mb=mb)],
-                                     "workdir": str(workdir), "env": {}}).raise_for_status().json()["id"]
+                                     "workdir": str(workdir), "env": {}})["id"]
     _wait(api, job, _running)
     time.sleep(3)  # let it fill its memory
     preempt, migrate, image = [], [], 0
     for _ in range(repeat):
         t0 = time.perf_counter()
-        api.post(f"/v1/jobs/{job}/preempt").raise_for_status()
+        api.post(f"/v1/jobs/{job}/preempt")
         _wait(api, job, lambda j: j["state"] == "preempted" and not j["busy"])
-        api.post(f"/v1/jobs/{job}/resume").raise_for_status()
+        api.post(f"/v1/jobs/{job}/resume")
         _wait(api, job, _running)
         preempt.append(time.perf_counter() - t0)
         node = _wait(api, job, _running)["placement"][0]["node"]
         t0 = time.perf_counter()
-        api.post(f"/v1/jobs/{job}/migrate", json={}).raise_for_status()
+        api.post(f"/v1/jobs/{job}/migrate", json={})
         j = _wait(api, job, lambda j, node=node: _running(j) and j["placement"][0]["node"] != node)
         migrate.append(time.perf_counter() - t0)
         image = j["checkpoints"][-1]["bytes"]
@@ -108,8 +108,8 @@ def main() -> None:
         settings = Settings(home=home, database_url=args.database_url)
         st, _ = up(settings, nodes=2, devices_per_node=1)
         try:
-            token = (home / "tokens" / "user.token").read_text().strip()
-            with httpx.Client(base_url=st.url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as api:
+            token = token_path(home, "user").read_text().strip()
+            with contextlib.closing(Client(st.url, token)) as api:
                 db = "postgresql" if (args.database_url or "").startswith("postgres") else "sqlite"
                 out: dict[str, Any] = {"database": db, "submissions": args.submissions,
                                        "threads": args.threads}
@@ -120,10 +120,8 @@ def main() -> None:
             down(settings)
     for k, v in out.items():
         print(f"{k:28s} {v if not isinstance(v, float) else round(v, 3)}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

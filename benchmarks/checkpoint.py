@@ -19,10 +19,8 @@ Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSO
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -32,11 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import write_json
+from harness import arguments, host_ranks, machine, run, say, wait_for, write_json
+from tidal.errors import MechanismError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.storage import CheckpointStore
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
@@ -58,19 +57,10 @@ CASES = {
 }
 
 
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def wait_for(path: Path, text: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        with contextlib.suppress(FileNotFoundError):
-            if text in path.read_text(errors="replace"):
-                return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{text!r} not in {path} after {timeout}s")
-        time.sleep(0.05)
+def _has(path: Path, text: str) -> bool:
+    with contextlib.suppress(FileNotFoundError):
+        return text in path.read_text(errors="replace")
+    return False
 
 
 def dir_bytes(d: Path) -> int:
@@ -101,7 +91,8 @@ def criu(*args: str, log: str = "criu.log", pass_fds: tuple[int, ...] = ()) -> N
     if out.returncode != 0:
         images = args[args.index("-D") + 1]
         errors = [ln for ln in Path(images, log).read_text().splitlines() if "Error" in ln]
-        raise RuntimeError(f"criu {args[0]} failed: {errors[-3:]}")
+        raise MechanismError(f"criu {args[0]} failed: {errors[-3:]}",
+                             hint=f"see {Path(images, log)}; `tidal doctor` checks what CRIU needs")
 
 
 def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
@@ -121,7 +112,7 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
     spec = RankSpec("bench", 0, tuple(argv), work, env)
     job = Job.launch("bench", [(spec, node_a)], store)
     try:
-        wait_for(node_a.log_path(spec), "step 3 ")
+        wait_for(lambda: _has(node_a.log_path(spec), "step 3 "), 600, "the job's step 3", interval=0.05)
         plain_pauses, pauses, commits, copies = [], [], [], []
         infos = []
         buf: memoryview | None = None
@@ -260,27 +251,12 @@ def _migrate(job: Job, store: CheckpointStore, spec: RankSpec, target: NodeRoot,
                  "next_step_after": t_step - t, "memory_in_after": t_in - t}
 
 
-def machine() -> dict[str, Any]:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    mem = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
-               if ln.startswith("MemTotal"))
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
-            "criu": find_criu().version_str, "python": platform.python_version()}
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the results here")
+    p = arguments(__doc__, "/var/tmp/tidal-bench")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
-    p.add_argument("--dir", type=Path, default=Path("/var/tmp/tidal-bench"),
-                   help="work directory on the disk under test (default /var/tmp/tidal-bench)")
     p.add_argument("--quick", action="store_true", help="one repetition instead of best of 3")
     args = p.parse_args()
-    if os.geteuid() != 0:
-        print("error: the benchmark runs ranks in PID namespaces and needs root", file=sys.stderr)
-        return 1
-    become_subreaper()
+    host_ranks()
     args.dir.mkdir(parents=True, exist_ok=True)
     fstype = subprocess.run(["stat", "-f", "-c", "%T", str(args.dir)], capture_output=True, text=True).stdout.strip()
     out: dict[str, Any] = {"machine": {**machine(), "bench_dir": str(args.dir), "bench_fs": fstype}, "cases": {}}
@@ -317,4 +293,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -55,11 +55,9 @@ Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSO
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import itertools
 import os
-import platform
 import re
 import statistics
 import sys
@@ -69,14 +67,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import workspace, write_json
+from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
 from tidal.agent.devices import PERIOD_US, cpu_sets
 from tidal.core.view import rank_map
+from tidal.errors import ConfigError
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import ROOT
 from tidal.mechanisms.criu.job import Job
-from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 from tidal.mechanisms.storage import CheckpointStore
@@ -86,16 +84,6 @@ WORLD = 4
 NODE_DEVICES = 4
 STEP = re.compile(rb"rank (\d+) step (\d+) ")
 JOB_ID = "elastic"
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
-    env.pop("PYTHONPATH", None)
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 # -- devices ------------------------------------------------------------------------------------------------
@@ -111,8 +99,10 @@ class Devices:
         self.paths = [ROOT / "cpu" / f"tidal-bench-elastic-dev{i}" for i in range(NODE_DEVICES)]
         if self.quota:
             if not (ROOT / "cpu" / "cgroup.procs").exists():
-                raise RuntimeError(f"{len(self.cores)} cores for {NODE_DEVICES} devices needs the cgroup v1 cpu "
-                                   f"controller at {ROOT / 'cpu'}")
+                raise ConfigError(f"{len(self.cores)} cores for {NODE_DEVICES} devices needs the cgroup v1 cpu "
+                                  f"controller at {ROOT / 'cpu'}",
+                                  hint=f"mount it: mkdir -p {ROOT / 'cpu'} && mount -t cgroup -o cpu cgroup "
+                                       f"{ROOT / 'cpu'}; or run on a machine with {NODE_DEVICES} cores or more")
             for p in self.paths:
                 p.mkdir(exist_ok=True)
                 (p / "cpu.cfs_period_us").write_text(str(PERIOD_US))
@@ -185,14 +175,6 @@ class Poller:
     def when(self, rank: int, step: int) -> float:
         with self.mu:
             return self.seen[rank][step]
-
-
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def job_cpu(job: Job) -> tuple[float, float, int]:
@@ -308,7 +290,8 @@ class Elastic:
         elapsed = time.perf_counter() - t0
         steps = s1 - s0
         if steps < 2:
-            raise RuntimeError(f"only {steps} steps in a {window}s window on {self.d} device(s)")
+            raise BenchmarkError(f"only {steps} steps in a {window}s window on {self.d} device(s)",
+                                 hint="give a longer --window, or a smaller model (--hidden, --batch)")
         rate = steps / (self.poller.when(0, s1) - self.poller.when(0, s0))
         cpu, wait = c1[0] - c0[0], c1[1] - c0[1]
         busy = sum(b1[c] - b0[c] for c in b1)
@@ -327,16 +310,6 @@ class Elastic:
 
 
 # -- the run ------------------------------------------------------------------------------------------------
-def machine(devices: Devices) -> dict[str, Any]:
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    return {"cpu": cpu, "cores": len(devices.cores), "kernel": platform.release(), "criu": find_criu().version_str,
-            "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_at_start": os.getloadavg()}
-
-
 def summarize(windows: list[dict[str, Any]], resizes: list[dict[str, Any]], share: float) -> dict[str, Any]:
     by: dict[int, dict[str, Any]] = {}
     for d in sorted({w["devices"] for w in windows}, reverse=True):
@@ -374,28 +347,24 @@ def summarize(windows: list[dict[str, Any]], resizes: list[dict[str, Any]], shar
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--dir", type=Path, default=Path("/var/tmp/tidal-bench-elastic"), help="work directory")
+    p = arguments(__doc__, "/var/tmp/tidal-bench-elastic")
     p.add_argument("--sequence", default="4,2,1,4,1,2,4", help="devices of each window, in order (starts with 4)")
     p.add_argument("--warmup", type=float, default=3.0, help="seconds after a resize before a window")
     p.add_argument("--window", type=float, default=12.0, help="seconds of each throughput window")
     p.add_argument("--hidden", type=int, default=512, help="the model's hidden width (ddp_train.py)")
     p.add_argument("--batch", type=int, default=64, help="each rank's batch (ddp_train.py)")
     args = p.parse_args()
-    if os.geteuid() != 0:
-        print("error: the benchmark runs ranks in PID namespaces and needs root", file=sys.stderr)
-        return 1
     seq = [int(d) for d in args.sequence.split(",")]
     if seq[0] != WORLD or any(not 1 <= d <= WORLD for d in seq) or any(a == b for a, b in itertools.pairwise(seq)):
         print(f"error: the sequence starts with {WORLD}, stays within 1..{WORLD} and changes at every step",
               file=sys.stderr)
         return 1
-    become_subreaper()
+    host_ranks()
     devices = Devices()
     poller = Poller()
     poller.thread.start()
-    out: dict[str, Any] = {"machine": machine(devices), "devices": devices.describe(), "world_size": WORLD,
+    out: dict[str, Any] = {"machine": {**machine(with_torch=True), "cores": len(devices.cores)},
+                           "devices": devices.describe(), "world_size": WORLD,
                            "workload": {"script": "examples/ddp_train.py", "hidden": args.hidden,
                                         "batch": args.batch},
                            "sequence": seq, "warmup_s": args.warmup, "window_s": args.window}
@@ -469,4 +438,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -19,9 +19,7 @@ Targets: overhead ≤ 1 %, cut within 2 steps.
 
 from __future__ import annotations
 
-import argparse
 import os
-import platform
 import random
 import re
 import resource
@@ -33,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import workspace, write_json
+from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
+from tidal.errors import MechanismError
 from tidal.mechanisms.criu.job import Job
-from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose import SITE_DIR
 from tidal.mechanisms.interpose.channel import cut, new_epoch, resume
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
@@ -44,16 +42,6 @@ from tidal.mechanisms.storage import CheckpointStore
 
 WORKLOAD = Path(__file__).resolve().with_name("ddp_steps.py")
 LINE = re.compile(r"^rank (\d+) step (\d+) t ([0-9.]+) cpu ([0-9.]+) ", re.M)
-
-
-def say(msg: str) -> None:
-    print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def base_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
-    env.pop("PYTHONPATH", None)
-    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
 def step_times(text: str) -> dict[int, float]:
@@ -87,14 +75,6 @@ def last_step(text: str) -> int:
     return steps[-1] if steps else -1
 
 
-def wait_for(cond: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.01)
-
-
 class Tidal:
     """Launches W-rank jobs as Tidal ranks on one node root, with Tidal's rendezvous store."""
 
@@ -120,8 +100,9 @@ class Tidal:
         job, specs = self.launch(world, args, workdir)
         status = job.wait(600)
         if any(not s.ok for s in status):
-            raise RuntimeError(f"Tidal ranks failed: {[str(s) for s in status]}: "
-                               f"{self.node.log_path(specs[0]).read_text()[-1000:]}")
+            raise MechanismError(f"Tidal ranks failed: {[str(s) for s in status]}: "
+                                 f"{self.node.log_path(specs[0]).read_text()[-1000:]}",
+                                 hint="the end of rank 0's output is above; `tidal doctor` checks the machine")
         return self.node.log_path(specs[0]).read_text()
 
     def close(self) -> None:
@@ -136,7 +117,8 @@ def torchrun(world: int, args: list[str], workdir: Path) -> str:
                          cwd=workdir, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          timeout=600)
     if out.returncode != 0:
-        raise RuntimeError(f"torchrun failed: {out.stderr[-1000:]}")
+        raise BenchmarkError(f"torchrun failed: {out.stderr[-1000:]}",
+                             hint="the end of its output is above; the reference runs need torch (`make venv`)")
     (rank0,) = logs.glob("*/attempt_0/0/stdout.log")
     return rank0.read_text()
 
@@ -225,7 +207,8 @@ def probe(tidal: Tidal, calls: int, base: Path) -> dict[str, Any]:
     m = re.search(r"^probe wrapped_us ([0-9.]+) direct_us ([0-9.]+) wrapped_cpu_us ([0-9.]+) direct_cpu_us ([0-9.]+)$",
                   out, re.M)
     if m is None:
-        raise RuntimeError(f"no probe result in {out[-500:]!r}")
+        raise BenchmarkError(f"no probe result in {out[-500:]!r}",
+                             hint="benchmarks/ddp_steps.py --probe prints one; see the output above")
     wrapped, direct, wrapped_cpu, direct_cpu = (float(m[i]) * 1e-6 for i in range(1, 5))
     return {"calls": calls, "wrapped_s": wrapped, "direct_s": direct, "wrapped_cpu_s": wrapped_cpu,
             "direct_cpu_s": direct_cpu, "added_s": wrapped_cpu - direct_cpu}
@@ -268,34 +251,17 @@ def startup(reps: int) -> dict[str, Any]:
             "added_cpu_s": med["cpu"]["tidal"] - med["cpu"]["plain"]}
 
 
-def machine() -> dict[str, Any]:
-    import torch
-
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), platform.processor())
-    mem = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
-               if ln.startswith("MemTotal"))
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_bytes": mem, "kernel": platform.release(),
-            "criu": find_criu().version_str, "python": platform.python_version(), "torch": torch.__version__,
-            "load_average_at_start": os.getloadavg()}
-
-
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--json", type=Path, help="write the results here")
-    p.add_argument("--dir", type=Path, default=Path("/var/tmp/tidal-bench-interpose"), help="work directory")
+    p = arguments(__doc__, "/var/tmp/tidal-bench-interpose")
     p.add_argument("--worlds", default="2,4", help="world sizes for the overhead comparison")
     p.add_argument("--steps", type=int, default=400, help="steps per overhead run")
     p.add_argument("--reps", type=int, default=4, help="runs of each setup per world size")
     p.add_argument("--requests", type=int, default=8, help="checkpoint requests per world size")
     p.add_argument("--seed", type=int, default=4)
     args = p.parse_args()
-    if os.geteuid() != 0:
-        print("error: the benchmark runs ranks in PID namespaces and needs root", file=sys.stderr)
-        return 1
-    become_subreaper()
+    host_ranks()
     worlds = [int(w) for w in args.worlds.split(",")]
-    out: dict[str, Any] = {"machine": machine(), "overhead": {}, "cut": {}}
+    out: dict[str, Any] = {"machine": machine(with_torch=True), "overhead": {}, "cut": {}}
     with workspace(args.dir) as base:
         tidal = Tidal(base)
         try:
@@ -354,4 +320,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

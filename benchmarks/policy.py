@@ -16,6 +16,7 @@ import math
 import random
 import time
 
+from harness import run, write_json
 from tidal.core import ClusterView, DeviceRef, Event, EventKind, JobState, JobView, Tier, Topology, rank_map
 from tidal.policy import make_policy
 from tidal.policy.global_level import place
@@ -128,11 +129,9 @@ def main() -> int:
         "incremental": results,
     }
     print(json.dumps(out, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
 from datetime import UTC, datetime
 
+from harness import run, write_json
 from tidal.policy import make_policy
 from tidal.sim.cluster_spec import parse_cluster
 from tidal.sim.engine import Simulator
@@ -68,11 +68,9 @@ def main() -> int:
         print(f"{name:8} {s['avg_jct_s']:12,.0f} {s['avg_queue_s']:14,.0f} {pub[0] or 0:11,} {pub[1] or 0:13,}"
               f" {wall:9.1f}")
         sys.stdout.flush()
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+    write_json(args.json, out)
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run(main)

@@ -76,7 +76,7 @@ def test_doctor_does_not_import_torch() -> None:
 
 
 def test_doctor_says_when_jobs_of_other_accounts_cannot_be_checkpointed(tmp_path: Path) -> None:
-    from tidal.cli.doctor import check_other_accounts
+    from tidal.mechanisms.checks import check_other_accounts
     from tidal.mechanisms.criu import rlimits
 
     criu = find_criu()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tidal.cli.doctor import check_staging
+from tidal.mechanisms.checks import check_staging
 from tidal.mechanisms.criu import ramdisk
 from tidal.mechanisms.criu.rank import FAST_STAGING, NodeRoot
 

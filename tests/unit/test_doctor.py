@@ -11,7 +11,9 @@ import typer
 from typer.testing import CliRunner
 
 from tidal.cli import doctor
-from tidal.cli.doctor import Check
+from tidal.control import checks as control
+from tidal.mechanisms import checks as machine
+from tidal.mechanisms.checks import Check
 from tidal.mechanisms.criu.features import parse_feature_output
 
 MOUNTS = """\
@@ -24,34 +26,34 @@ cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
 
 
 def test_parse_version() -> None:
-    assert doctor.parse_version("6.18.44-fc-v657") == (6, 18, 44)
-    assert doctor.parse_version("5.4.0-150-generic") == (5, 4, 0)
-    assert doctor.parse_version("v4.19") == (4, 19)
-    assert doctor.parse_version("weird") is None
+    assert machine.parse_version("6.18.44-fc-v657") == (6, 18, 44)
+    assert machine.parse_version("5.4.0-150-generic") == (5, 4, 0)
+    assert machine.parse_version("v4.19") == (4, 19)
+    assert machine.parse_version("weird") is None
 
 
 @pytest.mark.parametrize(("release", "status"), [("6.18.44-fc-v657", "ok"), ("5.0.0", "ok"),
                                                  ("4.19.0-26-amd64", "missing"), ("garbage", "missing")])
 def test_kernel(release: str, status: str) -> None:
-    c = doctor.check_kernel(release, "Linux")
+    c = machine.check_kernel(release, "Linux")
     assert c.required and c.status == status
     assert release in c.detail
     assert bool(c.fix) == (status != "ok")
 
 
 def test_kernel_not_linux() -> None:
-    c = doctor.check_kernel("23.1.0", "Darwin")
+    c = machine.check_kernel("23.1.0", "Darwin")
     assert c.failed and "Linux" in c.fix
 
 
 def test_root() -> None:
-    assert doctor.check_root(0).status == "ok"
-    c = doctor.check_root(1000)
+    assert machine.check_root(0).status == "ok"
+    c = machine.check_root(1000)
     assert c.failed and "root" in c.fix
 
 
 def test_cgroup_controllers_parsed() -> None:
-    found = doctor.cgroup_v1_controllers(MOUNTS)
+    found = machine.cgroup_v1_controllers(MOUNTS)
     assert found["freezer"] == "/sys/fs/cgroup/freezer"
     assert found["cpu"] == "/sys/fs/cgroup/cpu"
     assert "cpuset" not in found
@@ -59,30 +61,30 @@ def test_cgroup_controllers_parsed() -> None:
 
 
 def test_cgroup_checks() -> None:
-    assert doctor.check_cgroup("freezer", True, MOUNTS).status == "ok"
-    cpuset = doctor.check_cgroup("cpuset", False, MOUNTS)
+    assert machine.check_cgroup("freezer", True, MOUNTS).status == "ok"
+    cpuset = machine.check_cgroup("cpuset", False, MOUNTS)
     assert cpuset.status == "warn" and not cpuset.failed and "mount -t cgroup -o cpuset" in cpuset.fix
-    freezer = doctor.check_cgroup("freezer", True, "")
+    freezer = machine.check_cgroup("freezer", True, "")
     assert freezer.failed and "freezer" in freezer.fix
 
 
 def test_python() -> None:
-    assert doctor.check_python((3, 11, 7)).status == "ok"
-    assert doctor.check_python((3, 10, 2)).failed
+    assert machine.check_python((3, 11, 7)).status == "ok"
+    assert machine.check_python((3, 10, 2)).failed
 
 
 def test_torch_not_imported_and_optional() -> None:
-    missing = doctor.check_torch(find_spec=lambda _: None)
+    missing = machine.check_torch(find_spec=lambda _: None)
     assert missing.status == "warn" and not missing.required and "pip install" in missing.fix
-    present = doctor.check_torch(find_spec=lambda _: object(), version=lambda _: "2.13.0+cpu")
+    present = machine.check_torch(find_spec=lambda _: object(), version=lambda _: "2.13.0+cpu")
     assert present.status == "ok" and present.detail == "2.13.0+cpu"
 
 
 def test_postgres() -> None:
-    assert doctor.check_postgres("", found="/usr/lib/postgresql/16/bin").status == "ok"
-    optional = doctor.check_postgres("", found=None)
+    assert control.check_postgres("", found="/usr/lib/postgresql/16/bin").status == "ok"
+    optional = control.check_postgres("", found=None)
     assert optional.status == "warn" and not optional.required
-    needed = doctor.check_postgres("postgresql+psycopg://x@y/z", found=None)
+    needed = control.check_postgres("postgresql+psycopg://x@y/z", found=None)
     assert needed.failed and "install PostgreSQL" in needed.fix
 
 
@@ -92,13 +94,13 @@ def test_find_postgres_under_usr_lib(tmp_path: Path) -> None:
     d.mkdir(parents=True)
     (d / "postgres").touch()
     (d / "initdb").touch()
-    assert doctor.find_postgres(lambda _: None, str(base / "*" / "bin")) == str(d)
-    assert doctor.find_postgres(lambda n: f"/opt/pg/bin/{n}") == "/opt/pg/bin"
-    assert doctor.find_postgres(lambda _: None, str(base / "nothing" / "*")) is None
+    assert control.find_postgres(lambda _: None, str(base / "*" / "bin")) == str(d)
+    assert control.find_postgres(lambda n: f"/opt/pg/bin/{n}") == "/opt/pg/bin"
+    assert control.find_postgres(lambda _: None, str(base / "nothing" / "*")) is None
 
 
 def test_gpus_cpu_only() -> None:
-    gpus, ckpt = doctor.check_gpus(which=lambda _: None)
+    gpus, ckpt = machine.check_gpus(which=lambda _: None)
     assert gpus.status == "ok" and gpus.detail == "none (CPU devices only)"
     assert ckpt.status == "ok"
 
@@ -110,27 +112,27 @@ def test_gpus_present_without_cuda_checkpoint() -> None:
     def run(argv: Sequence[str]) -> tuple[int, str]:
         return 0, "NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n"
 
-    gpus, ckpt = doctor.check_gpus(which, run)
+    gpus, ckpt = machine.check_gpus(which, run)
     assert gpus.status == "ok" and "2 GPU(s)" in gpus.detail and "550.54.15" in gpus.detail
     assert ckpt.status == "warn" and "cuda-checkpoint" in ckpt.fix
 
 
 def test_home(tmp_path: Path) -> None:
     home = tmp_path / "a" / "b"
-    c = doctor.check_home(home)
+    c = control.check_home(home)
     assert c.status == "ok" and str(home) in c.detail and "to be created" in c.detail
 
 
 def test_staging(tmp_path: Path) -> None:
-    gone = doctor.check_staging(tmp_path / "none", euid=0)
+    gone = machine.check_staging(tmp_path / "none", euid=0)
     assert gone.status == "warn" and "staged on the node's disk" in gone.detail and gone.fix
-    fresh = doctor.check_staging(tmp_path, euid=0)
+    fresh = machine.check_staging(tmp_path, euid=0)
     assert fresh.status == "ok" and fresh.detail == (
         f"{tmp_path}/tidal: a tmpfs with large pages is mounted there at the first checkpoint")
-    user = doctor.check_staging(tmp_path, euid=1000)
+    user = machine.check_staging(tmp_path, euid=1000)
     assert user.status == "warn" and "only by root" in user.detail and user.fix == "run Tidal as root"
     (tmp_path / "tidal" / "node-1-abc").mkdir(parents=True)
-    busy = doctor.check_staging(tmp_path, euid=0)
+    busy = machine.check_staging(tmp_path, euid=0)
     assert busy.status == "warn" and "holds files" in busy.detail and "tidal down" in busy.fix
 
 
@@ -146,14 +148,14 @@ def test_feature_output_parsing() -> None:
 
 
 def test_criu_rows_without_criu() -> None:
-    assert doctor.check_criu_check(None).failed
-    feat = doctor.check_criu_feature(None, ("mem_dirty_track",), "criu: mem_dirty_track", "x")
+    assert machine.check_criu_check(None).failed
+    feat = machine.check_criu_feature(None, ("mem_dirty_track",), "criu: mem_dirty_track", "x")
     assert feat.status == "warn" and not feat.required
 
 
 def test_bad_tidal_criu_is_missing_with_a_fix(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TIDAL_CRIU", str(tmp_path / "no-such-criu"))
-    row, criu = doctor.locate_criu()
+    row, criu = machine.locate_criu()
     assert criu is None and row.failed and "TIDAL_CRIU" in row.fix
 
 
@@ -161,7 +163,7 @@ def test_a_crashing_check_is_reported() -> None:
     def boom() -> Check:
         raise RuntimeError("kaput")
 
-    (c,) = doctor._safe("thing", True, boom)
+    (c,) = machine.safe(machine.Planned("thing", True, boom))
     assert c.failed and "kaput" in c.detail
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from tidal.cli.api import Api
 from tidal.cli.output import console
 from tidal.config import load_settings
+from tidal.control.client import Client
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"control plane at {st.url}")
         console.print(t)
         if alive(st.server.pid):
-            _nodes_table(Api())
+            _nodes_table(Client())
 
     @app.command()
     def down() -> None:
@@ -61,10 +61,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def nodes() -> None:
         """List the nodes, their devices and leases."""
-        _nodes_table(Api())
+        _nodes_table(Client())
 
 
-def _nodes_table(api: Api) -> None:
+def _nodes_table(api: Client) -> None:
     t = Table("node", "region/cluster", "devices", "free", "up", "lease left")
     for n in api.get("/v1/nodes"):
         t.add_row(n["name"], f"{n['region']}/{n['cluster']}", str(n["devices"]), str(n["free"]),

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,103 +22,63 @@ from rich.table import Table
 
 from tidal.cli import jobenv
 from tidal.cli.output import console
-from tidal.config import load_settings
-from tidal.errors import ConfigError, TidalError
-from tidal.mechanisms.criu.provision import checkout_root
+from tidal.config import Settings, load_settings
+from tidal.control.client import Client
+from tidal.mechanisms.demo import demo_dir, example_script, run_mechanism_demo, until
 
 
-def _train_script() -> Path:
-    root = checkout_root()
-    script = root / "examples" / "train.py" if root else None
-    if script is None or not script.is_file():
-        raise ConfigError("the demo needs examples/train.py from the Tidal source checkout",
-                          hint="run `make demo` in the checkout")
-    return script
-
-
-def _until(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise TidalError(f"demo: timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def _demo_dir(prefix: str) -> Path:
-    """A fresh directory for one demo run under TIDAL_HOME (root is needed for the ranks' namespaces)."""
-    if os.geteuid() != 0:
-        raise ConfigError("the demo runs ranks in their own PID namespaces and needs root",
-                          hint="run it as root (sudo make demo)")
+def _mechanism_demo(steps: int, keep: bool) -> bool:
+    """The checkpoint mechanism alone (no control plane): told as it happens, then a table of what happened."""
     home = load_settings().home
-    home.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=home))
-
-
-def _log_has_step(log: Path, step: int) -> bool:
-    return log.exists() and re.search(rf"^step {step} ", log.read_text(errors="replace"), re.M) is not None
-
-
-def run_demo(steps: int = 60, keep: bool = False) -> bool:
-    from tidal.mechanisms.criu.job import Job
-    from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
-    from tidal.mechanisms.storage import CheckpointStore
-
-    base = _demo_dir("demo-")
-    become_subreaper()
-    script = _train_script()
-    argv = (sys.executable, str(script), "--steps", str(steps), "--step-time", "0.03")
-    workdir, refdir = base / "work", base / "reference"
-    workdir.mkdir()
-    refdir.mkdir()
-    env = {k: v for k, v in os.environ.items()}
-    nodes = [NodeRoot(f"node-{i}", base / f"node-{i}") for i in (1, 2)]
-    store = CheckpointStore(str(base / "checkpoints"))
-    spec = RankSpec("demo", 0, argv, workdir, env)
-
-    console.print(f"[bold]Tidal demo[/] — state in {base}")
-    console.print(f"1. Reference: [cyan]{script.name}[/] runs {steps} steps uninterrupted …")
-    ref = subprocess.run(argv, cwd=refdir, env=spec.launch_env(), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, check=True).stdout
-    rows = []
-    job = Job.launch("demo", [(spec, nodes[0])], store)
-    console.print(f"2. The same job starts on [green]{nodes[0].name}[/] (pid {job.ranks[0].pid})")
-    rows.append(("launch", nodes[0].name, str(job.ranks[0].pid), "", ""))
-    for i, stop in enumerate((steps // 4, steps // 2)):
-        here = job.ranks[0].node
-        there = nodes[(i + 1) % 2]
-        log = here.log_path(spec)
-        _until(f"step {stop}", partial(_log_has_step, log, stop))
-        info = job.checkpoint(then="kill")
-        t = job.last_timing
-        console.print(f"{3 + 2 * i}. At step {stop}: checkpoint {info.id} ({info.logical_bytes / 2**20:.0f} MiB "
-                      f"image, {info.stored_bytes / 2**20:.1f} MiB new in the store, paused "
-                      f"{t.pause_s if t else 0:.2f}s), then the job is killed on {here.name}")
-        rows.append((f"checkpoint at step {stop}", here.name, "", info.id, f"{info.stored_bytes / 2**20:.1f} MiB"))
-        started = time.perf_counter()
-        job = Job.restore(store, "demo", [(spec, there)])
-        console.print(f"{4 + 2 * i}. Restored on [green]{there.name}[/] (pid {job.ranks[0].pid}) in "
-                      f"{time.perf_counter() - started:.2f}s; it goes on from step {stop + 1}")
-        rows.append(("restore", there.name, str(job.ranks[0].pid), info.id, ""))
-    [status] = job.wait(600)
-    out = job.ranks[0].node.log_path(spec).read_bytes()
-    same_log = out == ref
-    same_params = (workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
+    console.print(f"[bold]Tidal demo[/] — the checkpoint mechanism alone, state under {home}")
+    got = run_mechanism_demo(home, steps, keep, say=lambda text: console.print(text, highlight=False))
     table = Table(title="What happened")
     for col in ("event", "node", "pid", "checkpoint", "stored"):
         table.add_column(col)
-    for row in rows:
+    for row in got.rows:
         table.add_row(*row)
-    table.add_row("finished", job.ranks[0].node.name, "", "", str(status))
+    table.add_row("finished", got.finished_on, "", "", str(got.status))
     console.print(table)
-    verdict = "[bold green]identical[/]" if same_log else "[bold red]DIFFERENT[/]"
-    console.print(f"Per-step output vs the uninterrupted run: {verdict} ({len(out.splitlines())} lines); "
-                  f"final parameters: {'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
-    if not keep:
-        shutil.rmtree(base, ignore_errors=True)
-    return same_log and same_params and status.ok
+    console.print(f"Per-step output vs the uninterrupted run: {_verdict(got.same_log)} ({got.lines} lines); "
+                  f"final parameters: {_verdict(got.same_params)}")
+    return got.ok
+
+
+def _verdict(same: bool) -> str:
+    return "[bold green]identical[/]" if same else "[bold red]DIFFERENT[/]"
+
+
+def _own_home(prefix: str) -> tuple[Settings, Path, Path]:
+    """A fresh TIDAL_HOME for the demo's cluster, away from the user's cluster (its state, tokens and port);
+    with the training job's working directory and the reference run's in it."""
+    home = demo_dir(load_settings().home, prefix)
+    os.environ["TIDAL_HOME"] = str(home)
+    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
+        os.environ.pop(var, None)
+    workdir, refdir = home / "work", home / "reference"
+    workdir.mkdir()
+    refdir.mkdir()
+    return load_settings(), workdir, refdir
+
+
+@contextlib.contextmanager
+def _cluster_beside(reference: subprocess.Popen[bytes], settings: Settings, devices_per_node: int,
+                    keep: bool) -> Iterator[Client]:
+    """The demo's local cluster of 2 nodes, started while ``reference`` (the uninterrupted run, in a session
+    of its own) goes on. After: the reference's processes killed, the cluster stopped, and its state
+    removed unless ``keep``."""
+    from tidal.control.localcluster import down, up  # the launcher of `tidal up`: heavy, needed here only
+
+    try:
+        up(settings, nodes=2, devices_per_node=devices_per_node, lease_s=5.0)
+        yield Client()
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # torchrun and its workers too
+            os.killpg(reference.pid, signal.SIGKILL)
+        reference.wait()
+        down(settings)
+        if not keep:
+            shutil.rmtree(settings.home, ignore_errors=True)
 
 
 class _Story:
@@ -138,29 +95,16 @@ class _Story:
 
 def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
     """Preemption by a premium job, resume on another node, migration, identical output."""
-    from tidal.cli.api import Api
-    from tidal.control import localcluster
-
-    home = _demo_dir("demo-cluster-")
-    # The demo's cluster is its own: its state, tokens and port, away from the user's cluster.
-    os.environ["TIDAL_HOME"] = str(home)
-    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
-        os.environ.pop(var, None)
-    settings = load_settings()
-    script = _train_script()
-    workdir, refdir = home / "work", home / "reference"
-    workdir.mkdir()
-    refdir.mkdir()
+    script = example_script("train.py")
+    settings, workdir, refdir = _own_home("demo-cluster-")
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     job_env = {**jobenv.passed(env), "PYTHONUNBUFFERED": "1"}  # what `tidal submit` would send
     story = _Story()
-    console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in {home}")
-    reference = subprocess.Popen(train, cwd=refdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    ok = False
-    try:
-        localcluster.up(settings, nodes=2, devices_per_node=1, lease_s=5.0)
-        api = Api()
+    console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in {settings.home}")
+    reference = subprocess.Popen(train, cwd=refdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    with _cluster_beside(reference, settings, 1, keep) as api:
         story.say("Cluster up: control plane and agents node-1, node-2 (an uninterrupted reference run of the "
                   "same training script goes on in the background)")
 
@@ -185,32 +129,32 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
             return bytes(api.request("GET", f"/v1/jobs/{jid}/logs", params={"rank": 0}).content)
 
         basic = submit("train", "basic", train)
-        _until("the basic job to run", lambda: running_on(basic))
+        until("the basic job to run", lambda: running_on(basic))
         story.say(f"Basic job [bold]{basic}[/] (train.py, {steps} steps) runs on {where(basic)}")
-        _until("the basic job's step 20", lambda: b"\nstep 20 " in log(basic))
+        until("the basic job's step 20", lambda: b"\nstep 20 " in log(basic))
         other = submit("eval", "standard", ["sh", "-c", "for i in $(seq 1 12); do echo eval $i; sleep 0.5; done"])
-        _until("the standard job to run", lambda: running_on(other))
+        until("the standard job to run", lambda: running_on(other))
         story.say(f"Standard job [bold]{other}[/] takes the other device: {where(other)}")
         premium = submit("urgent", "premium", ["sh", "-c", "for i in $(seq 1 24); do echo urgent $i; sleep 0.5; done"])
         story.say(f"Premium job [bold]{premium}[/] arrives: no device is free")
-        _until("the basic job to be preempted", lambda: job(basic)["state"] in ("preempted", "restoring"))
+        until("the basic job to be preempted", lambda: job(basic)["state"] in ("preempted", "restoring"))
         ck = job(basic)["checkpoints"]
         story.say(f"The scheduler preempts the basic job: checkpoint {ck[-1]['id']} "
                   f"({ck[-1]['bytes'] / 2**20:.0f} MiB), devices released")
-        _until("the premium job to run", lambda: running_on(premium))
+        until("the premium job to run", lambda: running_on(premium))
         story.say(f"Premium job runs on {where(premium)}")
-        _until("the standard job to finish", lambda: job(other)["state"] == "succeeded")
-        _until("the basic job to resume", lambda: running_on(basic))
+        until("the standard job to finish", lambda: job(other)["state"] == "succeeded")
+        until("the basic job to resume", lambda: running_on(basic))
         story.say(f"The standard job is done; the basic job resumes where there is room, from its checkpoint: "
                   f"{where(basic)}")
-        _until("the premium job to finish", lambda: job(premium)["state"] == "succeeded", timeout=180)
+        until("the premium job to finish", lambda: job(premium)["state"] == "succeeded", timeout=180)
         here = job(basic)["placement"][0]["node"]
         there = "node-1" if here == "node-2" else "node-2"
         story.say(f"The premium job is done; we migrate the basic job from {here} to {there}")
         api.post(f"/v1/jobs/{basic}/migrate", json={"to": there})
-        _until("the basic job to run on the target", lambda: running_on(basic, there))
+        until("the basic job to run on the target", lambda: running_on(basic, there))
         story.say(f"Basic job runs on {where(basic)}")
-        final = _until("the basic job to finish", lambda: (j := job(basic))["terminal"] and j, timeout=300)
+        final = until("the basic job to finish", lambda: (j := job(basic))["terminal"] and j, timeout=300)
         ref_out, _ = reference.communicate(timeout=300)
         out = log(basic)
         same_log = out == ref_out and reference.returncode == 0
@@ -224,16 +168,9 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
             table.add_row(f"{e['time'] - t0:6.1f}s", e["kind"], e["node"] or "", e["cause"] or "")
         console.print(table)
         console.print(f"Checkpoints: {len(final['checkpoints'])}; restarts: {final['restarts']}")
-        verdict = "[bold green]identical[/]" if same_log else "[bold red]DIFFERENT[/]"
-        console.print(f"Per-step output vs the uninterrupted run: {verdict} ({len(out.splitlines())} lines); "
-                      f"final parameters: {'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
-        ok = same_log and same_params and final["state"] == "succeeded"
-    finally:
-        reference.kill()
-        localcluster.down(settings)
-        if not keep:
-            shutil.rmtree(home, ignore_errors=True)
-    return ok
+        console.print(f"Per-step output vs the uninterrupted run: {_verdict(same_log)} ({len(out.splitlines())} "
+                      f"lines); final parameters: {_verdict(same_params)}")
+        return same_log and same_params and final["state"] == "succeeded"
 
 
 def _free_port() -> int:
@@ -244,35 +181,18 @@ def _free_port() -> int:
 
 def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
     """A DDP job of 4 ranks over two nodes: resized, one rank moved, grown back; identical to torchrun."""
-    from tidal.cli.api import Api
-    from tidal.control import localcluster
-
-    root = checkout_root()
-    script = root / "examples" / "ddp_train.py" if root else None
-    if script is None or not script.is_file():
-        raise ConfigError("the demo needs examples/ddp_train.py from the Tidal source checkout",
-                          hint="run `make demo` in the checkout")
-    home = _demo_dir("demo-ddp-")
-    os.environ["TIDAL_HOME"] = str(home)
-    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
-        os.environ.pop(var, None)
-    settings = load_settings()
-    workdir, refdir = home / "work", home / "reference"
-    workdir.mkdir()
-    refdir.mkdir()
+    script = example_script("ddp_train.py")
+    settings, workdir, refdir = _own_home("demo-ddp-")
     args = [str(script), "--steps", str(steps), "--step-time", "0.05", "--collectives"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     job_env = {**jobenv.passed(env), "PYTHONUNBUFFERED": "1"}  # what `tidal submit` would send
     story = _Story()
-    console.print(f"[bold]Tidal demo: distributed[/] — 2 nodes with 2 devices each, state in {home}")
+    console.print(f"[bold]Tidal demo: distributed[/] — 2 nodes with 2 devices each, state in {settings.home}")
     reference = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-addr", "127.0.0.1",
          "--master-port", str(_free_port()), "--log-dir", str(refdir / "logs"), "--redirects", "3", *args],
         cwd=refdir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    ok = False
-    try:
-        localcluster.up(settings, nodes=2, devices_per_node=2, lease_s=5.0)
-        api = Api()
+    with _cluster_beside(reference, settings, 2, keep) as api:
         story.say("Cluster up (plain `torchrun --nproc-per-node 4` of the same script runs in the background)")
         jid = str(api.post("/v1/jobs", json={"name": "ddp", "command": [sys.executable, *args], "ranks": 4,
                                              "min_devices": 1, "workdir": str(workdir), "env": job_env})["id"])
@@ -294,13 +214,13 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
         def act(path: str, body: dict[str, Any], what: str) -> None:
             before = job()["attempt"]
             api.post(f"/v1/jobs/{jid}/{path}", json=body)
-            _until(what, lambda: (j := stable()) and j["attempt"] > before, timeout=180)
+            until(what, lambda: (j := stable()) and j["attempt"] > before, timeout=180)
             n = steps_done()
-            _until("more steps", lambda: steps_done() >= n + 3, timeout=120)
+            until("more steps", lambda: steps_done() >= n + 3, timeout=120)
 
-        _until("the job to run", stable)
+        until("the job to run", stable)
         story.say(f"DDP job [bold]{jid}[/] of 4 ranks (gloo) runs on two nodes: {where()}")
-        _until("its first steps", lambda: steps_done() >= 5)
+        until("its first steps", lambda: steps_done() >= 5)
         act("resize", {"devices": 2}, "the resize")
         story.say(f"Resized to 2 devices (2 ranks time-sliced on each; consistent cut, checkpoint, restore): "
                   f"{where()}")
@@ -308,7 +228,7 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
         story.say(f"Rank 3 alone moved to node-2: {where()}")
         act("resize", {"devices": 4}, "the resize")
         story.say(f"Grown back to 4 devices: {where()}")
-        final = _until("the job to finish", lambda: (j := job())["terminal"] and j, timeout=300)
+        final = until("the job to finish", lambda: (j := job())["terminal"] and j, timeout=300)
         reference.wait(timeout=300)
         same = final["state"] == "succeeded" and reference.returncode == 0
         for r in range(4):
@@ -319,18 +239,9 @@ def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
             same = same and mine == theirs
         same_params = (workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
         story.say(f"Job {final['state']} after {len(final['checkpoints'])} checkpoints at consistent cuts")
-        verdict = "[bold green]identical[/]" if same else "[bold red]DIFFERENT[/]"
-        console.print(f"Every rank's per-step output vs plain torchrun: {verdict}; final parameters: "
-                      f"{'[bold green]identical[/]' if same_params else '[bold red]DIFFERENT[/]'}")
-        ok = same and same_params
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # torchrun and its workers
-            os.killpg(reference.pid, signal.SIGKILL)
-        reference.wait()
-        localcluster.down(settings)
-        if not keep:
-            shutil.rmtree(home, ignore_errors=True)
-    return ok
+        console.print(f"Every rank's per-step output vs plain torchrun: {_verdict(same)}; final parameters: "
+                      f"{_verdict(same_params)}")
+        return same and same_params
 
 
 def register(app: typer.Typer) -> None:
@@ -345,7 +256,7 @@ def register(app: typer.Typer) -> None:
         """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically
         (--distributed: a 4-rank DDP job resized and moved, identical to torchrun)."""
         if mechanism:
-            ok = run_demo(steps or 60, keep)
+            ok = _mechanism_demo(steps or 60, keep)
         elif distributed:
             ok = run_distributed_demo(steps or 150, keep)
         else:

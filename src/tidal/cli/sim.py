@@ -48,12 +48,13 @@ def sim(
 
     if on_bad_row not in ("skip", "fail"):
         raise ValidationError(f"--on-bad-row must be skip or fail, not {on_bad_row!r}", field="on_bad_row")
+    mix_hint = "give three shares, premium,standard,basic: e.g. --tier-mix 0.2,0.3,0.5"
     try:
         mix = tuple(float(x) for x in tier_mix.split(","))
     except ValueError:
-        raise ValidationError(f"bad --tier-mix {tier_mix!r}", field="tier_mix") from None
+        raise ValidationError(f"bad --tier-mix {tier_mix!r}", field="tier_mix", hint=mix_hint) from None
     if len(mix) != 3:
-        raise ValidationError("--tier-mix needs three shares", field="tier_mix")
+        raise ValidationError("--tier-mix needs three shares", field="tier_mix", hint=mix_hint)
     names = check_policies(policies.split(","))
     quotas = None
     if quota is not None:

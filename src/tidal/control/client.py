@@ -1,0 +1,107 @@
+"""The control plane's client: where the API is, which token to send, and its errors as TidalErrors.
+
+It speaks HTTP only. What it may import is fixed by a contract in ``pyproject.toml``: nothing of the control
+plane but :mod:`tidal.control.clusterfile`, the local cluster's state file that says where the API listens.
+The CLI reaches the control plane through it alone.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tidal.config import load_settings
+from tidal.control.clusterfile import load, token_path
+from tidal.errors import (
+    ConfigError,
+    Conflict,
+    Forbidden,
+    NotFound,
+    PayloadTooLarge,
+    TidalError,
+    Unauthorized,
+    Unsupported,
+    ValidationError,
+)
+
+
+class ControlPlaneError(TidalError):
+    """The control plane could not be reached, or failed to answer (a 5xx status)."""
+
+    status_code = 502
+
+
+_BY_STATUS: dict[int, type[TidalError]] = {400: ValidationError, 401: Unauthorized, 403: Forbidden, 404: NotFound,
+                                           409: Conflict, 413: PayloadTooLarge, 422: ValidationError,
+                                           501: Unsupported}
+
+
+def error_for(status: int, body: dict[str, Any], text: str = "") -> TidalError:
+    """The TidalError an error response stands for: its class by HTTP status, its fields from the body."""
+    cls = _BY_STATUS.get(status, ValidationError if status < 500 else ControlPlaneError)
+    fields = {k: v for k, v in body.items() if k not in ("error", "message", "hint")}
+    message = str(body.get("message") or body.get("detail") or text or f"HTTP {status}")
+    hint = body.get("hint")
+    if hint is None and cls is ControlPlaneError:
+        hint = "see the control plane's log (TIDAL_HOME/logs/control.log for a local cluster)"
+    return cls(message, hint=hint, **fields)
+
+
+def endpoint(home: Path) -> str:
+    """The API's URL: ``TIDAL_URL``, else the local cluster's (``tidal up``)."""
+    url = os.environ.get("TIDAL_URL")
+    if url is not None:
+        return url
+    state = load(home)
+    if state is None:
+        raise ConfigError("no control plane is configured",
+                          hint="start a local cluster with `tidal up`, or set TIDAL_URL and TIDAL_TOKEN")
+    return state.url
+
+
+def user_token(home: Path) -> str:
+    """``TIDAL_TOKEN``, else the user token a local cluster wrote."""
+    token = os.environ.get("TIDAL_TOKEN")
+    if token is not None:
+        return token
+    path = token_path(home, "user")
+    if not path.exists():
+        raise Unauthorized("no API token", hint=f"set TIDAL_TOKEN, or run `tidal up` to create {path}")
+    return path.read_text().strip()
+
+
+class Client:
+    """An authenticated HTTP client of the control-plane API. ``get``/``post`` return the decoded JSON;
+    an error status raises the matching :class:`TidalError` with the server's message and hint."""
+
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60) -> None:
+        home = Path(load_settings().home)
+        self.url = endpoint(home) if url is None else url
+        token = user_token(home) if token is None else token
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+
+    def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.TransportError as exc:
+            raise ControlPlaneError(f"cannot reach the control plane at {self.url} ({exc})",
+                                    hint="is it running? `tidal status`; or check TIDAL_URL") from None
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+            except ValueError:
+                body = {}
+            raise error_for(r.status_code, body if isinstance(body, dict) else {}, r.text)
+        return r
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw).json()
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw).json()
+
+    def close(self) -> None:
+        self.http.close()
