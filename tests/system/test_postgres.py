@@ -49,6 +49,6 @@ def test_job_life_on_postgres(make_cluster, postgres_url: str, workdir: Path, ga
 
 
 def test_checkpoint_state_migration_on_postgres(postgres_url: str) -> None:
-    from tests.integration.test_control_checkpoints import upgrade_from_0003
+    from tests.integration.control.test_checkpoints import upgrade_from_0003
 
     upgrade_from_0003(postgres_url)

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from tests.integration.test_control_protocol import FakeAgent, Plane, start
+from tests.integration.control.test_protocol import FakeAgent, Plane, start
 from tidal.control import tokens
 from tidal.control.server import recover
 from tidal.control.store.models import EventRow, NodeRow

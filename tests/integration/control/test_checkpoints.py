@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_control_protocol import FakeAgent, Plane
+from tests.integration.control.test_protocol import FakeAgent, Plane
 from tidal.control.jobs import retired
 from tidal.control.store.models import CheckpointRow, CheckpointState
 

@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.unit.cli.test_sim import app
+from tests.unit.sim.test_engine import UNIT
 from tidal.core import Tier, Topology
 from tidal.errors import ValidationError
 from tidal.policy import make_policy
@@ -17,9 +19,6 @@ from tidal.sim.engine import Simulator
 from tidal.sim.metrics import summarize
 from tidal.sim.quota_spec import parse_quota_option
 from tidal.sim.trace import TraceJob
-
-from .test_sim_cli import app
-from .test_sim_engine import UNIT
 
 B, S, P = Tier.BASIC, Tier.STANDARD, Tier.PREMIUM
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.unit.pagemaps import MAGIC, entry
+from tests.unit.mechanisms.criu.pagemaps import MAGIC, entry
 from tidal.mechanisms.criu.images import PAGE, PE_PRESENT, page_file_boundaries
 
 

@@ -15,13 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.integration.control.test_protocol import FakeAgent, Plane
 from tidal.control.reconcile import Reconciler, make_policy
 from tidal.core import Cluster, Node, Region, Tier, Topology
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
-
-from .test_control_protocol import FakeAgent, Plane
 
 # Two nodes of different sizes, so that best fit has one answer at every step.
 NODES = {"node-1": 2, "node-2": 1}

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from tests.integration.test_control_api_fuzz import served
-from tests.integration.test_control_protocol import FakeAgent, Plane, start
+from tests.integration.control.api.test_fuzz import served
+from tests.integration.control.test_protocol import FakeAgent, Plane, start
 from tidal.config import Settings
 from tidal.control import localcluster
 from tidal.control.clusterfile import Proc

@@ -9,7 +9,7 @@ import threading
 import time
 from pathlib import Path
 
-from tests.unit.pagemaps import MAGIC, entry
+from tests.unit.mechanisms.criu.pagemaps import MAGIC, entry
 from tidal.mechanisms.criu.images import PAGE, PE_PRESENT, page_file_windows, window_boundaries
 from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.storage.chunks import plan
