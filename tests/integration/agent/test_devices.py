@@ -13,6 +13,7 @@ from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import Node, RankSpec, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
+from tidal.testing import wait_until
 
 
 def test_cpu_sets() -> None:
@@ -30,13 +31,9 @@ def _cpu_seconds(pid: int) -> float:
 
 def _child(job: Job) -> int:
     """The rank's command (its init forks it right after launch: wait for it)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        kids = [p for p in job.ranks[0].pids() if p != job.ranks[0].pid]
-        if kids:
-            return kids[0]
-        time.sleep(0.01)
-    raise AssertionError("the rank's command did not start")
+    kids = wait_until(lambda: [p for p in job.ranks[0].pids() if p != job.ranks[0].pid], timeout=10,
+                      what="the rank's command to start", interval=0.01)
+    return kids[0]
 
 
 @pytest.mark.criu
@@ -66,12 +63,9 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
     finally:
         job.kill()
         for i in range(4):
-            for _ in range(50):
-                try:
-                    quota.path(i).rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.05)
+            # A device's cgroup can be removed (rmdir raises until then) once the killed rank has left it.
+            cgroup = quota.path(i)
+            wait_until(lambda c=cgroup: c.rmdir() is None, timeout=5, what=f"{cgroup} to be removable")
         quota.base.rmdir()
 
 

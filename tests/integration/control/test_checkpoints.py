@@ -4,27 +4,18 @@ keeps bad ones, and ``resume --from`` picks a checkpoint."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.integration.control.test_protocol import FakeAgent, Plane
 from tidal.control.jobs import retired
 from tidal.control.store.models import CheckpointRow, CheckpointState
-
-
-@pytest.fixture
-def plane(tmp_path: Path) -> Iterator[Plane]:
-    p = Plane(tmp_path)
-    yield p
-    p.db.close()
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result
 
 
 def committed(cid: str) -> dict[str, Any]:
-    return {"checkpoint": {"id": cid, "created_at": time.time(), "bytes": 100, "stored_bytes": 10}}
+    return checkpoint_result(cid)
 
 
 def corrupt(cid: str) -> dict[str, Any]:

@@ -11,16 +11,15 @@ device, in the same order.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.integration.control.test_protocol import FakeAgent, Plane
 from tidal.control.reconcile import Reconciler, make_policy
 from tidal.core import Cluster, Node, Region, Tier, Topology
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result
 
 # Two nodes of different sizes, so that best fit has one answer at every step.
 NODES = {"node-1": 2, "node-2": 1}
@@ -34,18 +33,6 @@ TRACE = [
 ]
 
 Decision = tuple[str, str, tuple[tuple[str, int], ...]]  # kind, job, devices
-
-
-class Agent(FakeAgent):
-    def __init__(self, plane: Plane, name: str, devices: int) -> None:
-        super().__init__(plane, name, f"agent-{name}")
-        self.devices = devices
-
-    def register(self) -> int:
-        r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
-            "name": self.name, "agent_id": self.id, "devices": self.devices,
-            "cpus": [[i] for i in range(self.devices)]})
-        return r.status_code
 
 
 def simulate() -> list[tuple[list[tuple[str, str]], list[Decision]]]:
@@ -64,7 +51,7 @@ def simulate() -> list[tuple[list[tuple[str, str]], list[Decision]]]:
     return list(batches.values())
 
 
-def settle(p: Plane, agents: dict[str, Agent], names: dict[str, str]) -> list[Decision]:
+def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> list[Decision]:
     """Run the loop until it asks for nothing more; the agents carry out every action at once."""
     out: list[Decision] = []
     for _ in range(20):
@@ -82,9 +69,8 @@ def settle(p: Plane, agents: dict[str, Agent], names: dict[str, str]) -> list[De
             else:
                 assert act["kind"] == "checkpoint" and act["payload"]["then"] == "kill"
                 out.append(("preempt", job, ()))
-                assert agent.result(act, checkpoint={"id": act["payload"]["checkpoint_id"],
-                                                     "created_at": time.time(), "bytes": 1, "stored_bytes": 1},
-                                    kept=[act["payload"]["checkpoint_id"]])
+                cid = act["payload"]["checkpoint_id"]
+                assert agent.result(act, **checkpoint_result(cid, size=1, stored=1, kept=[cid]))
     raise AssertionError("the control loop did not settle")
 
 
@@ -99,7 +85,7 @@ def test_same_events_same_decisions(tmp_path: Path) -> None:
 
     p = Plane(tmp_path)
     p.rec = Reconciler(p.db, make_policy(), keep=3)  # the live default
-    agents = {n: Agent(p, n, d) for n, d in NODES.items()}
+    agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d) for n, d in NODES.items()}
     for a in agents.values():
         assert a.register() == 200
     spec = {j: (w, tier) for j, _, _, w, tier in TRACE}

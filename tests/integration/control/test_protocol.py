@@ -4,97 +4,19 @@ applied once, stale reports ignored, leases and fencing, and the job lifecycle t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from tidal.control import tokens
-from tidal.control.api.app import Context, create_app
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.db import Database
 from tidal.policy.admission import Quotas
-from tidal.policy.firstfit import FirstFitPolicy
-
-
-class Plane:
-    def __init__(self, tmp: Path, lease_s: float = 30.0, quotas: Quotas | None = None) -> None:
-        self.db = Database(f"sqlite:///{tmp / 'tidal.db'}")
-        self.db.migrate()
-        with self.db.tx() as s:
-            self.user = tokens.create_user(s, "alice", "user")
-            self.agent = tokens.create_user(s, "cluster", "agent")
-        self.rec = Reconciler(self.db, FirstFitPolicy(), keep=3)
-        self.http = TestClient(create_app(Context(db=self.db, home=tmp, lease_s=lease_s, quotas=quotas)))
-        self.workdir = tmp
-
-    def as_user(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.user}"}
-
-    def as_agent(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.agent}"}
-
-    def submit(self, **kw: Any) -> str:
-        return str(self.submit_reply(**kw)["id"])
-
-    def submit_reply(self, **kw: Any) -> dict[str, Any]:
-        r = self.http.post("/v1/jobs", headers=self.as_user(),
-                           json={"command": ["train"], "workdir": str(self.workdir), **kw})
-        assert r.status_code == 201, r.text
-        return r.json()  # type: ignore[no-any-return]
-
-    def job(self, jid: str) -> dict[str, Any]:
-        return self.http.get(f"/v1/jobs/{jid}", headers=self.as_user()).json()  # type: ignore[no-any-return]
-
-
-class FakeAgent:
-    def __init__(self, plane: Plane, name: str, agent_id: str) -> None:
-        self.p, self.name, self.id = plane, name, agent_id
-
-    def register(self) -> int:
-        r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
-            "name": self.name, "agent_id": self.id, "devices": 1, "cpus": [[0]]})
-        return r.status_code
-
-    def actions(self) -> list[dict[str, Any]]:
-        r = self.p.http.get(f"/v1/agent/{self.name}/actions", headers=self.p.as_agent(),
-                            params={"agent_id": self.id, "wait": 0})
-        assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
-
-    def result(self, action: dict[str, Any], ok: bool = True, **data: Any) -> bool:
-        r = self.p.http.post(f"/v1/agent/{self.name}/results", headers=self.p.as_agent(), json={
-            "agent_id": self.id, "action_id": action["id"], "ok": ok, "data": data,
-            "error": None if ok else "boom"})
-        return bool(r.json()["applied"])
-
-    def exit(self, job: str, attempt: int, code: int | None = 0, signal: int | None = None) -> bool:
-        r = self.p.http.post(f"/v1/agent/{self.name}/exits", headers=self.p.as_agent(), json={
-            "agent_id": self.id, "job_id": job, "attempt": attempt,
-            "ranks": [{"rank": 0, "code": code, "signal": signal}]})
-        return bool(r.json()["applied"])
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result, start
 
 
 def ckpt(n: int) -> dict[str, Any]:
-    return {"checkpoint": {"id": f"00000{n}-x", "created_at": time.time(), "bytes": 100, "stored_bytes": 10},
-            "kept": [f"00000{i}-x" for i in range(1, n + 1)]}
-
-
-@pytest.fixture
-def plane(tmp_path: Path) -> Iterator[Plane]:
-    p = Plane(tmp_path)
-    yield p
-    p.db.close()
-
-
-def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
-    p.rec.once()
-    (act,) = a.actions()
-    assert act["job_id"] == jid
-    assert a.result(act, ranks=[{"rank": 0, "pid": 4242}])
-    return act
+    return checkpoint_result(f"00000{n}-x", kept=[f"00000{i}-x" for i in range(1, n + 1)])
 
 
 def test_launch_run_and_finish_with_idempotent_results(plane: Plane) -> None:
@@ -386,7 +308,7 @@ def test_agents_retire_only_checkpoints_no_longer_listed(plane: Plane) -> None:
         new = act["payload"]["checkpoint_id"]
         assert act["payload"]["keep_ids"] == [p for c in listed for p in c["parts"]] + [new]
         ok = n != 4
-        data = {"checkpoint": {"id": new, "created_at": time.time(), "bytes": 100, "stored_bytes": 10}}
+        data = checkpoint_result(new)
         assert a.result(act, ok=ok, **(data if ok else {}))
         committed += [new] if ok else []
         assert [c["id"] for c in plane.job(jid)["checkpoints"]] == committed[-3:]

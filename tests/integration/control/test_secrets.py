@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from tests.integration.control.api.test_fuzz import served
-from tests.integration.control.test_protocol import FakeAgent, Plane, start
 from tidal.config import Settings
 from tidal.control import localcluster
 from tidal.control.clusterfile import Proc
 from tidal.control.store.db import Database, migrate
 from tidal.control.store.models import ActionRow, JobRow
+from tidal.testing.control import FakeAgent, Plane, start
+from tidal.testing.server import served
 
 
 def mode(path: Path) -> int:
@@ -96,7 +96,7 @@ def test_a_submitted_job_holds_no_credentials(tmp_path: Path) -> None:
         "TIDAL_TOKEN": plane.user, "TIDAL_HOME": str(tmp_path / "nowhere"),
         "AWS_SECRET_ACCESS_KEY": "aws-secret", "CUDA_VISIBLE_DEVICES": "0", "GATE": "/tmp/gate",
     }
-    with served(plane) as url:
+    with served(plane.http.app) as url:
         p = subprocess.run([sys.executable, "-m", "tidal.cli.main", "submit", "-q", "--env", "GATE",
                             "--env", "EXTRA=1", "--", "python", "train.py"], capture_output=True, text=True,
                            cwd=tmp_path, env={**caller, "TIDAL_URL": url}, timeout=60)

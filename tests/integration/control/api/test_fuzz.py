@@ -5,34 +5,23 @@ registration is bounded and bound to its credential. Hypothesis draws the bodies
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from tests.integration.control.test_protocol import FakeAgent, Plane, start
 from tidal.control import tokens
 from tidal.control.server import recover
 from tidal.control.store.models import EventRow, NodeRow
 from tidal.core import limits
-
-
-@pytest.fixture
-def plane(tmp_path: Path) -> Iterator[Plane]:
-    p = Plane(tmp_path)
-    yield p
-    p.db.close()
+from tidal.testing.control import FakeAgent, Plane, start
+from tidal.testing.server import served
 
 
 def raw(p: Plane, method: str, path: str, body: Any, headers: dict[str, str], **kw: Any) -> httpx.Response:
@@ -307,28 +296,8 @@ def test_bodies_over_the_limit_are_refused_on_every_route(plane: Plane) -> None:
     assert plane.http.get(f"/v1/jobs/{jid}/logs", headers=plane.as_user()).content == big
 
 
-@contextmanager
-def served(plane: Plane) -> Iterator[str]:
-    """The plane's app behind a real HTTP server (uvicorn) on a free local port."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(plane.http.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
 def test_a_real_server_refuses_large_bodies_with_a_413(plane: Plane) -> None:
-    with served(plane) as url, httpx.Client(base_url=url, headers=plane.as_user(), timeout=30) as http:
+    with served(plane.http.app) as url, httpx.Client(base_url=url, headers=plane.as_user(), timeout=30) as http:
         big = b"{" + b" " * (2 * limits.MAX_BODY_BYTES)
         _too_large(http.post("/v1/jobs", content=big), limits.MAX_BODY_BYTES)
         _too_large(http.post("/v1/jobs", content=iter([big[i:i + 65536] for i in range(0, len(big), 65536)])),

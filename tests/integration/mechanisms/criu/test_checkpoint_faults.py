@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, reference_run, train_argv, wait_for_line
+from tests.integration.ranks import Cluster, reference_run, train_argv
 from tidal.errors import CheckpointError, RankExited, Unsupported
 from tidal.mechanisms.criu.fsstate import scan
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.storage import CheckpointStore
+from tidal.testing import wait_for_line
 
 LOOP = ["sh", "-c", 'i=0; while [ $i -lt 50 ]; do i=$((i+1)); echo "tick $i"; echo $i >> out.txt; sleep 0.02; '
         "done; echo done"]

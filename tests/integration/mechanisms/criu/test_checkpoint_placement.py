@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.integration.conftest import Cluster, train_argv, wait_for_line
+from tests.integration.ranks import Cluster, train_argv
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import RankSpec
 from tidal.mechanisms.criu.tasks import threads
+from tidal.testing import wait_for_line
 
 
 def _affinities(job: Job) -> set[frozenset[int]]:

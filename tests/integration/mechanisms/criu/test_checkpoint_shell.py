@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import stat
 
-from tests.integration.conftest import Cluster, reference_run, wait_for_line
+from tests.integration.ranks import Cluster, reference_run
 from tidal.mechanisms.criu.job import Job
+from tidal.testing import wait_for_line
 
 LOOP = ["sh", "-c", 'i=0; while [ $i -lt 60 ]; do i=$((i+1)); echo "tick $i"; sleep 0.02; done; echo done']
 

@@ -7,8 +7,9 @@ import signal
 
 import pytest
 
-from tests.integration.conftest import Cluster, reference_run, train_argv, wait_for_line
+from tests.integration.ranks import Cluster, reference_run, train_argv
 from tidal.mechanisms.criu.job import Job
+from tidal.testing import wait_for_line
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 

@@ -8,35 +8,17 @@ import os
 import pwd
 import shutil
 import stat
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import Cluster, reference_run, wait_for_line, wait_until
+from tests.integration.ranks import Cluster, reference_run
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import INIT_ENV, RankProcess, RankSpec
+from tidal.testing import owned_dir, wait_for_line, wait_until
 
 NOBODY = pwd.getpwnam("nobody")
-
-
-@pytest.fixture
-def shared(tmp_path: Path) -> Iterator[Path]:
-    """A directory anyone may traverse (pytest's own are root's alone), removed after the test."""
-    d = Path(tempfile.mkdtemp(prefix="tidal-acct-", dir="/tmp"))
-    d.chmod(0o755)
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-def _as_nobody(shared: Path) -> Path:
-    """A working directory that belongs to nobody."""
-    wd = shared / "work"
-    wd.mkdir()
-    os.chown(wd, NOBODY.pw_uid, NOBODY.pw_gid)
-    return wd
 
 
 def _evil_bin(cluster: Cluster, proof: Path) -> Path:
@@ -51,8 +33,8 @@ def _evil_bin(cluster: Cluster, proof: Path) -> Path:
 
 
 def test_the_init_runs_with_a_fixed_environment_and_the_command_as_the_account(cluster: Cluster,
-                                                                              shared: Path) -> None:
-    wd = _as_nobody(shared)
+                                                                              shared_tmp: Path) -> None:
+    wd = owned_dir(shared_tmp / "work", "nobody")
     root_only = cluster.root / "root-only"
     root_only.mkdir(mode=0o700)
     proof = root_only / "ran-as-root"
@@ -102,9 +84,9 @@ LOOP = ["sh", "-c", 'i=0; while [ $i -lt 80 ]; do i=$((i+1)); echo "tick $i" | t
 
 
 @pytest.mark.parametrize("lazy", [True, False])
-def test_a_job_of_an_ordinary_account_checkpoints_restores_and_migrates(cluster: Cluster, shared: Path,
+def test_a_job_of_an_ordinary_account_checkpoints_restores_and_migrates(cluster: Cluster, shared_tmp: Path,
                                                                        lazy: bool) -> None:
-    wd = _as_nobody(shared)
+    wd = owned_dir(shared_tmp / "work", "nobody")
     spec = RankSpec("job", 0, tuple(LOOP), wd, cluster.spec(LOOP).env, account=Account.named("nobody"))
     ref_dir = cluster.root / "ref"
     ref = reference_run(LOOP, ref_dir, spec.launch_env())
@@ -117,7 +99,7 @@ def test_a_job_of_an_ordinary_account_checkpoints_restores_and_migrates(cluster:
     wait_for_line(cluster.nodes[1].log_path(spec), r"^tick 40$")
     job.checkpoint(then="kill")
     job = Job.restore(cluster.store, "job", [(spec, cluster.nodes[2])], lazy=lazy)
-    wait_until(lambda: all(not r.running for r in job.ranks), 60, "the job's end")
+    wait_until(lambda: all(not r.running for r in job.ranks), timeout=60, what="the job's end", interval=0.01)
     assert [s.code for s in job.wait(60)] == [0]
     assert cluster.nodes[2].log_path(spec).read_bytes() == ref
     assert (wd / "ticks.txt").read_bytes() == (ref_dir / "ticks.txt").read_bytes()
@@ -126,13 +108,13 @@ def test_a_job_of_an_ordinary_account_checkpoints_restores_and_migrates(cluster:
     assert stat.S_IMODE(st.st_mode) & 0o200
 
 
-def test_the_working_directory_is_captured_as_the_account_not_as_root(shared: Path, tmp_path: Path,
+def test_the_working_directory_is_captured_as_the_account_not_as_root(shared_tmp: Path, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     # A job swaps a directory for a symlink into root's files between the scan and the copy: read as the
     # account, the copy fails instead of putting root's file into the job's checkpoint.
     from tidal.mechanisms.criu import fsstate
 
-    wd = _as_nobody(shared)
+    wd = owned_dir(shared_tmp / "work", "nobody")
     tracker = fsstate.FsTracker.at_launch(wd, Account.named("nobody"))
     vault = tmp_path / "vault"  # pytest's directories: root's alone
     vault.mkdir(mode=0o700)

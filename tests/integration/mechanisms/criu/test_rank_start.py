@@ -11,9 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.integration.conftest import Cluster, wait_until
+from tests.integration.ranks import Cluster
 from tidal.agent.executor import Watchdog
 from tidal.mechanisms.criu.rank import RankProcess, RankSpec
+from tidal.testing import wait_until
 
 STARTS = 300
 
@@ -44,13 +45,18 @@ def test_the_watchdog_ends_a_rank_whose_init_missed_its_commands_end(cluster: Cl
                     interpose=False)
     rank = RankProcess.launch(spec, cluster.nodes[0])
     os.kill(rank.pid, signal.SIGSTOP)
-    wait_until(lambda: rank.command_gone(), 30, "the command to end under the stopped init")
+    wait_until(rank.command_gone, timeout=30, what="the command to end under the stopped init", interval=0.01)
     dog = Watchdog(every=0.05, nudge_after=0.2, kill_after=1.0)
+
+    def ended() -> bool:
+        if rank.poll() is not None:
+            return True
+        dog.check([rank])
+        return False
+
     t0 = time.monotonic()
     with caplog.at_level(logging.WARNING, logger="tidal.agent.executor"):
-        while rank.poll() is None and time.monotonic() - t0 < 30:
-            dog.check([rank])
-            time.sleep(0.02)
+        wait_until(ended, timeout=30, what="the watchdog to end the rank", interval=0.02)
     assert rank.wait(5).signal == signal.SIGKILL
     assert time.monotonic() - t0 < 5
     assert "rank stuck.r0: its command ended and its init has not reported it; waking the init" in caplog.text

@@ -21,13 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import EXAMPLES, Cluster, wait_for_line
+from tests.integration.ranks import EXAMPLES, Cluster
 from tidal.errors import Unsupported
 from tidal.mechanisms.criu.job import Job, Then
 from tidal.mechanisms.criu.rank import Node, RankSpec
 from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.interpose.channel import CutTimeout, Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
+from tidal.testing import wait_for_line
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 
@@ -125,7 +126,7 @@ def log(job: Job, rank: int) -> Path:
 
 
 def wait_step(job: Job, rank: int, step: int, timeout: float = 120) -> None:
-    wait_for_line(log(job, rank), rf"^rank {rank} step {step} ", timeout)
+    wait_for_line(log(job, rank), rf"^rank {rank} step {step} ", timeout=timeout)
 
 
 def last_step(text: bytes) -> int:

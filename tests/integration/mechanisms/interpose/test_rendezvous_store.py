@@ -8,13 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 from tidal.mechanisms.interpose import storeserver
+from tidal.testing import wait_until
 
 pytestmark = pytest.mark.torch
 
@@ -29,15 +29,6 @@ def _plane(home: Path) -> tuple[subprocess.Popen[str], int, str]:
     assert p.stdout is not None
     pid, addr = p.stdout.readline().split()
     return p, int(pid), addr
-
-
-def _gone(pid: int, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not storeserver._is_store_server(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_store_survives_a_killed_control_plane_and_is_adopted(tmp_path: Path) -> None:
@@ -64,7 +55,7 @@ def test_store_survives_a_killed_control_plane_and_is_adopted(tmp_path: Path) ->
     finally:
         first.kill()
         storeserver.stop_recorded(tmp_path)  # as `tidal down` does
-    assert _gone(pid)
+    wait_until(lambda: not storeserver._is_store_server(pid), timeout=10, what=f"the store server {pid} to end")
 
 
 def test_store_of_a_control_plane_that_left_ends_after_its_grace(tmp_path: Path) -> None:

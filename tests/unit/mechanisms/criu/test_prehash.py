@@ -13,6 +13,7 @@ from tests.unit.mechanisms.criu.pagemaps import MAGIC, entry
 from tidal.mechanisms.criu.images import PAGE, PE_PRESENT, page_file_windows, window_boundaries
 from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.storage.chunks import plan
+from tidal.testing import wait_until
 
 CHUNK = 256 << 10
 MB = 1 << 20
@@ -58,10 +59,8 @@ def test_prehashed_chunks_are_the_commits_chunks_with_the_same_digests(tmp_path:
     chunks = plan(size, window_boundaries(windows), CHUNK)
     last_window = max(windows.values())
     complete = [(off, n) for off, n in chunks if off + n <= last_window]
-    deadline = time.monotonic() + 30
-    while len(pre._digests.get(images / "pages-3.img", {})) < len(complete):
-        assert time.monotonic() < deadline, "PreHash did not catch up with a finished dump"
-        time.sleep(0.01)
+    wait_until(lambda: len(pre._digests.get(images / "pages-3.img", {})) >= len(complete), timeout=30,
+               what="PreHash to catch up with a finished dump", interval=0.01)
     got = pre.stop()[images / "pages-3.img"]
     assert sorted(got) == complete  # every chunk but the last window's, cut as the commit cuts them
     for (off, n), digest in got.items():

@@ -11,8 +11,10 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
+
+from tidal.errors import ConfigError, TidalError
+from tidal.testing.waiting import WaitTimeout, wait_until
 
 BIN_DIRS = ("/usr/local/bin", "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
 
@@ -25,10 +27,14 @@ def find_bin(name: str) -> str | None:
 
 
 class PostgresServer:
+    """A new cluster, started at once; :meth:`create_database` makes a database and gives its URL,
+    :meth:`stop` ends the server and removes its files. Needs root and a ``postgres`` account."""
+
     def __init__(self) -> None:
         initdb, postgres = find_bin("initdb"), find_bin("postgres")
         if not initdb or not postgres:
-            raise RuntimeError("PostgreSQL server binaries (initdb, postgres) not found")
+            raise ConfigError("PostgreSQL server binaries (initdb, postgres) not found",
+                              hint=f"install them in one of {', '.join(BIN_DIRS)} or on PATH")
         self.user = pwd.getpwnam("postgres")
         self.dir = Path(tempfile.mkdtemp(prefix="tidal-pg-"))
         os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
@@ -58,16 +64,20 @@ class PostgresServer:
                                autocommit=True)
 
     def _wait_ready(self, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                self._connect().close()
-                return
-            except Exception:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    log = (self.dir / "server.log").read_text(errors="replace")
-                    raise RuntimeError(f"PostgreSQL did not start:\n{log}") from None
-                time.sleep(0.1)
+        def ready() -> str:
+            if self.proc.poll() is not None:
+                return f"it exited with {self.proc.returncode}"
+            self._connect().close()  # refused until it is up: wait_until tries again
+            return "ready"
+
+        try:
+            outcome = wait_until(ready, timeout=timeout, interval=0.1,
+                                 what=f"PostgreSQL on port {self.port} to accept connections")
+        except WaitTimeout as e:
+            outcome = str(e)
+        if outcome != "ready":
+            log = (self.dir / "server.log").read_text(errors="replace")
+            raise TidalError(f"PostgreSQL did not start: {outcome}\n{log}")
 
     def create_database(self, name: str) -> str:
         with self._connect() as conn:
