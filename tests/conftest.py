@@ -1,7 +1,39 @@
-"""Suite-wide test settings."""
+"""Suite-wide test settings, and fixtures any layer may use."""
 
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
 from hypothesis import settings
+
+from tidal.testing import shared_dir
+from tidal.testing.postgres import PostgresServer
 
 # Property tests draw the same examples on every run and machine: a failure is reproducible, never luck.
 settings.register_profile("tidal", derandomize=True, database=None, print_blob=True)
 settings.load_profile("tidal")
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One throw-away PostgreSQL server for the session, started by the first test that asks for it."""
+    server = PostgresServer()  # no skip: the server binaries are part of the test environment
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> str:
+    """The URL of a new, empty database named for the test."""
+    name = "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower()
+    return postgres_server.create_database(name)
+
+
+@pytest.fixture
+def shared_tmp() -> Iterator[Path]:
+    """A directory every account may traverse (pytest's own are root's alone), removed after the test."""
+    with shared_dir() as d:
+        yield d

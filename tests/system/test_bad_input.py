@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import wait_for
+from tidal.testing import wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -172,5 +172,5 @@ def test_users_see_only_their_own_jobs(make_cluster, workdir: Path) -> None:
     if store.exists():
         assert stat.S_IMODE(store.stat().st_mode) & 0o077 == 0
     logs = c.home / "logs" / "jobs" / alice
-    wait_for(lambda: logs.exists(), what="the served log")
+    wait_until(lambda: logs.exists(), timeout=30, what="the served log")
     assert stat.S_IMODE(os.stat(logs / "0.log").st_mode) & 0o077 == 0

@@ -36,13 +36,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.system.conftest import LiveCluster
+from tests.system.cluster import LiveCluster
 from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, torchrun
 from tidal.errors import CheckpointError
 from tidal.mechanisms.criu import cgroups
 from tidal.mechanisms.criu.rank import NodeRoot
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.manifest import MANIFEST, sequence_of
+from tidal.testing import WaitTimeout, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 FAULTS = ("control_plane", "agent", "commit", "store_full")
@@ -81,13 +82,11 @@ class Chaos:
     def wait(self, cond: Callable[[], Any], timeout: float, what: str,
              context: Callable[[], str] | None = None, every: float = 0.05) -> Any:
         """Poll ``cond`` every ``every`` seconds until it holds; fail after ``timeout`` with ``context()``."""
-        deadline = time.monotonic() + timeout
-        while not (v := cond()):
-            if time.monotonic() > deadline:
-                more = f"\n{context()}" if context else ""
-                raise AssertionError(self.say(f"timed out after {timeout}s waiting for {what}") + more)
-            time.sleep(every)
-        return v
+        try:
+            return wait_until(cond, timeout=timeout, what=what, interval=every)
+        except WaitTimeout as e:
+            more = f"\n{context()}" if context else ""
+            raise AssertionError(self.say(str(e)) + more) from e
 
 
 @pytest.fixture

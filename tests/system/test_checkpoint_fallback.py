@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import JOB, LiveCluster, reference_run, wait_for
+from tests.system.cluster import JOB, LiveCluster, reference_run
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.chunks import chunk_key
+from tidal.testing import wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -34,13 +35,13 @@ def two_checkpoints(c: LiveCluster, workdir: Path, gate: Path) -> tuple[str, str
     """A job stopped (held) after two checkpoints that differ in its progress file."""
     job = c.cli("submit", "-q", "--env", f"GATE={gate}", "--", "sh", "-c", JOB, cwd=workdir).stdout.strip()
     c.wait_state(job, "running")
-    wait_for(lambda: _progress(workdir) >= 3, what="progress")
+    wait_until(lambda: _progress(workdir) >= 3, timeout=30, what="progress")
     first = _stop(c, job)
     seen = _progress(workdir)
     with c.api() as api:
         assert api.post(f"/v1/jobs/{job}/resume").status_code == 200
     c.wait_state(job, "running")
-    wait_for(lambda: _progress(workdir) >= seen + 3, what="progress after the first checkpoint")
+    wait_until(lambda: _progress(workdir) >= seen + 3, timeout=30, what="progress after the first checkpoint")
     second = _stop(c, job)
     return job, first, second
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import pid_alive, wait_for
+from tidal.testing import pid_alive, wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -40,7 +40,7 @@ def test_up_status_down(tmp_path: Path) -> None:
         # an agent dies: `tidal up` again restarts it (and nothing else)
         victim = state["agents"]["node-2"]["pid"]
         os.kill(victim, signal.SIGKILL)
-        wait_for(lambda: not pid_alive(victim), what="the agent to die")
+        wait_until(lambda: not pid_alive(victim), timeout=30, what="the agent to die")
         assert "no" in _tidal(home, "status").stdout
         p = _tidal(home, "up", "--nodes", "3")
         assert p.returncode == 0 and "started node-2" in p.stdout, p.stdout + p.stderr

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.system.conftest import LiveCluster, owned_dir, pid_alive, wait_for
+from tests.system.cluster import LiveCluster
+from tidal.testing import owned_dir, pid_alive, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -96,7 +97,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
     # Larger than any node (2 devices): filled onto two nodes, contiguous ranks together.
     nodes = _nodes(j)
     assert len(set(nodes)) == 2 and nodes[0] == nodes[1] and nodes[2] == nodes[3], nodes
-    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    wait_until(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
     rng = random.Random(20261122)
     done = 0
@@ -125,7 +126,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
         done += 1
         # Let it run a moment, at a random point of its step: between 0 and 2 more steps.
         target = min(held, _steps_done(c, job) + rng.randrange(3))
-        wait_for(lambda t=target: _steps_done(c, job) >= t, timeout=120, what="steps after the request")
+        wait_until(lambda t=target: _steps_done(c, job) >= t, timeout=120, what="steps after the request")
     assert done >= 15
 
     # Kill the agent of rank 0's node: its ranks die with it (their lifeline), the other node's ranks
@@ -134,7 +135,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
     node0 = _nodes(j)[0]
     os.kill(c.state.agents[node0].pid, signal.SIGKILL)
     pids = [p["pid"] for p in j["placement"]]
-    wait_for(lambda: c.job(job)["restarts"] == 1, timeout=120, what="the job to be requeued")
+    wait_until(lambda: c.job(job)["restarts"] == 1, timeout=120, what="the job to be requeued")
     c.restart()  # the node's agent comes back (as `tidal up` would start it)
     j = c.wait_state(job, "running", timeout=300)
     assert all(not pid_alive(p) for p in pids)
@@ -167,14 +168,14 @@ def test_ddp_w2_operations_and_faults(make_cluster, tmp_path: Path, monkeypatch:
                 env=ENV).stdout.strip()
     j = c.wait_state(job, "running", timeout=120)
     assert len(set(_nodes(j))) == 2
-    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    wait_until(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
     # Progress from the interposer, for the scheduler and `tidal show`: steps, collectives, their rates.
     def progress() -> dict[str, Any] | None:
         p = c.job(job).get("progress") or {}
         return p if p.get("steps", 0) >= 1 and "collectives_per_s" in p else None
 
-    prog = wait_for(progress, timeout=60, what="progress from the interposer")
+    prog = wait_until(progress, timeout=60, what="progress from the interposer")
     assert prog["collectives"] > prog["steps"] and prog["steps_per_s"] >= 0
     assert "steps (" in c.cli("show", job).stdout
 
@@ -266,14 +267,14 @@ def test_ddp_job_of_an_ordinary_account_preempted_migrated_resized_is_bit_identi
     j = c.wait_state(job, "running", timeout=120)
     assert all(Path(f"/proc/{_user_pid(p['pid'])}").stat().st_uid == pwd.getpwnam("nobody").pw_uid
                for p in j["placement"])
-    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    wait_until(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
     c.cli("preempt", job)
     assert c.job(job)["state"] == "preempted"
     c.cli("resume", job)
     j = c.wait_state(job, "running")
     n = _steps_done(c, job)
-    wait_for(lambda: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after the resume")
+    wait_until(lambda: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after the resume")
     here = _nodes(j)
     other = next(x["name"] for x in c.api().get("/v1/nodes").json() if x["name"] != here[1])
     c.cli("migrate", job, "--rank", "1", "--to", other)

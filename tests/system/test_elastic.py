@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.system.conftest import JOB, LiveCluster, owned_dir, reference_run, wait_for
+from tests.system.cluster import JOB, LiveCluster, reference_run
 from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, gated
+from tidal.testing import owned_dir, wait_until
 
 
 def _devices(j: dict[str, Any]) -> list[tuple[str, int]]:
@@ -40,7 +41,7 @@ def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_
                 cwd=work, env=ENV).stdout.strip()
     j = c.wait_state(job, "running", timeout=120)
     assert len(set(_devices(j))) == 4 and len({n for n, _ in _devices(j)}) == 2
-    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    wait_until(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
 
     cpus = {n["name"]: n["cpus"] for n in c.api().get("/v1/nodes").json()}
     seen = [4]
@@ -58,7 +59,7 @@ def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_
             want = cpus[p["node"]][p["device"]]
             assert _affinity(child) == (f"{want[0]}-{want[-1]}" if len(want) > 1 else str(want[0]))
         seen.append(d)
-        wait_for(lambda n=n: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after a resize")
+        wait_until(lambda n=n: _steps_done(c, job) >= min(held, n + 2), timeout=120, what="steps after a resize")
     assert seen == [4, 2, 1, 4]
     j = c.show(job)
     resizes = [e for e in j["events"] if e["kind"] == "resize"]
@@ -132,9 +133,9 @@ def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster
     job = c.cli("submit", "-q", "--ranks", "4", "--min-devices", "2", "--", sys.executable, str(DDP), *args,
                 cwd=work, env=ENV).stdout.strip()
     assert c.wait_state(job, "running", timeout=120)["devices"] == 4
-    wait_for(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
+    wait_until(lambda: _steps_done(c, job) >= 3, timeout=120, what="first steps")
     # The live policy protects a job for 5 s after it (re)started against being resized or preempted.
-    wait_for(lambda: time.time() - c.job(job)["started_at"] > 6, timeout=60, what="the minimum run time")
+    wait_until(lambda: time.time() - c.job(job)["started_at"] > 6, timeout=60, what="the minimum run time")
 
     # A premium job needs two devices: the basic job is shrunk to its minimum, not preempted.
     done = tmp_path / "premium-done"
@@ -150,8 +151,7 @@ def test_scheduler_shrinks_for_premium_and_grows_back_bit_identical(make_cluster
     # It ends: the basic job grows back into the idle devices.
     done.touch()
     c.wait_state(premium, "succeeded", timeout=120)
-    wait_for(lambda: c.job(job)["devices"] == 4 and not c.job(job)["busy"], timeout=120,
-             what="the job to grow back")
+    wait_until(lambda: c.job(job)["devices"] == 4 and not c.job(job)["busy"], timeout=120, what="the job to grow back")
     j = c.show(job)
     grow = [e for e in j["events"] if e["kind"] == "resize"]
     assert [e["detail"].split(" by ")[0] for e in grow] == ["from 4 to 2 device(s)", "from 2 to 4 device(s)"]
@@ -176,8 +176,8 @@ def test_a_job_of_an_ordinary_account_is_resized_and_a_rank_moved(make_cluster, 
     job = c.cli("submit", "-q", "--env", f"GATE={gate}", "--ranks", "2", "--min-devices", "1", "--", "sh", "-c",
                 JOB.replace("progress.txt", "progress-$RANK.txt"), cwd=wd).stdout.strip()
     c.wait_state(job, "running")
-    wait_for(lambda: (wd / "progress-1.txt").exists() and len((wd / "progress-1.txt").read_text().split()) >= 10,
-             what="progress")
+    wait_until(lambda: (wd / "progress-1.txt").exists() and len((wd / "progress-1.txt").read_text().split()) >= 10,
+               timeout=30, what="progress")
     c.cli("resize", job, "--devices", "1")
     assert c.wait_state(job, "running")["devices"] == 1
     here = {p["rank"]: p["node"] for p in c.job(job)["placement"]}

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import JOB, pid_alive, reference_run, wait_for
+from tests.system.cluster import JOB, reference_run
+from tidal.testing import pid_alive, wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -28,7 +29,7 @@ def test_premium_preempts_basic_which_resumes_by_itself(make_cluster, workdir: P
     basic = c.cli("submit", "--env", "GATE", "-q", "--tier", "basic", "--", "sh", "-c", JOB, cwd=workdir,
                   env={"GATE": str(gate)}).stdout.strip()
     pid1 = c.wait_state(basic, "running")["placement"][0]["pid"]
-    wait_for(lambda: _progress(workdir) >= 5, what="progress")
+    wait_until(lambda: _progress(workdir) >= 5, timeout=30, what="progress")
 
     other = tmp_path / "premium"
     other.mkdir()
@@ -59,15 +60,15 @@ def test_agent_sigkill_fences_ranks_and_restores_after_lease(make_cluster, workd
                 JOB, cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
     j = c.wait_state(job, "running")
     node, pid = j["placement"][0]["node"], j["placement"][0]["pid"]
-    wait_for(lambda: len(c.job(job)["checkpoints"]) >= 1, what="a periodic checkpoint")
+    wait_until(lambda: len(c.job(job)["checkpoints"]) >= 1, timeout=30, what="a periodic checkpoint")
     c.wait_state(job, "running")
 
     agent_pid = c.state.agents[node].pid
     os.kill(agent_pid, signal.SIGKILL)
     killed_at = time.time()
-    wait_for(lambda: not pid_alive(pid), timeout=10, what="the rank to die with its agent (fencing)")
+    wait_until(lambda: not pid_alive(pid), timeout=10, what="the rank to die with its agent (fencing)")
 
-    wait_for(lambda: c.job(job)["restarts"] == 1, timeout=30, what="the job to be requeued")
+    wait_until(lambda: c.job(job)["restarts"] == 1, timeout=30, what="the job to be requeued")
     j = c.wait_state(job, "running", timeout=30)
     assert j["placement"][0]["node"] != node
     assert j["restarts"] == 1
@@ -77,8 +78,8 @@ def test_agent_sigkill_fences_ranks_and_restores_after_lease(make_cluster, workd
 
     # the node comes back with a new agent once `tidal up` restarts it
     assert node in c.restart()
-    wait_for(lambda: any(n["name"] == node and n["up"] for n in c.api().get("/v1/nodes").json()),
-             what="the node to come back")
+    wait_until(lambda: any(n["name"] == node and n["up"] for n in c.api().get("/v1/nodes").json()), timeout=30,
+               what="the node to come back")
 
     gate.touch()
     assert c.cli("wait", job, check=False).returncode == 0
@@ -91,12 +92,12 @@ def test_rank_killed_from_outside_is_restored(make_cluster, workdir: Path, gate:
     expected_out, expected_progress = reference_run(tmp_path)
     job = c.cli("submit", "--env", "GATE", "-q", "--checkpoint-every", "1s", "--", "sh", "-c", JOB, cwd=workdir,
                 env={"GATE": str(gate)}).stdout.strip()
-    wait_for(lambda: len(c.job(job)["checkpoints"]) >= 1, what="a periodic checkpoint")
+    wait_until(lambda: len(c.job(job)["checkpoints"]) >= 1, timeout=30, what="a periodic checkpoint")
     init = c.wait_state(job, "running")["placement"][0]["pid"]
     # the user's command is the init's child
     children = Path(f"/proc/{init}/task/{init}/children").read_text().split()
     os.kill(int(children[0]), signal.SIGKILL)
-    wait_for(lambda: c.job(job)["restarts"] == 1, what="the restart")
+    wait_until(lambda: c.job(job)["restarts"] == 1, timeout=30, what="the restart")
     j = c.wait_state(job, "running")
     assert j["placement"][0]["pid"] != init
     gate.touch()
@@ -120,7 +121,7 @@ def test_control_plane_kill9_and_restart_loses_nothing(make_cluster, workdir: Pa
 
     os.kill(c.state.server.pid, signal.SIGKILL)
     seen = _progress(workdir)
-    wait_for(lambda: _progress(workdir) > seen or _progress(workdir) >= 80, what="the job to go on")
+    wait_until(lambda: _progress(workdir) > seen or _progress(workdir) >= 80, timeout=30, what="the job to go on")
     assert pid_alive(pid)
     assert c.cli("ls", check=False).returncode != 0  # nobody answers meanwhile
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import JOB, owned_dir, pid_alive, reference_run, wait_for
+from tests.system.cluster import JOB, reference_run
+from tidal.testing import owned_dir, pid_alive, wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -35,10 +36,10 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     j = c.wait_state(job, "running")
     pid1, node1 = j["placement"][0]["pid"], j["placement"][0]["node"]
     progress = workdir / "progress.txt"
-    wait_for(lambda: progress.exists() and len(progress.read_text().split()) >= 10, what="progress")
+    wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= 10, timeout=30, what="progress")
 
     # the agent reports what it sees of the running rank
-    prog = wait_for(lambda: c.job(job)["progress"], what="progress reported by the agent")
+    prog = wait_until(lambda: c.job(job)["progress"], timeout=30, what="progress reported by the agent")
     assert prog["rss_bytes"] > 0 and prog["output_bytes"] >= 0
 
     # preempt: checkpoint, release the device, hold
@@ -67,8 +68,8 @@ def test_submit_preempt_resume_migrate_complete(make_cluster, workdir: Path, gat
     # migrate (no --to: any other node with room) after the filler leaves
     c.cli("cancel", filler)
     c.wait_state(filler, "cancelled")
-    wait_for(lambda: any(n["free"] for n in c.api().get("/v1/nodes").json() if n["name"] != node2),
-             what="a free device on the other node")
+    wait_until(lambda: any(n["free"] for n in c.api().get("/v1/nodes").json() if n["name"] != node2), timeout=30,
+               what="a free device on the other node")
     out = c.cli("migrate", job).stdout
     j = c.show(job)
     assert j["state"] == "running", out
@@ -123,7 +124,7 @@ def test_down_leaves_no_images_in_memory(make_cluster, workdir: Path) -> None:
 
     c = make_cluster(nodes=1, devices=1)
     job = c.cli("submit", "-q", "--checkpoint-every", "1s", "--", "sh", "-c", JOB, cwd=workdir).stdout.strip()
-    wait_for(lambda: len(c.job(job)["checkpoints"]) >= 2, 60, "two periodic checkpoints")
+    wait_until(lambda: len(c.job(job)["checkpoints"]) >= 2, timeout=60, what="two periodic checkpoints")
     digest = hashlib.sha256(str((c.home / "nodes" / "node-1").resolve()).encode()).hexdigest()[:12]
 
     def kept() -> list[Path]:
@@ -132,7 +133,7 @@ def test_down_leaves_no_images_in_memory(make_cluster, workdir: Path) -> None:
     assert kept(), "the agent kept no images in memory: nothing to check"
     agent = load(c.home).agents["node-1"].pid  # type: ignore[union-attr]
     os.kill(agent, signal.SIGKILL)
-    wait_for(lambda: not pid_alive(agent), what="the agent to die")
+    wait_until(lambda: not pid_alive(agent), timeout=30, what="the agent to die")
     assert kept(), "the killed agent removed its images after all: nothing to check"
     down(c.settings)
     assert not [p for area in ("tidal", "tidal-fetched") for p in (FAST_STAGING / area).glob(f"*-{digest}")]

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import JOB, pid_alive, reference_run, wait_for
+from tests.system.cluster import JOB, reference_run
+from tidal.testing import pid_alive, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.postgres]
 
@@ -20,7 +21,7 @@ def test_job_life_on_postgres(make_cluster, postgres_url: str, workdir: Path, ga
     job = c.cli("submit", "--env", "GATE", "-q", "--", "sh", "-c", JOB, cwd=workdir,
                 env={"GATE": str(gate)}).stdout.strip()
     pid1 = c.wait_state(job, "running")["placement"][0]["pid"]
-    wait_for(lambda: (workdir / "progress.txt").exists(), what="progress")
+    wait_until(lambda: (workdir / "progress.txt").exists(), timeout=30, what="progress")
     c.cli("preempt", job)
     j = c.show(job)
     assert j["state"] == "preempted" and len(j["checkpoints"]) == 1 and not pid_alive(pid1)
@@ -49,6 +50,6 @@ def test_job_life_on_postgres(make_cluster, postgres_url: str, workdir: Path, ga
 
 
 def test_checkpoint_state_migration_on_postgres(postgres_url: str) -> None:
-    from tests.integration.test_control_checkpoints import upgrade_from_0003
+    from tests.integration.control.test_checkpoints import upgrade_from_0003
 
     upgrade_from_0003(postgres_url)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import wait_for
 from tidal.config import Settings
 from tidal.control.localcluster import down
+from tidal.testing import wait_until
 
 pytestmark = pytest.mark.criu
 
@@ -31,7 +31,7 @@ def test_a_job_cannot_read_other_users_checkpoints_or_tokens(make_cluster) -> No
         alice = c.cli("submit", "-q", "--", "sh", "-c", "echo secret > notes.txt; sleep 300",
                       cwd=alice_wd).stdout.strip()
         c.wait_state(alice, "running")
-        wait_for(lambda: (alice_wd / "notes.txt").exists(), what="alice's file")
+        wait_until(lambda: (alice_wd / "notes.txt").exists(), timeout=30, what="alice's file")
         c.cli("preempt", alice)
         manifests = list((home / "checkpoints").rglob("manifest.json"))
         chunks = [p for p in (home / "checkpoints").rglob("*") if p.is_file() and "chunks" in p.parts]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.system.conftest import pid_alive, wait_for
+from tidal.testing import pid_alive, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
@@ -32,8 +32,8 @@ def test_torch_job_preempted_resumed_migrated_is_bit_identical(make_cluster, tmp
                 env=env).stdout.strip()
     pid1 = c.wait_state(job, "running")["placement"][0]["pid"]
     metrics = work / "metrics.csv"
-    wait_for(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, timeout=60,
-             what="training steps")
+    wait_until(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, timeout=60,
+               what="training steps")
     c.cli("preempt", job)
     assert not pid_alive(pid1)
     c.cli("resume", job)

@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_control_protocol import FakeAgent, Plane, ckpt
 from tidal.control.store.models import JobRow
 from tidal.core.operations import Phase
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result
 
 
 def kind(act: dict[str, Any]) -> str:
@@ -66,7 +66,7 @@ def test_a_preemption_over_two_nodes_goes_cut_park_dump_finish(two_nodes: tuple[
         (act,) = ag.actions()
         assert kind(act) == "checkpoint"
         part = (act.get("payload") or act["order"])["checkpoint_id"]
-        assert ag.result(act, checkpoint={**ckpt(1)["checkpoint"], "id": part})
+        assert ag.result(act, **checkpoint_result(part))
     assert phase(p, jid) is Phase.FINISH
     answer_all((a, b), "finish")
     assert phase(p, jid) is Phase.IDLE

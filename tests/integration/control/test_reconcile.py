@@ -10,12 +10,11 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_control_protocol import Plane, start
-from tests.integration.test_policy_live_sim import Agent
 from tidal.control.reconcile import Reconciler
 from tidal.core import Action, ClusterView, Event
 from tidal.policy.base import Policy
 from tidal.policy.registry import LIVE_POLICIES, make_live_policy
+from tidal.testing.control import FakeAgent, Plane, start
 
 
 class Skewed:
@@ -53,7 +52,7 @@ def test_leases_run_out_by_the_reconcilers_clock(tmp_path: Path) -> None:
     p = Plane(tmp_path, lease_s=30.0)
     clock = Skewed()
     p.rec = Reconciler(p.db, make_live_policy("firstfit"), clock=clock)
-    a = Agent(p, "node-1", 1)
+    a = FakeAgent(p, "node-1", "agent-node-1", devices=1)
     assert a.register() == 200
     jid = p.submit()
     start(p, a, jid)
@@ -71,7 +70,7 @@ def test_periodic_checkpoints_fall_due_by_the_reconcilers_clock(tmp_path: Path) 
     p = Plane(tmp_path)
     clock = Skewed()
     p.rec = Reconciler(p.db, make_live_policy("firstfit"), clock=clock)
-    a = Agent(p, "node-1", 1)
+    a = FakeAgent(p, "node-1", "agent-node-1", devices=1)
     assert a.register() == 200
     jid = p.submit(checkpoint_every=20)
     start(p, a, jid)
@@ -92,7 +91,7 @@ def _passes(tmp: Path, policy: Policy) -> list[list[tuple[str, str, Any]]]:
     p = Plane(tmp)
     clock = Skewed()
     p.rec = Reconciler(p.db, policy, clock=clock)
-    a = Agent(p, "node-1", 2)
+    a = FakeAgent(p, "node-1", "agent-node-1", devices=2)
     assert a.register() == 200
     label = {p.submit(tier="basic"): "small", p.submit(tier="basic", ranks=2, min_devices=1): "elastic"}
     small = next(iter(label))

@@ -1,0 +1,111 @@
+"""The control plane in-process, and a scripted agent to drive it: for tests of the API, the reconcile
+loop and the agent protocol without agents, ranks or CRIU.
+
+:class:`Plane` is a real control plane (SQLite database, reconciler, the API app) called through
+FastAPI's test client; :class:`FakeAgent` speaks the agent protocol to it as a test tells it to: it
+registers, fetches actions, reports results and exits, and runs nothing."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from tidal.control import tokens
+from tidal.control.api.app import Context, create_app
+from tidal.control.reconcile import Reconciler
+from tidal.control.store.db import Database
+from tidal.policy.admission import Quotas
+from tidal.policy.firstfit import FirstFitPolicy
+
+
+class Plane:
+    """A control plane over a SQLite database in ``home``, with a user ``alice`` and the cluster's agent
+    credential. ``rec.once()`` runs one round of the reconcile loop; ``http`` calls the API."""
+
+    def __init__(self, home: Path, lease_s: float = 30.0, quotas: Quotas | None = None) -> None:
+        self.db = Database(f"sqlite:///{home / 'tidal.db'}")
+        self.db.migrate()
+        with self.db.tx() as s:
+            self.user = tokens.create_user(s, "alice", "user")
+            self.agent = tokens.create_user(s, "cluster", "agent")
+        self.rec = Reconciler(self.db, FirstFitPolicy())
+        self.http = TestClient(create_app(Context(db=self.db, home=home, lease_s=lease_s, quotas=quotas)))
+        self.workdir = home
+
+    def as_user(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.user}"}
+
+    def as_agent(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.agent}"}
+
+    def submit(self, **kw: Any) -> str:
+        """Submit a job as alice (``kw``: the submission's fields); its id."""
+        return str(self.submit_reply(**kw)["id"])
+
+    def submit_reply(self, **kw: Any) -> dict[str, Any]:
+        r = self.http.post("/v1/jobs", headers=self.as_user(),
+                           json={"command": ["train"], "workdir": str(self.workdir), **kw})
+        assert r.status_code == 201, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    def job(self, jid: str) -> dict[str, Any]:
+        return self.http.get(f"/v1/jobs/{jid}", headers=self.as_user()).json()  # type: ignore[no-any-return]
+
+
+class FakeAgent:
+    """The agent of node ``name`` (instance ``agent_id``, with ``devices`` devices), scripted by a test."""
+
+    def __init__(self, plane: Plane, name: str, agent_id: str, devices: int = 1) -> None:
+        self.p, self.name, self.id, self.devices = plane, name, agent_id, devices
+
+    def register(self) -> int:
+        """Register the node; the HTTP status."""
+        r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
+            "name": self.name, "agent_id": self.id, "devices": self.devices,
+            "cpus": [[i] for i in range(self.devices)]})
+        return int(r.status_code)
+
+    def actions(self) -> list[dict[str, Any]]:
+        """The actions handed to this node now (each is handed out once)."""
+        r = self.p.http.get(f"/v1/agent/{self.name}/actions", headers=self.p.as_agent(),
+                            params={"agent_id": self.id, "wait": 0})
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    def result(self, action: dict[str, Any], ok: bool = True, **data: Any) -> bool:
+        """Report ``action`` done (``data``: its result) or failed; whether the plane applied the report."""
+        r = self.p.http.post(f"/v1/agent/{self.name}/results", headers=self.p.as_agent(), json={
+            "agent_id": self.id, "action_id": action["id"], "ok": ok, "data": data,
+            "error": None if ok else "boom"})
+        return bool(r.json()["applied"])
+
+    def exit(self, job: str, attempt: int, code: int | None = 0, signal: int | None = None) -> bool:
+        """Report that rank 0 of ``job``'s ``attempt`` ended; whether the plane applied the report."""
+        r = self.p.http.post(f"/v1/agent/{self.name}/exits", headers=self.p.as_agent(), json={
+            "agent_id": self.id, "job_id": job, "attempt": attempt,
+            "ranks": [{"rank": 0, "code": code, "signal": signal}]})
+        return bool(r.json()["applied"])
+
+
+def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
+    """Run one reconcile round, which must hand ``a`` the launch of job ``jid`` alone; report it started
+    (rank 0, pid 4242). The launch action."""
+    p.rec.once()
+    (act,) = a.actions()
+    assert act["job_id"] == jid
+    assert a.result(act, ranks=[{"rank": 0, "pid": 4242}])
+    return act
+
+
+def checkpoint_result(checkpoint_id: str, *, size: int = 100, stored: int = 10,
+                      kept: list[str] | None = None) -> dict[str, Any]:
+    """The result data of a checkpoint action that committed ``checkpoint_id`` now (``size`` bytes,
+    ``stored`` of them written), and which checkpoints the store kept when ``kept`` is given."""
+    data: dict[str, Any] = {"checkpoint": {"id": checkpoint_id, "created_at": time.time(), "bytes": size,
+                                           "stored_bytes": stored}}
+    if kept is not None:
+        data["kept"] = kept
+    return data

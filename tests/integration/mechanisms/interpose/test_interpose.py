@@ -1,0 +1,407 @@
+"""The interposer with real ranks under real CRIU: DDP jobs of 2 and 4 ranks are cut consistently at any
+moment, checkpointed, killed and restored on other node roots, and every rank's output and the final
+parameters stay byte-identical to plain ``torchrun``. Jobs that cannot be cut yet are refused and go on;
+a stopped rank makes the request time out without harm; a request before every rank has loaded the
+interposer does not split the rendezvous; jobs without torch.distributed are frozen together; scripts
+that do not use torch.distributed see no difference."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.ranks import EXAMPLES, Cluster
+from tidal.errors import Unsupported
+from tidal.mechanisms.criu.job import Job, Then
+from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
+from tidal.mechanisms.criu.tasks import descendants
+from tidal.mechanisms.interpose.channel import CutTimeout, Store
+from tidal.mechanisms.interpose.storeserver import RendezvousServer
+from tidal.testing import wait_for_line
+
+pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
+
+DDP = EXAMPLES / "ddp_train.py"
+SCRIPTS = Path(__file__).with_name("scripts")
+UNSUPPORTED = SCRIPTS / "dist_unsupported.py"
+STEP_LINE = re.compile(rb"^rank \d+ step (\d+) ", re.M)
+
+
+def _env() -> dict[str, str]:
+    """The environment of every run here, with Tidal or without: one thread per rank, as torchrun sets."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "COV", "TIDAL_"))}
+    env.pop("PYTHONPATH", None)
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.fixture(scope="module")
+def rendezvous() -> Iterator[RendezvousServer]:
+    server = RendezvousServer()
+    yield server
+    server.close()
+
+
+class Reference:
+    """One plain ``torchrun`` run, started in the background while the test drives Tidal: its per-rank
+    stdout and the params.bin it wrote."""
+
+    def __init__(self, root: Path, argv: list[str], world: int) -> None:
+        self.out, self.world = root, world
+        root.mkdir()
+        with open(root / "torchrun.err", "wb") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                                          str(world), "--log-dir", str(root / "logs"), "--redirects", "3", *argv],
+                                         cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
+                                         start_new_session=True)
+        self._logs: list[bytes] | None = None
+
+    def _finish(self) -> list[bytes]:
+        if self._logs is None:
+            self.proc.wait(300)
+            assert self.proc.returncode == 0, (self.out / "torchrun.err").read_text(errors="replace")[-2000:]
+            self._logs = []
+            for r in range(self.world):
+                (rank_dir,) = (self.out / "logs").glob(f"*/attempt_0/{r}")
+                assert (rank_dir / "stderr.log").read_bytes() == b""
+                self._logs.append((rank_dir / "stdout.log").read_bytes())
+        return self._logs
+
+    def log(self, rank: int) -> bytes:
+        return self._finish()[rank]
+
+    @property
+    def params(self) -> bytes:
+        self._finish()
+        return (self.out / "params.bin").read_bytes()
+
+    def kill(self) -> None:
+        # The whole session: torchrun's workers outlive a killed torchrun (a gated one would wait forever).
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+StartRef = Callable[[list[str], int], Reference]
+
+
+@pytest.fixture(scope="module")
+def torchrun(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StartRef]:
+    """Starts the plain ``torchrun`` run of a command once per module (tests with the same command share it)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    started: dict[tuple[tuple[str, ...], int], Reference] = {}
+
+    def start(argv: list[str], world: int) -> Reference:
+        key = (tuple(argv), world)
+        if key not in started:
+            started[key] = Reference(root / f"run-{len(started)}", argv, world)
+        return started[key]
+
+    yield start
+    for ref in started.values():
+        ref.kill()
+
+
+def rank_specs(cluster: Cluster, argv: list[str], world: int, store: str, prefix: str) -> list[RankSpec]:
+    """W ranks with the torchrun environment, rendezvousing on Tidal's store under ``prefix``."""
+    return [RankSpec("job", r, tuple(argv), cluster.workdir, {
+        **_env(), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r), "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500", "TIDAL_STORE": store, "TIDAL_STORE_PREFIX": prefix,
+    }) for r in range(world)]
+
+
+def log(job: Job, rank: int) -> Path:
+    rp = next(r for r in job.ranks if r.spec.rank == rank)
+    return rp.node.log_path(rp.spec)
+
+
+def wait_step(job: Job, rank: int, step: int, timeout: float = 120) -> None:
+    wait_for_line(log(job, rank), rf"^rank {rank} step {step} ", timeout=timeout)
+
+
+def last_step(text: bytes) -> int:
+    """The last step a rank printed (-1: none yet)."""
+    steps = STEP_LINE.findall(text)
+    return int(steps[-1]) if steps else -1
+
+
+def ddp_argv(steps: int, step_time: float = 0.05, gate: tuple[Path, int] | None = None) -> list[str]:
+    """``gate``: (file, step): from that step on, every rank waits until the file exists (so does the plain
+    torchrun run of the same command), so that the job cannot end before the test lets it."""
+    argv = [str(DDP), "--steps", str(steps), "--step-time", str(step_time), "--collectives", "--hidden", "64"]
+    return argv + (["--gate", f"{gate[0]}:{gate[1]}"] if gate else [])
+
+
+def prefix() -> str:
+    return f"test-{uuid.uuid4().hex[:8]}"
+
+
+# DDP with --collectives, counted at a gate: building the group issues 1 collective and DDP's construction
+# 3 (parameter check, broadcast of the module state); each step then issues one bucket all-reduce and three
+# direct collectives, and the second step 2 more, when DDP rebuilds its buckets.
+PER_STEP = 4
+
+
+def done(step: int) -> int:
+    """How many collectives a rank has issued once it has finished ``step`` (-1: none yet)."""
+    return 1 + 3 + PER_STEP * (step + 1) + (2 if step >= 1 else 0)
+
+
+@pytest.mark.parametrize(("world", "periodic"), [(2, 3), (4, 1)], ids=["W2", "W4"])
+def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendezvous: RendezvousServer,
+                                                        torchrun: StartRef, world: int, periodic: int) -> None:
+    steps, gate = 100, 95
+    release = cluster.root / "release"
+    argv = ddp_argv(steps, 0.05, (release, gate))
+    ref = torchrun(argv, world)
+    rng = random.Random(1000 + world)
+    pre = prefix()
+    specs = rank_specs(cluster, [sys.executable, *argv], world, rendezvous.addr, f"{pre}/1")
+    nodes = cluster.nodes
+    job = Job.launch("job", [(s, nodes[0]) for s in specs], cluster.store)
+    cuts: list[int] = []
+
+    def at_random_moment() -> None:
+        """Wait until a random rank has printed a step a random 0..3 steps beyond where it was (or has
+        reached the gate)."""
+        r = rng.randrange(world)
+        wait_step(job, r, min(gate - 1, max(0, last_step(log(job, r).read_bytes())) + rng.randrange(4)))
+
+    def checkpoint(then: Then) -> None:
+        before = [last_step(log(job, r).read_bytes()) for r in range(world)]
+        info = job.checkpoint(then=then)
+        assert job.last_cut is not None
+        # The cut lies between the steps the ranks had printed at the request and those in the checkpoint.
+        reader = cluster.store.reader("job", info.id)
+        at_cut = [last_step(reader.read_bytes(f"ranks/{r}/output.log")) for r in range(world)]
+        for r in range(world):
+            assert at_cut[r] >= before[r]
+            # Every collective of the printed steps was issued; none beyond the next step.
+            assert done(at_cut[r]) <= job.last_cut <= done(at_cut[r] + 1)
+        assert max(at_cut) - min(at_cut) <= 1  # no rank ran ahead of another by a whole step
+        assert not cuts or job.last_cut >= cuts[-1]
+        cuts.append(job.last_cut)
+
+    # Periodic checkpoints at seeded random moments.
+    for _ in range(periodic):
+        at_random_moment()
+        checkpoint("continue")
+        assert all(r.running for r in job.ranks)
+    # Preempt, restore every rank on another node root, with a new rendezvous.
+    at_random_moment()
+    checkpoint("kill")
+    assert [r.wait(30).signal for r in job.ranks] == [signal.SIGKILL] * len(job.ranks)
+    job = Job.restore(cluster.store, "job", [(s, nodes[1]) for s in specs],
+                      rendezvous=Store(rendezvous.addr, f"{pre}/2"))
+    at_random_moment()
+    checkpoint("continue")
+    at_random_moment()
+    checkpoint("kill")
+    # Then spread over two node roots: the first half of the ranks on one, the rest on another.
+    half = world // 2
+    spread: list[tuple[RankSpec, NodeRoot]] = [(s, nodes[2] if s.rank < half else nodes[0]) for s in specs]
+    job = Job.restore(cluster.store, "job", spread, rendezvous=Store(rendezvous.addr, f"{pre}/3"))
+    assert {r.spec.rank: r.node.name for r in job.ranks} == {s.rank: n.name for s, n in spread}
+    release.touch()
+    assert [s.code for s in job.wait(180)] == [0] * world
+    assert cuts[-1] > cuts[0]
+    assert len(cluster.store.list("job")) == len(cuts)
+    for r in range(world):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+    assert (cluster.workdir / "params.bin").read_bytes() == ref.params
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("new_group", "sub-groups"), ("p2p", "point-to-point")])
+def test_subgroups_and_p2p_refuse_the_cut_and_go_on(cluster: Cluster, rendezvous: RendezvousServer,
+                                                    torchrun: StartRef, mode: str,
+                                                    reason: str) -> None:
+    argv = [str(UNSUPPORTED), "--mode", mode, "--steps", "60", "--step-time", "0.05"]
+    ref = torchrun(argv, 2)
+    specs = rank_specs(cluster, [sys.executable, *argv], 2, rendezvous.addr, prefix())
+    job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+    pids = [r.pid for r in job.ranks]
+    for r in range(2):
+        wait_step(job, r, 3)
+    for then in ("continue", "kill"):
+        with pytest.raises(Unsupported, match=reason) as err:
+            job.checkpoint(then=then)  # type: ignore[arg-type]
+        assert "cannot be checkpointed yet" in str(err.value)
+        assert cluster.store.list("job") == []
+        assert [r.pid for r in job.ranks] == pids and all(r.running for r in job.ranks)
+    assert [s.code for s in job.wait(120)] == [0, 0]
+    for r in range(2):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+
+
+def _python_pid(job: Job, rank: int) -> int:
+    """The rank's Python process (the child of its init)."""
+    rp = next(r for r in job.ranks if r.spec.rank == rank)
+    (pid,) = [p for p in descendants(rp.pid) if p != rp.pid]
+    return pid
+
+
+def test_stopped_rank_times_out_keeps_last_checkpoint_and_finishes(cluster: Cluster, rendezvous: RendezvousServer,
+                                                                  torchrun: StartRef) -> None:
+    gate = 30
+    release = cluster.root / "release"
+    argv = ddp_argv(40, 0.05, (release, gate))
+    ref = torchrun(argv, 2)
+    specs = rank_specs(cluster, [sys.executable, *argv], 2, rendezvous.addr, prefix())
+    job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+    job.cut_timeout = 1.0
+    wait_step(job, 1, 2)
+    good = job.checkpoint(then="continue")
+    wait_step(job, 1, min(gate - 1, last_step(log(job, 1).read_bytes()) + 2))
+    stopped = _python_pid(job, 1)
+    os.kill(stopped, signal.SIGSTOP)
+    try:
+        wait_for_line(Path(f"/proc/{stopped}/status"), r"^State:\s+T ")
+        started = time.monotonic()
+        with pytest.raises(CutTimeout, match="job.r1") as err:
+            job.checkpoint(then="kill")
+        assert time.monotonic() - started < 10
+        assert "stopped" in str(err.value)
+        assert [c.id for c in cluster.store.list("job")] == [good.id]
+        assert cluster.store.latest("job").id == good.id  # type: ignore[union-attr]
+        assert all(r.running for r in job.ranks)
+    finally:
+        os.kill(stopped, signal.SIGCONT)
+    # Once the rank goes on, so does the job, and the next request succeeds.
+    wait_step(job, 1, min(gate - 1, last_step(log(job, 1).read_bytes()) + 2))
+    second = job.checkpoint(then="continue")
+    assert [c.id for c in cluster.store.list("job")] == [good.id, second.id]
+    release.touch()
+    assert [s.code for s in job.wait(120)] == [0, 0]
+    for r in range(2):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+    assert (cluster.workdir / "params.bin").read_bytes() == ref.params
+
+
+# Two ranks running an ordinary single-process training script (each in its own subdirectory, with its own
+# seed), and a third that is a shell loop (which starts once rank 0 trains): no torch.distributed anywhere.
+# The two training ranks start together (each waits for the other's directory) and take long enough that
+# neither has ended by the second checkpoint, however slowly the other started on a busy machine.
+TRAIN_RANK = ["sh", "-c", 'mkdir -p r$RANK && until [ -d r0 ] && [ -d r1 ]; do sleep 0.01; done && cd r$RANK && '
+              'exec "$0" "$1" --steps 200 --step-time 0.05 --seed $RANK', sys.executable, str(EXAMPLES / "train.py")]
+LOOP_RANK = ["sh", "-c", 'until [ -e r0/metrics.csv ]; do sleep 0.01; done; i=0; while [ $i -lt 350 ]; do i=$((i+1)); '
+             'echo "tick $i"; sleep 0.03; done']
+
+
+def test_ranks_without_torch_distributed_are_frozen_together(cluster: Cluster) -> None:
+    argvs = [TRAIN_RANK, TRAIN_RANK, LOOP_RANK]
+    env = {**_env(), "WORLD_SIZE": "3"}
+    specs = [RankSpec("job", r, tuple(a), cluster.workdir, {**env, "RANK": str(r)}) for r, a in enumerate(argvs)]
+    (cluster.root / "ref").mkdir()
+    refs = [subprocess.Popen(a, cwd=cluster.root / "ref", env={**env, "RANK": str(r)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT) for r, a in enumerate(argvs)]
+    try:
+        _frozen_together(cluster, specs, refs)
+    finally:  # a failed test must not leave its reference runs waiting forever
+        for proc in refs:
+            proc.kill()
+            proc.wait()
+
+
+def _frozen_together(cluster: Cluster, specs: list[RankSpec], refs: list[subprocess.Popen[bytes]]) -> None:
+    job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+    for r in (0, 1):
+        wait_for_line(log(job, r), r"^step 5 ")
+    wait_for_line(log(job, 2), r"^tick 2$")
+    info = job.checkpoint(then="kill")
+    assert job.last_cut == 0  # the Python ranks had nothing to cut, and the shell rank has no interposer
+    assert [bool(r.channel and r.channel.hello.is_set()) for r in job.ranks] == [True, True, False]
+    reader = cluster.store.reader("job", info.id)
+    assert sorted(n.split("/")[1] for n in reader.names() if n.endswith("/output.log")) == ["0", "1", "2"]
+    job = Job.restore(cluster.store, "job", [(s, cluster.nodes[1]) for s in specs])
+    wait_for_line(log(job, 0), r"^step 10 ")
+    job.checkpoint(then="continue")
+    assert job.last_cut == 0
+    assert [s.code for s in job.wait(120)] == [0, 0, 0]
+    for r, proc in enumerate(refs):
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0
+        assert log(job, r).read_bytes() == out, f"rank {r}"
+    for r in (0, 1):
+        for name in ("metrics.csv", "params.bin"):
+            assert (cluster.workdir / f"r{r}" / name).read_bytes() == (cluster.root / "ref" / f"r{r}" / name
+                                                                      ).read_bytes()
+
+
+def test_scripts_without_torch_distributed_run_unchanged(cluster: Cluster, tmp_path: Path) -> None:
+    """A plain Python script, a torch script without torch.distributed, and a script whose user has a
+    sitecustomize of their own on PYTHONPATH: output, exit code and files as without Tidal."""
+    cases = {
+        "plain": ([sys.executable, str(SCRIPTS / "plain.py"), "a", "b"], {}),
+        "usersite": ([sys.executable, str(SCRIPTS / "plain.py")], {"PYTHONPATH": str(SCRIPTS / "usersite")}),
+        "torch": ([sys.executable, str(SCRIPTS / "torch_local.py")], {}),
+    }
+    jobs = {}
+    for name, (argv, extra) in cases.items():
+        wd = tmp_path / name / "work"
+        wd.mkdir(parents=True)
+        spec = RankSpec(name, 0, tuple(argv), wd, {**_env(), **extra})
+        jobs[name] = Job.launch(name, [(spec, cluster.nodes[0])], cluster.store)
+    for name, (argv, extra) in cases.items():
+        ref_wd = tmp_path / name / "ref"
+        ref_wd.mkdir()
+        ref = subprocess.run(argv, cwd=ref_wd, env={**_env(), **extra}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, timeout=120)
+        (status,) = jobs[name].wait(120)
+        assert status.code == ref.returncode, name
+        assert log(jobs[name], 0).read_bytes() == ref.stdout, name
+        for f in ref_wd.iterdir():
+            assert (tmp_path / name / "work" / f.name).read_bytes() == f.read_bytes()
+    assert b"user sitecustomize ran" in log(jobs["usersite"], 0).read_bytes()
+    assert b"user sitecustomize ran" not in log(jobs["plain"], 0).read_bytes()
+
+
+# Rank 0 loads the interposer at once, then waits for a file before running the script; rank 1 waits for it
+# before it even starts Python.
+GATED = ("import os, runpy, sys, time\n"
+         "while not os.path.exists('go'): time.sleep(0.01)\n"
+         "sys.argv = sys.argv[1:]\n"
+         "runpy.run_path(sys.argv[0], run_name='__main__')")
+
+
+@pytest.mark.parametrize("then", ["continue", "kill"])
+def test_checkpoint_before_every_rank_loaded_the_interposer(cluster: Cluster, torchrun: StartRef, then: Then) -> None:
+    """A checkpoint while one rank has loaded the interposer and another has not started Python yet: both
+    still meet on one rendezvous afterwards, also when the job is restored onto another store."""
+    argv = ddp_argv(30)
+    ref = torchrun(argv, 2)
+    first = RendezvousServer()
+    specs = rank_specs(cluster, [sys.executable, "-c", GATED, *argv], 2, first.addr, prefix())
+    late = ["sh", "-c", 'until [ -e go ]; do sleep 0.01; done; exec "$@"', "sh", sys.executable, *argv]
+    specs[1] = RankSpec("job", 1, tuple(late), cluster.workdir, specs[1].env)
+    moved = None
+    try:
+        job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+        channels = [r.channel for r in job.ranks]
+        assert channels[0] is not None and channels[1] is not None
+        assert channels[0].hello.wait(60)
+        job.checkpoint(then=then)
+        assert job.last_cut == 0 and not channels[1].hello.is_set()
+        if then == "kill":
+            first.close()  # the store is gone: every restored rank must use the new one
+            moved = RendezvousServer()
+            job = Job.restore(cluster.store, "job", [(s, cluster.nodes[1]) for s in specs],
+                              rendezvous=Store(moved.addr, prefix()))
+        (cluster.workdir / "go").touch()
+        assert [s.code for s in job.wait(120)] == [0, 0]
+    finally:
+        first.close()
+        if moved is not None:
+            moved.close()
+    for r in range(2):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+    assert (cluster.workdir / "params.bin").read_bytes() == ref.params
