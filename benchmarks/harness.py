@@ -11,12 +11,12 @@ import os
 import platform
 import shutil
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 from tidal.errors import ConfigError, TidalError
+from tidal.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -80,17 +80,10 @@ def machine(with_torch: bool = False) -> dict[str, Any]:
     return out
 
 
-def wait_for(check: Callable[[], T], timeout: float, what: str, interval: float = 0.01) -> T:
+def wait_for(check: Callable[[], T | None], timeout: float, what: str, interval: float = 0.01) -> T:
     """Poll ``check`` until it returns something true, and return that; raise after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise BenchmarkError(f"timed out after {timeout}s waiting for {what}",
-                                 hint="is the machine very busy? run the benchmark again when it is quieter")
-        time.sleep(interval)
+    return wait_until(check, timeout=timeout, what=what, interval=interval,
+                      hint="is the machine very busy? run the benchmark again when it is quieter")
 
 
 def base_env() -> dict[str, str]:

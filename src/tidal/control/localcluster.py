@@ -26,6 +26,7 @@ from tidal.core import limits
 from tidal.errors import ConfigError, TidalError
 from tidal.mechanisms.criu.rank import NodeRoot
 from tidal.mechanisms.interpose import storeserver
+from tidal.waiting import WaitTimeout, wait_until
 
 TOKENS = ("admin", "user", "cluster")
 
@@ -101,14 +102,11 @@ def _respawn(proc: Proc, settings: Settings) -> Proc:
 
 
 def _wait(what: str, check: Any, timeout: float, log: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(Exception):
-            if check():
-                return
-        time.sleep(0.1)
-    tail = Path(log).read_text(errors="replace")[-2000:] if Path(log).exists() else ""
-    raise TidalError(f"{what} did not come up within {timeout:.0f}s", hint=f"see {log}:\n{tail}")
+    try:
+        wait_until(check, timeout=timeout, what=f"{what} to come up", interval=0.1)
+    except WaitTimeout:
+        tail = Path(log).read_text(errors="replace")[-2000:] if Path(log).exists() else ""
+        raise TidalError(f"{what} did not come up within {timeout:.0f}s", hint=f"see {log}:\n{tail}") from None
 
 
 def _healthy(url: str) -> bool:

@@ -21,8 +21,9 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from tidal.errors import ConfigError, MechanismError
+from tidal.errors import ConfigError
 from tidal.mechanisms.criu.provision import checkout_root
+from tidal.waiting import wait_until
 
 if TYPE_CHECKING:
     from tidal.mechanisms.criu.rank import ExitStatus
@@ -40,18 +41,11 @@ def example_script(name: str) -> Path:
     return script
 
 
-def until(what: str, check: Callable[[], T], timeout: float = 120) -> T:
+def until(what: str, check: Callable[[], T | None], timeout: float = 120) -> T:
     """Poll ``check`` until it returns something true, and return that; raise after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = check()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise MechanismError(f"demo: timed out after {timeout:.0f}s waiting for {what}",
-                                 hint="run it again with --keep and look at the logs in its state directory; "
-                                      "a busy machine may need fewer --steps")
-        time.sleep(0.1)
+    return wait_until(check, timeout=timeout, what=what, interval=0.1,
+                      hint="run it again with --keep and look at the logs in its state directory; a busy machine "
+                           "may need fewer --steps")
 
 
 def demo_dir(home: Path, prefix: str) -> Path:

@@ -12,6 +12,6 @@ everywhere: waiting for a condition (:func:`wait_until`, :func:`wait_for_line`),
 from tidal.testing.clock import FakeClock
 from tidal.testing.files import owned_dir, shared_dir
 from tidal.testing.processes import pid_alive
-from tidal.testing.waiting import WaitTimeout, wait_for_line, wait_until
+from tidal.waiting import WaitTimeout, wait_for_line, wait_until
 
 __all__ = ["FakeClock", "WaitTimeout", "owned_dir", "pid_alive", "shared_dir", "wait_for_line", "wait_until"]

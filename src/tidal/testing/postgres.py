@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 from tidal.errors import ConfigError, TidalError
-from tidal.testing.waiting import WaitTimeout, wait_until
+from tidal.waiting import WaitTimeout, wait_until
 
 BIN_DIRS = ("/usr/local/bin", "/usr/lib/postgresql/15/bin", "/usr/lib/postgresql/16/bin")
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import uvicorn
 
-from tidal.testing.waiting import wait_until
+from tidal.waiting import wait_until
 
 
 @contextmanager

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.errors import TidalError
+from tidal.errors import TidalError, ValidationError
 from tidal.testing import WaitTimeout, wait_for_line, wait_until
 
 
@@ -99,9 +99,9 @@ def test_waits_for_another_thread() -> None:
 
 
 def test_bad_arguments_are_refused() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match="timeout must be at least 0, got -1"):
         wait_until(lambda: True, timeout=-1, what="x")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValidationError, match="interval must be more than 0, got 0"):
         wait_until(lambda: True, timeout=1, what="x", interval=0)
 
 

@@ -1,6 +1,7 @@
 """Waiting for something to happen: poll a condition until it holds, or fail saying what was waited for.
 
-Tests synchronise with processes, threads and servers through these, never through a bare ``sleep``."""
+Tests synchronise with processes, threads and servers through these, never through a bare ``sleep``; the
+launcher of a local cluster, the demos and the benchmarks wait with the same function."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tidal.errors import TidalError
+from tidal.errors import TidalError, ValidationError
 
 T = TypeVar("T")
 
@@ -32,7 +33,7 @@ class WaitTimeout(TidalError):
     never returned), ``last_error`` the exception it last raised (``None`` if it never raised)."""
 
     def __init__(self, what: str, *, timeout: float, elapsed: float, tries: int, last_value: object,
-                 last_error: Exception | None, last_try_raised: bool) -> None:
+                 last_error: Exception | None, last_try_raised: bool, hint: str | None = None) -> None:
         if last_try_raised:
             last = f"the last try raised {_short(last_error)}"
         else:
@@ -40,7 +41,7 @@ class WaitTimeout(TidalError):
             if last_error is not None:
                 last += f" (an earlier one raised {_short(last_error)})"
         super().__init__(f"timed out after {elapsed:.1f}s (timeout {timeout:g}s, {tries} tries) waiting for "
-                         f"{what}; {last}", what=what, timeout=timeout, elapsed=elapsed, tries=tries)
+                         f"{what}; {last}", hint=hint, what=what, timeout=timeout, elapsed=elapsed, tries=tries)
         self.what = what
         self.timeout = timeout
         self.elapsed = elapsed
@@ -49,17 +50,19 @@ class WaitTimeout(TidalError):
         self.last_error = last_error
 
 
-def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = INTERVAL) -> T:
+def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = INTERVAL,
+               hint: str | None = None) -> T:
     """Call ``condition`` every ``interval`` seconds until it returns a truthy value, and return that value.
 
     An exception from ``condition`` counts as "not yet": it is kept as the last error and the polling goes
     on. After ``timeout`` seconds (``condition`` is always tried at least once, and once more at the
     deadline) :class:`WaitTimeout` is raised: its message says ``what`` was waited for, for how long, and
-    what the last try returned or raised (that exception is also its ``__cause__``)."""
+    what the last try returned or raised (that exception is also its ``__cause__``), and ``hint`` what to do
+    about it."""
     if timeout < 0:
-        raise ValueError(f"timeout must be at least 0, got {timeout}")
+        raise ValidationError(f"timeout must be at least 0, got {timeout}", field="timeout")
     if interval <= 0:
-        raise ValueError(f"interval must be more than 0, got {interval}")
+        raise ValidationError(f"interval must be more than 0, got {interval}", field="interval")
     start = time.monotonic()
     deadline = start + timeout
     tries = 0
@@ -79,7 +82,7 @@ def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, 
         now = time.monotonic()
         if now >= deadline:
             raise WaitTimeout(what, timeout=timeout, elapsed=now - start, tries=tries, last_value=last_value,
-                              last_error=last_error, last_try_raised=last_try_raised) from (
+                              last_error=last_error, last_try_raised=last_try_raised, hint=hint) from (
                 last_error if last_try_raised else None)
         time.sleep(min(interval, deadline - now))
 
