@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tidal.errors import ConfigError, MechanismError
+from tidal.errors import ConfigError
 from tidal.mechanisms import demo
+from tidal.waiting import WaitTimeout
 
 
 def test_the_example_scripts_are_found_in_the_checkout() -> None:
@@ -25,7 +26,7 @@ def test_until_returns_what_the_check_found() -> None:
 
 
 def test_until_says_what_it_waited_for() -> None:
-    with pytest.raises(MechanismError, match="waiting for the job to run") as err:
+    with pytest.raises(WaitTimeout, match="waiting for the job to run") as err:
         demo.until("the job to run", lambda: False, timeout=0)
     assert err.value.hint
 
