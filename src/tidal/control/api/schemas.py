@@ -13,6 +13,7 @@ from pydantic import AfterValidator, BaseModel, Field, StringConstraints, field_
 from pydantic_core.core_schema import ValidationInfo
 
 from tidal.core import limits
+from tidal.errors import InvalidField
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # Names of nodes, regions, clusters and agents: they end up in paths and log lines.
@@ -79,10 +80,10 @@ class Register(BaseModel):
     def _one_cpu_set_per_device(cls, cpus: list[list[int]], info: ValidationInfo) -> list[list[int]]:
         devices = info.data.get("devices")
         if devices is not None and len(cpus) != devices:
-            raise ValueError(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
+            raise InvalidField(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
         for i, cs in enumerate(cpus):
             if not cs or len(set(cs)) != len(cs) or not all(0 <= c <= limits.MAX_CPU_ID for c in cs):
-                raise ValueError(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
+                raise InvalidField(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
         return cpus
 
 

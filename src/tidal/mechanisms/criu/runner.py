@@ -64,7 +64,8 @@ class CriuRunner:
             out = subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds, timeout=timeout,
                                  check=False, env=env)
         except subprocess.TimeoutExpired as exc:
-            raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent)) from exc
+            raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent),
+                                  hint=f"full CRIU log: {log}") from exc
         if out.returncode != 0:
             errors = _log_errors(log)
             cls = TransientDumpError if any(t in errors for t in TRANSIENT) else CheckpointError
