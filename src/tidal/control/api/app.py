@@ -35,7 +35,7 @@ from tidal.control.api.schemas import (
 )
 from tidal.control.store.db import Database
 from tidal.control.store.models import EventRow, JobRow, NodeRow
-from tidal.core import TERMINAL, JobSpec, JobState, limits
+from tidal.core import TERMINAL, JobState, limits
 from tidal.errors import Forbidden, TidalError, Unauthorized, ValidationError
 from tidal.policy.admission import Quotas
 
@@ -158,11 +158,7 @@ def create_app(ctx: Context) -> FastAPI:
     # -- jobs ------------------------------------------------------------------------------------------------
     @app.post("/v1/jobs", status_code=201)
     async def submit(body: JobSubmit, p: User) -> dict[str, Any]:
-        spec = JobSpec(name=body.name or (Path(body.command[0]).name if body.command else "job"),
-                       command=tuple(body.command), workdir=body.workdir, ranks=body.ranks,
-                       tier=body.tier, min_devices=body.min_devices,  # type: ignore[arg-type]
-                       max_devices=body.max_devices, env=body.env, checkpoint_every=body.checkpoint_every,
-                       max_restarts=body.max_restarts, owner=p.name, project=body.project)
+        spec = body.to_spec(owner=p.name)
         with ctx.db.tx() as s:
             job, why = jobs.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas)
             out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
