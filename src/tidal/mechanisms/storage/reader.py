@@ -300,6 +300,15 @@ class CheckpointReader:
             for fd in base_fds:
                 os.close(fd)
 
+    def _bad_chunk(self, entry: Entry, digest: str, what: str, reason: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(
+            f"checkpoint {self.info.job_id}/{self.info.id}: file {entry.name!r}: chunk {digest} {what}",
+            checkpoint=self.info.id,
+            object=entry.name,
+            chunk=digest,
+            reason=reason,
+        )
+
     def _fetch(
         self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool, buf: bytearray
     ) -> bytes | memoryview | None:
@@ -307,35 +316,16 @@ class CheckpointReader:
             return None  # content is known from the digest; the sink already holds zeros
         store = self._store
         key = chunk_key(digest)
-        where = f"{self.info.job_id}/{self.info.id}"
         try:
             raw = store.backend.get_into(key, buf)
         except FileNotFoundError:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is missing from the store ({key})",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason="missing",
-            ) from None
+            raise self._bad_chunk(entry, digest, f"is missing from the store ({key})", "missing") from None
         try:
             data = store.codec.decode(raw, n)
         except UndecodableChunk as e:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is {e.message}",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason=e.fields["reason"],
-            ) from None
+            raise self._bad_chunk(entry, digest, f"is {e.message}", e.fields["reason"]) from None
         if hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is corrupt (sha256 mismatch)",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason="sha256 mismatch",
-            )
+            raise self._bad_chunk(entry, digest, "is corrupt (sha256 mismatch)", "sha256 mismatch")
         sink.write(off, data)
         return data
 
