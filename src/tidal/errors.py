@@ -1,8 +1,12 @@
 """The one error root of Tidal.
 
-Every error a user can see derives from :class:`TidalError`. Errors carry structured fields so that the
+Every error Tidal raises derives from :class:`TidalError`. Errors carry structured fields so that the
 API can serialise them and the CLI can print them without a traceback: ``message`` says what went wrong,
-``hint`` (optional) says what to do about it.
+``hint`` (optional) says what to do about it. Each class has one HTTP status (``status_code``): the API
+answers an error with that status and :meth:`TidalError.to_dict` as the body.
+
+A few classes also derive from a built-in exception, where a library's protocol needs one (pydantic turns
+a ``ValueError`` raised by a validator into a validation error of the field).
 """
 
 from __future__ import annotations
@@ -34,9 +38,14 @@ class ConfigError(TidalError):
 
 
 class ValidationError(TidalError):
-    """Bad input from a user: ``field`` names what was wrong."""
+    """Bad input from a user (or a caller): ``field`` names what was wrong."""
 
     status_code = 422
+
+
+class InvalidField(ValidationError, ValueError):
+    """Bad input found by a pydantic validator. It is a ``ValueError`` so that pydantic reports it as a
+    validation error of the field being validated (the API's 422 then names that field)."""
 
 
 class NotFound(TidalError):
@@ -110,3 +119,8 @@ class ProtocolMismatch(ValidationError):
 class SimulationError(TidalError):
     """A simulation could not run to its end (its policy left jobs that nothing would ever start);
     ``policy`` names the policy, ``unfinished`` counts the jobs."""
+
+
+class UndecodableChunk(StorageError):
+    """A stored chunk object is not what its manifest says: truncated, or not decodable. ``reason`` is the
+    short form (``truncated``, ``undecodable``, ``undecodable zstd frame``)."""

@@ -27,27 +27,32 @@ def _short(value: object) -> str:
 
 
 class WaitTimeout(TidalError):
-    """A condition did not hold within its timeout.
+    """A condition did not hold within its timeout (:meth:`after` says so from what was seen).
 
     ``what`` names what was waited for; ``last_value`` is what the condition last returned (``None`` if it
     never returned), ``last_error`` the exception it last raised (``None`` if it never raised)."""
 
-    def __init__(self, what: str, *, timeout: float, elapsed: float, tries: int, last_value: object,
-                 last_error: Exception | None, last_try_raised: bool, hint: str | None = None) -> None:
+    what: str = ""
+    timeout: float = 0.0
+    elapsed: float = 0.0
+    tries: int = 0
+    last_value: object = None
+    last_error: Exception | None = None
+
+    @classmethod
+    def after(cls, what: str, *, timeout: float, elapsed: float, tries: int, last_value: object,
+              last_error: Exception | None, last_try_raised: bool, hint: str | None = None) -> WaitTimeout:
         if last_try_raised:
             last = f"the last try raised {_short(last_error)}"
         else:
             last = f"the last try returned {_short(last_value)}"
             if last_error is not None:
                 last += f" (an earlier one raised {_short(last_error)})"
-        super().__init__(f"timed out after {elapsed:.1f}s (timeout {timeout:g}s, {tries} tries) waiting for "
-                         f"{what}; {last}", hint=hint, what=what, timeout=timeout, elapsed=elapsed, tries=tries)
-        self.what = what
-        self.timeout = timeout
-        self.elapsed = elapsed
-        self.tries = tries
-        self.last_value = last_value
-        self.last_error = last_error
+        exc = cls(f"timed out after {elapsed:.1f}s (timeout {timeout:g}s, {tries} tries) waiting for {what}; "
+                  f"{last}", hint=hint, what=what, timeout=timeout, elapsed=elapsed, tries=tries)
+        exc.what, exc.timeout, exc.elapsed, exc.tries = what, timeout, elapsed, tries
+        exc.last_value, exc.last_error = last_value, last_error
+        return exc
 
 
 def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, interval: float = INTERVAL,
@@ -81,7 +86,7 @@ def wait_until(condition: Callable[[], T | None], *, timeout: float, what: str, 
             last_value, last_try_raised = value, False
         now = time.monotonic()
         if now >= deadline:
-            raise WaitTimeout(what, timeout=timeout, elapsed=now - start, tries=tries, last_value=last_value,
+            raise WaitTimeout.after(what, timeout=timeout, elapsed=now - start, tries=tries, last_value=last_value,
                               last_error=last_error, last_try_raised=last_try_raised, hint=hint) from (
                 last_error if last_try_raised else None)
         time.sleep(min(interval, deadline - now))

@@ -61,7 +61,7 @@ def from_file(value: Any, environ: Mapping[str, str]) -> dict[str, str]:
             out[str(k)] = str(v)
         return out
     raise ValidationError("env in a job file is a mapping of NAME: VALUE, or a list of NAME or NAME=VALUE",
-                          field="env")
+                          field="env", hint="e.g. `env: {LR: \"0.1\"}` or `env: [HOME, LR=0.1]`")
 
 
 def job_env(environ: Mapping[str, str], file_env: Any = None, options: list[str] | None = None) -> dict[str, str]:

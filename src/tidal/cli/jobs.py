@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from rich.table import Table
 from tidal.cli import jobenv
 from tidal.cli.api import Api
 from tidal.cli.output import console, fail
+from tidal.core import JobSpec
 from tidal.errors import Conflict, TidalError, ValidationError
 
 STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
@@ -37,36 +39,45 @@ def _when(t: float | None) -> str:
     return datetime.fromtimestamp(t).strftime("%H:%M:%S") if t else "-"
 
 
+# How the CLI reads a field of a job, in a job file or from an option, where the API takes it otherwise:
+# a command as one string is run by sh; a duration may have a unit.
+_FORMS: dict[str, Callable[[Any], Any]] = {
+    "command": lambda v: ["sh", "-c", v] if isinstance(v, str) else v,
+    "checkpoint_every": lambda v: parse_duration(v) if isinstance(v, str) else v,
+}
+# The fields a submission may give (JobSpec's): the request's body is made of these.
+SUBMITTED = frozenset(f.name for f in JobSpec.submission_fields())
+
+
+def _as_submitted(fields: dict[str, Any]) -> dict[str, Any]:
+    return {k: _FORMS[k](v) if k in _FORMS else v for k, v in fields.items()}
+
+
 def load_job_file(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ValidationError(f"cannot read job file {path}: {exc.strerror}", field="file") from None
+        raise ValidationError(f"cannot read job file {path}: {exc.strerror}", field="file",
+                              hint="give the path of a readable job.yaml") from None
     except yaml.YAMLError as exc:
-        raise ValidationError(f"job file {path} is not valid YAML: {exc}", field="file") from None
+        raise ValidationError(f"job file {path} is not valid YAML: {exc}", field="file",
+                              hint="fix the file where the parser points") from None
     if not isinstance(data, dict):
-        raise ValidationError(f"job file {path} must hold a mapping of job fields", field="file")
-    if isinstance(data.get("command"), str):
-        data["command"] = ["sh", "-c", data["command"]]
-    if "checkpoint_every" in data and isinstance(data["checkpoint_every"], str):
-        data["checkpoint_every"] = parse_duration(data["checkpoint_every"])
-    return data
+        raise ValidationError(f"job file {path} must hold a mapping of job fields", field="file",
+                              hint="e.g. `command: python train.py` on a line of its own")
+    return _as_submitted(data)
 
 
-def _submission(command: list[str] | None, file: Path | None, env: list[str], checkpoint_every: str | None,
-                workdir: Path | None, given: dict[str, Any]) -> dict[str, Any]:
-    """The body of `tidal submit`'s request: job.yaml, then the options over it."""
+def _submission(file: Path | None, options: dict[str, Any], env: list[str]) -> dict[str, Any]:
+    """The body of `tidal submit`'s request: job.yaml's fields, then the options given (by field name)
+    over them, then the job's environment (see :mod:`tidal.cli.jobenv`)."""
+    assert set(options) <= SUBMITTED, set(options) - SUBMITTED
     body: dict[str, Any] = load_job_file(file) if file else {}
-    body.update({k: v for k, v in given.items() if v is not None})
-    if checkpoint_every is not None:
-        body["checkpoint_every"] = parse_duration(checkpoint_every)
-    if command:
-        body["command"] = list(command)
+    body.update(_as_submitted({k: v for k, v in options.items() if v is not None and v != []}))
     if not body.get("command"):
         raise ValidationError("command: give the command after --, e.g. `tidal submit -- python train.py`",
-                              field="command")
-    wd = workdir or Path(body.get("workdir") or os.getcwd())
-    body["workdir"] = str(wd.absolute())
+                              field="command", hint="or give `command:` in the job file (-f)")
+    body["workdir"] = str(Path(body.get("workdir") or os.getcwd()).absolute())
     body["env"] = jobenv.job_env(os.environ, body.pop("env", None), env)
     return body
 
@@ -125,10 +136,10 @@ def register(app: typer.Typer) -> None:
         """Submit a job: `tidal submit [options] -- CMD ...`. Its environment: PATH, HOME, locale, Python
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
         try:
-            body = _submission(command, file, env or [], checkpoint_every, workdir,
-                               {"name": name, "tier": tier, "project": project, "ranks": ranks,
-                                "min_devices": min_devices, "max_devices": max_devices,
-                                "max_restarts": max_restarts})
+            body = _submission(file, {"command": command, "name": name, "tier": tier, "project": project,
+                                      "ranks": ranks, "min_devices": min_devices, "max_devices": max_devices,
+                                      "checkpoint_every": checkpoint_every, "max_restarts": max_restarts,
+                                      "workdir": workdir}, env or [])
         except ValidationError as exc:
             fail(exc, code=2)  # a usage error, found before anything was sent
         job = Api().post("/v1/jobs", json=body)
@@ -230,7 +241,8 @@ def register(app: typer.Typer) -> None:
         """List a job's checkpoints, oldest first: committed ones, and bad ones (they failed verification on
         restore; kept for inspection, never restored)."""
         if output not in ("table", "json"):
-            raise ValidationError(f"--output must be table or json, not {output!r}", field="output")
+            raise ValidationError(f"--output must be table or json, not {output!r}", field="output",
+                                  hint="-o table or -o json")
         rows = Api().get(f"/v1/jobs/{job_id}/checkpoints")
         if output == "json":
             print(json.dumps(rows, indent=1))
@@ -279,7 +291,8 @@ def register(app: typer.Typer) -> None:
             if e["kind"] == "checkpoint_bad":
                 console.print(f"[yellow]{escape(e['detail'])}[/]", highlight=False)
         if job["state"] == "failed":
-            raise TidalError(f"job {job_id} failed: {job['error']}")
+            raise TidalError(f"job {job_id} failed: {job['error']}",
+                             hint=f"its output: `tidal logs {job_id}`; its events: `tidal show {job_id}`")
         where = ",".join(sorted({p["node"] for p in job["placement"]}))
         console.print(f"job {job_id} {job['state']}" + (f" on {where}" if where else ""))
 
@@ -315,7 +328,8 @@ def _resize_cmd(app: typer.Typer) -> None:
         """Run a job on another number of devices D (its world size W stays): a consistent cut, a
         checkpoint of every rank, a restore with ranks packed onto D devices. D stays pinned until --auto."""
         if (devices is None) == (not auto):
-            raise ValidationError("give either --devices D or --auto", field="devices")
+            raise ValidationError("give either --devices D or --auto", field="devices",
+                                  hint="--devices D pins the job to D devices; --auto lets the scheduler choose")
         api = Api()
         before = api.get(f"/v1/jobs/{job_id}")
         seq = before["events"][-1]["seq"] if before["events"] else 0

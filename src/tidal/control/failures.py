@@ -21,6 +21,7 @@ from tidal.control.jobs import (
     phase,
     restore_source,
     set_phase,
+    spec_of,
     state,
     transition,
 )
@@ -115,7 +116,7 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
             kill(s, job, node, cause)
     end_op(job)
     job.target = None
-    limit = int(job.spec.get("max_restarts", 3))
+    limit = spec_of(job).max_restarts
     if restart and job.restarts >= limit:
         job.error = why
         transition(s, job, S.FAILED, cause, f"{why}; no restarts left ({limit})")

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from tidal.control.clock import now
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
-from tidal.core import TERMINAL, DeviceRef, JobState, advance
+from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
 from tidal.core.operations import Phase, step
 from tidal.errors import NotFound
 
@@ -33,6 +33,11 @@ ACTIVE = frozenset({S.RUNNING, S.CHECKPOINTING, S.MIGRATING, S.RESTORING})
 
 def state(job: JobRow) -> JobState:
     return JobState(job.state)
+
+
+def spec_of(job: JobRow) -> JobSpec:
+    """What the job's owner asked for, as stored at submission."""
+    return JobSpec.from_json(job.spec)
 
 
 def transition(s: Session, job: JobRow, new: JobState, cause: str | None, detail: str = "") -> str:

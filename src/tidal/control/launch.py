@@ -11,7 +11,7 @@ from tidal.control import failures
 from tidal.control.clock import now
 from tidal.control.dispatch import kill, new_action
 from tidal.control.history import new_id, record
-from tidal.control.jobs import parts_of, restore_source, set_phase, state, transition
+from tidal.control.jobs import parts_of, restore_source, set_phase, spec_of, state, transition
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, JobRow, NodeRow, User
 from tidal.core import DeviceRef, JobState, protocol
@@ -41,7 +41,7 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
     job.attempt += 1
     job.exited = {}
     job.opstate = None
-    spec = job.spec
+    spec = spec_of(job)
     owner = s.get(User, job.owner)
     rdv = rendezvous(s, job, "start")
     op = new_id("o")
@@ -49,7 +49,7 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
         noderow = s.get(NodeRow, node)
         cpus = noderow.cpus if noderow else []
         fields: dict[str, Any] = dict(
-            job_id=job.id, attempt=job.attempt, argv=spec["command"], workdir=spec["workdir"], env=spec["env"],
+            job_id=job.id, attempt=job.attempt, argv=list(spec.command), workdir=spec.workdir, env=dict(spec.env),
             world_size=job.ranks, local_world_size=len(ranks),
             # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
             unix_user=owner.unix_user if owner else None,

@@ -114,7 +114,7 @@ class Reconciler:
         """Running jobs whose periodic checkpoint is due."""
         out = []
         for job in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))):
-            every = job.spec.get("checkpoint_every")
+            every = jobs.spec_of(job).checkpoint_every
             since = max(job.last_checkpoint_at or 0.0, job.started_at or now)
             if every and now - since >= float(every):
                 out.append(job)
@@ -171,7 +171,7 @@ class Reconciler:
         if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
             # Nothing waits: only growing a shrunk job into idle devices is left to decide.
             return self.policy.grows and any(jobs.free_devices(s).values()) and any(
-                jobs.device_count(j) < int(j.spec.get("max_devices") or j.ranks) and not j.pinned_devices
+                jobs.device_count(j) < (jobs.spec_of(j).max_devices or j.ranks) and not j.pinned_devices
                 for j in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))))
         if any(jobs.free_devices(s).values()):
             return True
@@ -198,12 +198,13 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
         if st is S.RUNNING and j.op is not None:
             st = S.CHECKPOINTING if j.op_purpose not in ("launch", "restore") else S.RESTORING
         placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement)
-        lo, hi = int(j.spec.get("min_devices") or 1), int(j.spec.get("max_devices") or j.ranks)
+        spec = jobs.spec_of(j)
+        lo, hi = spec.min_devices or 1, spec.max_devices or j.ranks
         if j.pinned_devices:  # resized by hand: the scheduler keeps that size
             lo = hi = j.pinned_devices
         views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=Tier.parse(j.tier), submitted_at=j.submitted_at,
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
-                              started_at=j.started_at, project=str(j.spec.get("project") or "default"))
+                              started_at=j.started_at, project=spec.project or "default")
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,

@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session
 from tidal.control.checkpointing import checkpoint
 from tidal.control.dispatch import kill
 from tidal.control.history import record
-from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_of, state, transition
+from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_of, spec_of, state, transition
 from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
@@ -144,7 +144,8 @@ def resize(s: Session, job: JobRow, devices: int | None, cause: str) -> dict[str
     every rank, a restore with the new packing), and pin that number until ``devices=None`` (``--auto``)
     gives it back to the scheduler."""
     st = state(job)
-    lo, hi = int(job.spec.get("min_devices") or 1), int(job.spec.get("max_devices") or job.ranks)
+    spec = spec_of(job)
+    lo, hi = spec.min_devices or 1, spec.max_devices or job.ranks
     if devices is None:
         job.pinned_devices = None
         record(s, "resize_auto", job_id=job.id, cause=cause, detail="the scheduler may resize it again")

@@ -30,7 +30,7 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
         d = decide(quotas, _capacity(s), spec.project, spec.tier, spec.ranks, _guaranteed_use(s, spec.project))
         tier, why = d.tier, d.reason
     jid = secrets.token_hex(4)
-    values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec_to_json(spec),
+    values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec.to_json(),
                                   tier=tier.value, ranks=spec.ranks, state=JobState.PENDING.value, held=False,
                                   submitted_at=now(s), restarts=0, attempt=0, placement=[])
     # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API. One cached
@@ -58,11 +58,3 @@ def _guaranteed_use(s: Session, project: str) -> int:
 _INSERT_JOB = insert(JobRow).values(
     seq=select(func.coalesce(func.max(JobRow.seq), 0) + 1).scalar_subquery())
 
-
-def spec_to_json(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name, "command": list(spec.command), "workdir": spec.workdir, "ranks": spec.ranks,
-        "tier": spec.tier.value, "min_devices": spec.min_devices, "max_devices": spec.max_devices,
-        "env": dict(spec.env), "checkpoint_every": spec.checkpoint_every, "max_restarts": spec.max_restarts,
-        "owner": spec.owner, "project": spec.project,
-    }

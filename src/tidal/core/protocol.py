@@ -21,7 +21,7 @@ import pydantic
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
 from tidal.core import limits
-from tidal.errors import ProtocolMismatch, ValidationError
+from tidal.errors import InvalidField, ProtocolMismatch, ValidationError
 
 #: The protocol this build speaks. Bump it on any change an older peer would misread.
 VERSION = 1
@@ -281,10 +281,10 @@ class Register(_FromAgent):
     def _one_cpu_set_per_device(cls, cpus: list[list[int]], info: pydantic.ValidationInfo) -> list[list[int]]:
         devices = info.data.get("devices")
         if devices is not None and len(cpus) != devices:
-            raise ValueError(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
+            raise InvalidField(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
         for i, cs in enumerate(cpus):
             if not cs or len(set(cs)) != len(cs):
-                raise ValueError(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
+                raise InvalidField(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
         return cpus
 
 

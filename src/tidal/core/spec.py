@@ -1,10 +1,20 @@
-"""What a user asks for: the job's specification (never changed by scheduling)."""
+"""What a user asks for: the job's specification (never changed by scheduling).
+
+:class:`JobSpec` is the one model of a job's specification, from the CLI and job files through the API and
+the database to the agent: the API's submission body is derived from its fields (see
+:meth:`JobSpec.submission_fields`), the database holds :meth:`JobSpec.to_json` and the control plane reads
+it back with :meth:`JobSpec.from_json`. A new field of a job is a new field here, plus its use.
+"""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import enum
+import typing
+from collections.abc import Callable, Mapping
+from pathlib import PurePosixPath
 from types import MappingProxyType
+from typing import Any
 
 from tidal.core import limits
 from tidal.core.tiers import Tier
@@ -15,36 +25,116 @@ from tidal.errors import ValidationError
 # that runs inside its ranks.
 RESERVED_ENV_PREFIX = "TIDAL_"
 
+# Field metadata: how a submission (the API's request body, which the CLI and job files fill) gives a field
+# where that is not as the spec holds it.
+_SUBMITTED = "submitted"
+_SET_BY_CONTROL_PLANE = "set by the control plane"  # no submitter gives it
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class JobSpec:
-    """A job of ``ranks`` (W) ranks; it may run on ``min_devices..max_devices`` devices (1 ≤ min ≤ max ≤ W)."""
+
+@dataclasses.dataclass(frozen=True)
+class SubmittedField:
+    """A field of a job's submission: its name, its type in the request body, and its default there
+    (``required``: none; ``default_factory``: a fresh default per submission)."""
 
     name: str
-    command: tuple[str, ...]
+    type: Any
+    default: Any = None
+    default_factory: Callable[[], Any] | None = None
+    required: bool = False
+
+
+def _submitted_as(type_: Any, default: Any = dataclasses.MISSING) -> dict[str, Any]:
+    return {_SUBMITTED: (type_, default)}
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """A job of ``ranks`` (W) ranks; it may run on ``min_devices..max_devices`` devices (1 ≤ min ≤ max ≤ W).
+
+    The fields are in the order a submission is checked in; they are keyword-only."""
+
+    command: tuple[str, ...] = dataclasses.field(metadata=_submitted_as(list[str]))
     workdir: str
+    # Empty: the program's name (the command's first word, without its directory).
+    name: str = dataclasses.field(default="", metadata=_submitted_as(str | None, None))
+    tier: Tier = dataclasses.field(default=Tier.BASIC, metadata=_submitted_as(str, Tier.BASIC.value))
     ranks: int = 1
-    tier: Tier = Tier.BASIC
-    min_devices: int | None = None
-    max_devices: int | None = None
-    env: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    min_devices: int | None = None  # None: 1
+    max_devices: int | None = None  # None: ranks
+    env: Mapping[str, str] = dataclasses.field(default_factory=dict, metadata=_submitted_as(dict[str, str]))
     checkpoint_every: float | None = None
     max_restarts: int = 3
-    owner: str = ""
     project: str = "default"
+    owner: str = dataclasses.field(default="", metadata={_SUBMITTED: _SET_BY_CONTROL_PLANE})
 
     def __post_init__(self) -> None:
         # Normalise first (frozen: via object.__setattr__), then validate, so a JobSpec is always valid.
+        self._normalise()
+        self.validate()
+
+    def _normalise(self) -> None:
         set_ = object.__setattr__
         set_(self, "command", tuple(self.command))
         set_(self, "env", MappingProxyType(dict(self.env)))
         if isinstance(self.tier, str):
             set_(self, "tier", Tier.parse(self.tier))
+        if not self.name:
+            first = self.command[0] if self.command else None
+            set_(self, "name", PurePosixPath(first).name if isinstance(first, str) and first else "job")
         if self.min_devices is None:
             set_(self, "min_devices", 1)
         if self.max_devices is None:
             set_(self, "max_devices", self.ranks)
-        self.validate()
+
+    # -- the database's form ------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """The spec as the database's JSON column holds it: every field, as JSON (lists, objects, strings)."""
+        return {f.name: _json_value(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> JobSpec:
+        """The spec of a stored job (:meth:`to_json`'s form), as this or an older version wrote it: a field
+        it lacks, or holds as null, takes its default; keys it does not know are left out. It is normalised
+        but not validated again: a job stays readable after a limit is tightened."""
+        spec = object.__new__(cls)
+        for f in dataclasses.fields(cls):
+            value = doc.get(f.name)
+            if value is None:
+                if f.default_factory is not dataclasses.MISSING:
+                    value = f.default_factory()
+                elif f.default is not dataclasses.MISSING:
+                    value = f.default
+                else:
+                    raise ValidationError(f"the stored job spec has no {f.name}", field=f.name,
+                                          hint="the job's row in the database is damaged")
+            object.__setattr__(spec, f.name, value)
+        spec._normalise()
+        return spec
+
+    # -- the submission's form ----------------------------------------------------------------------------
+    @classmethod
+    def submission_fields(cls) -> list[SubmittedField]:
+        """The fields a submission gives, in order, with their types and defaults in the request body (the
+        API's body model is made from these)."""
+        hints = typing.get_type_hints(cls)
+        out = []
+        for f in dataclasses.fields(cls):
+            how = f.metadata.get(_SUBMITTED)
+            if how == _SET_BY_CONTROL_PLANE:
+                continue
+            type_, default = how if how is not None else (hints[f.name], dataclasses.MISSING)
+            if default is dataclasses.MISSING:
+                default = f.default
+            factory = None if f.default_factory is dataclasses.MISSING else f.default_factory
+            out.append(SubmittedField(f.name, type_, None if default is dataclasses.MISSING else default,
+                                      factory, required=default is dataclasses.MISSING and factory is None))
+        return out
+
+    @classmethod
+    def submitted(cls, values: Mapping[str, Any], *, owner: str) -> JobSpec:
+        """The spec of a submission by ``owner``: ``values`` by field name, as :meth:`submission_fields`
+        gives them (a null takes the spec's default)."""
+        return cls(**{k: v for k, v in values.items() if v is not None}, owner=owner)
 
     def validate(self) -> None:
         # The command first: a job's name defaults to its program's.
@@ -88,6 +178,16 @@ class JobSpec:
     @property
     def elastic(self) -> bool:
         return self.min_devices != self.max_devices
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
 
 
 def validate_env(env: Mapping[str, str]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+from tidal.errors import ValidationError
+
 
 class FakeClock:
     """A :class:`tidal.core.clock.Clock` whose time moves only when a test says so.
@@ -26,7 +28,7 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         if seconds < 0:
-            raise ValueError(f"time only goes forward: cannot advance by {seconds}s")
+            raise ValidationError(f"time only goes forward: cannot advance by {seconds}s", field="seconds")
         with self._lock:
             self._time += seconds
             self._monotonic += seconds

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tidal.core.clock import Clock
+from tidal.errors import ValidationError
 from tidal.testing import FakeClock
 
 
@@ -19,7 +20,7 @@ def test_advance_moves_both_clocks() -> None:
     clock.advance(2.5)
     clock.advance(0)
     assert (clock.time(), clock.monotonic()) == (1002.5, 2.5)
-    with pytest.raises(ValueError, match="forward"):
+    with pytest.raises(ValidationError, match="forward"):
         clock.advance(-1)
     assert (clock.time(), clock.monotonic()) == (1002.5, 2.5)
 

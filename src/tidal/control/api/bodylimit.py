@@ -9,11 +9,11 @@ so a route never holds more than its limit. A refused body is still read, and dr
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from tidal.control.api.handlers import error_response
 from tidal.errors import PayloadTooLarge
 
 Scope = MutableMapping[str, Any]
@@ -65,7 +65,7 @@ class BodyLimit:
         if disconnected:
             return
         if size > limit or (declared is not None and declared > limit):
-            await _refuse(send, limit)
+            await _refuse(scope, receive, send, limit)
             return
         body = b"".join(chunks)
         replayed = False
@@ -90,11 +90,7 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _refuse(send: Send, limit: int) -> None:
+async def _refuse(scope: Scope, receive: Receive, send: Send, limit: int) -> None:
     err = PayloadTooLarge(f"the request body is over {limit} bytes, the most this route takes",
                           hint="send less (see docs/cluster.md, Request limits)", limit=limit)
-    payload = json.dumps(err.to_dict()).encode()
-    await send({"type": "http.response.start", "status": err.status_code,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": payload})
+    await error_response(err, headers={"connection": "close"})(scope, receive, send)

@@ -7,12 +7,13 @@ never an allocation without end. A job's specification is checked by :class:`tid
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, Field, StringConstraints, field_validator
+from pydantic import AfterValidator, BaseModel, Field, StringConstraints, create_model, field_validator
 from pydantic_core.core_schema import ValidationInfo
 
-from tidal.core import limits
+from tidal.core import JobSpec, limits
+from tidal.errors import InvalidField
 
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
 # Names of nodes, regions, clusters and agents: they end up in paths and log lines.
@@ -31,19 +32,30 @@ def _printable(text: str | None) -> str | None:
     return None if text is None else text.encode("utf-8", "backslashreplace").decode()
 
 
-class JobSubmit(BaseModel):
-    # Checked, bounds included, by JobSpec: its messages name the field and the bound.
-    command: list[str]
-    workdir: str
-    name: str | None = None
-    tier: str = "basic"
-    ranks: int = 1
-    min_devices: int | None = None
-    max_devices: int | None = None
-    env: dict[str, str] = Field(default_factory=dict)
-    checkpoint_every: float | None = None
-    max_restarts: int = 3
-    project: str = "default"
+class _Submission(BaseModel):
+    """A job's submission. Its fields are :class:`tidal.core.JobSpec`'s, made by :func:`_submission_model`;
+    each is checked, bounds included, by JobSpec: its messages name the field and the bound."""
+
+    def to_spec(self, owner: str) -> JobSpec:
+        return JobSpec.submitted(dict(self), owner=owner)
+
+
+def _submission_model() -> type[_Submission]:
+    fields: dict[str, Any] = {}
+    for f in JobSpec.submission_fields():
+        if f.required:
+            fields[f.name] = (f.type, ...)
+        elif f.default_factory is not None:
+            fields[f.name] = (f.type, Field(default_factory=f.default_factory))
+        else:
+            fields[f.name] = (f.type, f.default)
+    return create_model("JobSubmit", __base__=_Submission, __module__=__name__, **fields)
+
+
+if TYPE_CHECKING:
+    JobSubmit = _Submission
+else:
+    JobSubmit = _submission_model()
 
 
 class MigrateRequest(BaseModel):
@@ -79,10 +91,10 @@ class Register(BaseModel):
     def _one_cpu_set_per_device(cls, cpus: list[list[int]], info: ValidationInfo) -> list[list[int]]:
         devices = info.data.get("devices")
         if devices is not None and len(cpus) != devices:
-            raise ValueError(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
+            raise InvalidField(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
         for i, cs in enumerate(cpus):
             if not cs or len(set(cs)) != len(cs) or not all(0 <= c <= limits.MAX_CPU_ID for c in cs):
-                raise ValueError(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
+                raise InvalidField(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
         return cpus
 
 

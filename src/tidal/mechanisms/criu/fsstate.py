@@ -125,7 +125,8 @@ class FsTracker:
         with acting_as(self.who):
             if not self.workdir.is_dir():
                 raise CheckpointError(f"working directory {self.workdir} has disappeared",
-                                      object=str(self.workdir))
+                                      object=str(self.workdir),
+                                      hint="a job's working directory must stay in place while the job lives")
             entries = scan(self.workdir)
         captured = []
         for path, entry in entries.items():

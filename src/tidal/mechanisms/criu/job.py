@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError
+from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, ValidationError
 from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
@@ -67,7 +67,8 @@ def _copy_prefix(src: Path, dest: Path, length: int) -> None:
             n = os.sendfile(fo.fileno(), fi.fileno(), off, left)  # in-kernel, also across file systems
             off += n
             if n == 0:
-                raise CheckpointError(f"log {src} is shorter than {length} bytes", object=str(src))
+                raise CheckpointError(f"log {src} is shorter than {length} bytes", object=str(src),
+                                      hint="the rank's log must not be truncated while the job lives")
             left -= n
 
 
@@ -132,7 +133,7 @@ class Job:
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]], store: CheckpointStore,
                track_fs: bool = True, **kw: Any) -> Job:
         if not placement:
-            raise MechanismError("a job needs at least one rank")
+            raise MechanismError("a job needs at least one rank", hint="place at least one rank on a node")
         workdir = placement[0][0].workdir
         if not workdir.is_dir():
             raise MechanismError(f"working directory {workdir} does not exist",
@@ -196,7 +197,8 @@ class Job:
         collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when
         they go on (default: the same store)."""
         if then not in ("continue", "kill", "hold"):
-            raise ValueError(f"then must be 'continue', 'kill' or 'hold', not {then!r}")
+            raise ValidationError(f"then must be 'continue', 'kill' or 'hold', not {then!r}", field="then",
+                                  hint="continue: the job goes on; kill: it stops; hold: it stays frozen")
         node = self.ranks[0].node
         self._await_restored()
         need = sum(r.image_estimate() for r in self.ranks)
@@ -352,7 +354,8 @@ class Job:
         if checkpoint_id is None:
             latest = store.latest(job_id)
             if latest is None:
-                raise CheckpointError(f"job {job_id} has no committed checkpoint", object=job_id)
+                raise CheckpointError(f"job {job_id} has no committed checkpoint", object=job_id,
+                                      hint="launch the job anew instead of restoring it")
             checkpoint_id = latest.id
         return store.reader(job_id, checkpoint_id)
 
@@ -404,7 +407,7 @@ class Job:
             meta = reader.meta
             if meta.get("format") != FORMAT:
                 raise CheckpointError(f"checkpoint {reader.info.id} has unknown format {meta.get('format')!r}",
-                                      object=reader.info.id)
+                                      object=reader.info.id, hint="restore it with the Tidal version that took it")
             owner.update({int(r): reader for r in meta["ranks"]})
             if meta.get("fs") is not None:
                 fs_reader = reader
@@ -412,7 +415,8 @@ class Job:
         missing = sorted(set(by_rank) - set(owner))
         if missing or (whole and sorted(by_rank) != sorted(owner)):
             raise CheckpointError(f"checkpoint {', '.join(r.info.id for r in readers)} holds ranks "
-                                  f"{sorted(owner)}, placement gives {sorted(by_rank)}", object=readers[0].info.id)
+                                  f"{sorted(owner)}, placement gives {sorted(by_rank)}", object=readers[0].info.id,
+                                  hint="place every rank the checkpoint holds, and no other")
         workdir = Path(readers[0].meta["workdir"])
         if not workdir.is_dir():
             raise CheckpointError(f"cannot restore job {job_id}: working directory {workdir} does not exist "
@@ -422,7 +426,8 @@ class Job:
         if track_fs:
             if fs_reader is None:
                 raise CheckpointError(f"no part of checkpoint {readers[0].info.id} carries the working directory",
-                                      object=readers[0].info.id)
+                                      object=readers[0].info.id,
+                                      hint="restore it without tracking the working directory (track_fs=False)")
             fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"], placement[0][0].account)
         node0 = placement[0][1]
         mine = {r: owner[r] for r in by_rank}

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 from tidal.mechanisms.criu.discard import TRASH
+from tidal.mechanisms.machinelock import machine_lock
 from tidal.mechanisms.permissions import private_dir
 
 OPTIONS = "huge=within_size,mode=0700"
@@ -47,17 +46,6 @@ def mount_options(path: Path) -> str | None:
             if point == want:
                 found = f"{fields[sep + 1]}:{fields[sep + 3]}"  # the last mount on a point is the one seen
     return found
-
-
-@contextlib.contextmanager
-def _machine_lock(base: Path) -> Iterator[None]:
-    # Several agents of one machine may stage for the first time together: one mounts, the others see it.
-    fd = os.open(base / ".tidal-staging.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def unused(root: Path) -> bool:
@@ -84,7 +72,9 @@ def fast_root(base: Path) -> Path:
         if root not in _checked:
             private_dir(root, below=base)
             if mount_options(root) is None:
-                with _machine_lock(base):
+                # Several agents of one machine may stage for the first time together: one mounts, the
+                # others see it.
+                with machine_lock(base / ".tidal-staging.lock"):
                     if mount_options(root) is None and unused(root):
                         st = os.statvfs(base)
                         _mount(root, st.f_blocks * st.f_frsize)  # as large as what it sits in

@@ -48,7 +48,8 @@ INIT_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL": "C"}
 def become_subreaper() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        raise MechanismError("prctl(PR_SET_CHILD_SUBREAPER) failed")
+        raise MechanismError("prctl(PR_SET_CHILD_SUBREAPER) failed",
+                             hint="Tidal needs Linux ≥ 3.4 and must run as root; see `tidal doctor`")
 
 
 @dataclass(frozen=True)
@@ -204,12 +205,13 @@ class RankProcess:
     @classmethod
     def launch(cls, spec: RankSpec, node: NodeRoot) -> RankProcess:
         if not spec.workdir.is_absolute():
-            raise MechanismError(f"working directory must be an absolute path, got {spec.workdir}")
+            raise MechanismError(f"working directory must be an absolute path, got {spec.workdir}",
+                                 hint="give the rank's working directory as an absolute path")
         if not spec.workdir.is_dir():
             raise MechanismError(f"working directory {spec.workdir} does not exist",
                                  hint="it must exist at the same path on every node")
         if not spec.argv:
-            raise MechanismError("empty command")
+            raise MechanismError("empty command", hint="give the program to run and its arguments")
         out_r, out_w = _pipe_pair()
         st_r, st_w = _pipe_pair()
         ctl_r, ctl_w = _pipe_pair()
@@ -358,7 +360,8 @@ class RankProcess:
 
     def wait(self, timeout: float | None = None) -> ExitStatus:
         if not self._exited.wait(timeout):
-            raise TimeoutError(f"rank {self.spec.name} still running after {timeout}s")
+            raise MechanismError(f"rank {self.spec.name} still running after {timeout}s",
+                                 hint="wait longer, or kill the rank")
         # The output pipe may still hold the last lines: wait until the pump has read it to the end.
         self._out_closed.wait(10)
         assert self._exit is not None
@@ -386,7 +389,8 @@ class RankProcess:
     # -- checkpoint steps ---------------------------------------------------------------------------
     def _check_running(self, what: str) -> None:
         if not self.running or not tasks.alive(self.pid):
-            raise RankExited(f"cannot {what} rank {self.spec.name}: it has exited ({self._exit or 'gone'})")
+            raise RankExited(f"cannot {what} rank {self.spec.name}: it has exited ({self._exit or 'gone'})",
+                             hint="its log says why it exited")
 
     def settle(self, timeout: float | None = 60.0) -> None:
         """Wait until a lazily restored rank has all its memory (at once for any other rank)."""
@@ -426,7 +430,7 @@ class RankProcess:
         """Dump the (frozen) rank into ``images``; it stays frozen."""
         self._check_running("checkpoint")
         if not self._frozen:
-            raise MechanismError("dump needs a frozen rank: call freeze() first")
+            raise MechanismError("dump needs a frozen rank", hint="call freeze() first")
         out_pipe, status_pipe = self.pipe_keys()
         private_dir(images)
         for attempt in range(3):
@@ -468,7 +472,8 @@ class RankProcess:
         for fd in os.listdir(f"/proc/{self.pid}/fd"):
             if tasks.fd_target(self.pid, int(fd)) == key:
                 return key
-        raise MechanismError(f"rank {self.spec.name}: its init no longer holds the status pipe")
+        raise MechanismError(f"rank {self.spec.name}: its init no longer holds the status pipe",
+                             hint="the rank's init is gone or was replaced: it cannot be checkpointed; kill it")
 
     def kill(self, timeout: float = 10.0, wait: bool = True) -> None:
         """SIGKILL the whole rank (also when frozen). ``wait``: until its init is reaped; else return at
@@ -494,7 +499,8 @@ class RankProcess:
             return
         deadline = time.monotonic() + timeout
         if not self._exited.wait(max(0.0, deadline - time.monotonic())):
-            raise MechanismError(f"rank {self.spec.name} (pid {self.pid}) did not die within {timeout:.0f}s")
+            raise MechanismError(f"rank {self.spec.name} (pid {self.pid}) did not die within {timeout:.0f}s",
+                                 hint=f"it may be stuck in the kernel: see /proc/{self.pid}/stack")
 
 
 # Ranks killed without waiting, by freezer cgroup, until reaped: the next incarnation of the same rank on

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import os
 import subprocess
 import time
-from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
 
 from tidal.errors import CheckpointError, Unsupported
 from tidal.mechanisms.criu import rlimits
 from tidal.mechanisms.criu.provision import Criu, default_prefix, find_criu
+from tidal.mechanisms.machinelock import machine_lock
 
 HARMLESS = ("Can't setup RLIMIT_NOFILE",)
 LAZY_SOCKET = "lazy-pages.socket"  # where ``criu lazy-pages`` listens, in its images directory
@@ -27,16 +25,6 @@ TRANSIENT = ("Unseizable non-zombie", "zombie found while seizing", "Timeout rea
 # ("Can't create a directory (-17)"). Dumps on a machine take turns.
 DUMP_LOCK = Path(os.environ.get("TIDAL_LOCK_DIR", "/run/lock" if os.path.isdir("/run/lock") else "/tmp")) / (
     "tidal-criu-dump.lock")
-
-
-@contextlib.contextmanager
-def _dump_turn() -> Iterator[None]:
-    fd = os.open(DUMP_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 class TransientDumpError(CheckpointError):
@@ -64,7 +52,8 @@ class CriuRunner:
             out = subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds, timeout=timeout,
                                  check=False, env=env)
         except subprocess.TimeoutExpired as exc:
-            raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent)) from exc
+            raise CheckpointError(f"{what} timed out after {timeout:.0f}s", object=str(log.parent),
+                                  hint=f"full CRIU log: {log}") from exc
         if out.returncode != 0:
             errors = _log_errors(log)
             cls = TransientDumpError if any(t in errors for t in TRANSIENT) else CheckpointError
@@ -83,7 +72,7 @@ class CriuRunner:
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]
         args.append("--leave-running")
-        with _dump_turn():
+        with machine_lock(DUMP_LOCK):
             self._run(args, images / "dump.log", what=f"criu dump of pid {pid}",
                       preload=rlimits.dump_preload(prefix or default_prefix()))
 
@@ -96,7 +85,7 @@ class CriuRunner:
         args = ["pre-dump", "-t", str(pid), "-D", str(images), "--track-mem", "--manage-cgroups=ignore"]
         if freezer is not None:
             args += ["--freeze-cgroup", str(freezer)]
-        with _dump_turn():
+        with machine_lock(DUMP_LOCK):
             self._run(args, images / "pre-dump.log", what=f"criu pre-dump of pid {pid}")
 
     def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str],

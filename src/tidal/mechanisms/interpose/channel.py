@@ -20,6 +20,7 @@ from typing import Any
 from tidal.errors import CheckpointError, Unsupported
 from tidal.mechanisms.criu.logpump import pump
 
+_SEE_LOG = "the rank's log says why; the job's last good checkpoint is untouched"
 
 class CutTimeout(CheckpointError):
     """A rank did not answer a step of the cut in time (stopped, or stuck outside any collective)."""
@@ -71,13 +72,14 @@ class RankChannel:
         data = (json.dumps(msg) + "\n").encode()
         with self._lock:
             if self.wfd < 0:
-                raise CheckpointError(f"rank {self.name} has exited", object=self.name)
+                raise CheckpointError(f"rank {self.name} has exited", object=self.name, hint=_SEE_LOG)
             try:
                 view = memoryview(data)
                 while view:
                     view = view[os.write(self.wfd, view):]
             except OSError as exc:
-                raise CheckpointError(f"rank {self.name}: its interposer channel is closed ({exc})") from exc
+                raise CheckpointError(f"rank {self.name}: its interposer channel is closed ({exc})",
+                                      object=self.name, hint=_SEE_LOG) from exc
 
     def send_when_ready(self, **msg: Any) -> None:
         """Send now, or once the rank has loaded its interposer (it has not said hello yet)."""
@@ -98,9 +100,10 @@ class RankChannel:
                                  object=self.name, hint="the job goes on; its last good checkpoint is "
                                  "untouched") from None
             if msg.get("op") == "closed":
-                raise CheckpointError(f"rank {self.name} exited during the cut", object=self.name)
+                raise CheckpointError(f"rank {self.name} exited during the cut", object=self.name, hint=_SEE_LOG)
             if msg.get("op") == "error":
-                raise CheckpointError(f"rank {self.name}: interposer error: {msg.get('error')}", object=self.name)
+                raise CheckpointError(f"rank {self.name}: interposer error: {msg.get('error')}", object=self.name,
+                                      hint=_SEE_LOG)
             if msg.get("epoch") == epoch and msg.get("op") in ops:
                 return msg
             # a reply of an earlier, abandoned epoch: skip it

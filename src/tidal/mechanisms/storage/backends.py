@@ -34,7 +34,8 @@ def storage_error(e: OSError, what: str, where: str) -> StorageError:
             reason="store full",
             hint="free space in the checkpoint store or lower the number of retained checkpoints",
         )
-    return StorageError(f"checkpoint store error {what} {where}: {e}", object=where, reason=str(e))
+    return StorageError(f"checkpoint store error {what} {where}: {e}", object=where, reason=str(e),
+                        hint="check that the checkpoint store is reachable and Tidal may write to it")
 
 
 class Backend(Protocol):

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import zstandard
 
+from tidal.errors import UndecodableChunk, ValidationError
+
 RAW = b"R"
 ZSTD = b"Z"
 
@@ -28,18 +30,24 @@ def chunk_key(digest: str) -> str:
     return f"chunks/{digest[:2]}/{digest}"
 
 
+def check_chunk_size(chunk_size: int) -> None:
+    if chunk_size <= 0:
+        raise ValidationError(f"chunk_size must be positive, not {chunk_size}", field="chunk_size",
+                              hint="a chunk size in bytes, e.g. 4 MiB")
+
+
 def plan(size: int, boundaries: Sequence[int], chunk_size: int) -> list[tuple[int, int]]:
     """Cut ``[0, size)`` into ``(offset, length)`` chunks that start at every boundary.
 
     Inside each segment between boundaries, chunks are ``chunk_size`` long (the last one shorter), so a
     segment that grows or shrinks does not shift the chunks of any other segment.
     """
-    if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be positive, not {chunk_size}")
+    check_chunk_size(chunk_size)
     cuts: set[int] = set()
     for b in boundaries:
         if not isinstance(b, int) or b < 0 or b > size:
-            raise ValueError(f"boundary {b!r} is outside the file (size {size})")
+            raise ValidationError(f"boundary {b!r} is outside the file (size {size})", field="boundaries",
+                                  hint=f"give offsets from 0 to {size}")
         cuts.add(b)
     edges = sorted(cuts | {0, size})
     out: list[tuple[int, int]] = []
@@ -108,22 +116,28 @@ class Codec:
         return RAW, data
 
     def decode(self, obj: bytes | memoryview, size: int) -> bytes | memoryview:
-        """Payload of a stored chunk object; raises ``ValueError`` saying what is wrong with it."""
+        """Payload of a stored chunk object; raises :class:`UndecodableChunk` saying what is wrong with it."""
         if not len(obj):
-            raise ValueError("truncated: empty object")
+            raise _undecodable("truncated", "truncated: empty object")
         body = memoryview(obj)
         tag = bytes(body[:1])
         body = body[1:]
         if tag == RAW:
             if len(body) != size:
-                raise ValueError(f"truncated: {len(body)} bytes instead of {size}")
+                raise _undecodable("truncated", f"truncated: {len(body)} bytes instead of {size}")
             return body
         if tag == ZSTD:
             try:
                 out = self._decompressor().decompress(body, max_output_size=size)
             except zstandard.ZstdError as e:
-                raise ValueError(f"undecodable zstd frame ({e})") from None
+                raise _undecodable("undecodable zstd frame", f"undecodable zstd frame ({e})") from None
             if len(out) != size:
-                raise ValueError(f"truncated: decodes to {len(out)} bytes instead of {size}")
+                raise _undecodable("truncated", f"truncated: decodes to {len(out)} bytes instead of {size}")
             return out
-        raise ValueError(f"undecodable: unknown chunk tag {tag!r}")
+        raise _undecodable("undecodable", f"undecodable: unknown chunk tag {tag!r}")
+
+
+def _undecodable(reason: str, message: str) -> UndecodableChunk:
+    return UndecodableChunk(message, reason=reason,
+                            hint="the store's copy of this chunk is damaged: a checkpoint that holds it cannot "
+                                 "be restored")

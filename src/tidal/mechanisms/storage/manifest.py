@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tidal.errors import CheckpointCorrupt
+from tidal.errors import CheckpointCorrupt, ValidationError
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -25,7 +25,8 @@ _SAFE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 def check_id(kind: str, value: str) -> str:
     """Job and checkpoint ids become path components: allow only a safe alphabet."""
     if not isinstance(value, str) or not _SAFE_ID.fullmatch(value):
-        raise ValueError(f"invalid {kind} {value!r}: use letters, digits, '.', '_' and '-'")
+        raise ValidationError(f"invalid {kind} {value!r}: use letters, digits, '.', '_' and '-'",
+                              field=kind.replace(" ", "_"), hint="at most 200 characters, the first a letter or digit")
     return value
 
 
@@ -33,7 +34,8 @@ def check_name(name: str) -> str:
     """A name inside a checkpoint is a relative POSIX path without '.', '..' or empty parts."""
     parts = name.split("/") if isinstance(name, str) else [""]
     if not name or any(p in ("", ".", "..") for p in parts) or "\0" in name:
-        raise ValueError(f"invalid name {name!r} inside a checkpoint: use a relative POSIX path")
+        raise ValidationError(f"invalid name {name!r} inside a checkpoint: use a relative POSIX path",
+                              field="name", hint="no leading '/', no empty, '.' or '..' parts, no NUL")
     return name
 
 
@@ -85,10 +87,10 @@ class Entry:
     def from_json(cls, d: dict[str, Any]) -> Entry:
         kind = d["kind"]
         if kind not in ("file", "symlink"):
-            raise ValueError(f"unknown entry kind {kind!r}")
+            raise ValidationError(f"unknown entry kind {kind!r}", field="kind")
         chunks = tuple((str(h), int(n)) for h, n in d.get("chunks", ()))
         if kind == "file" and sum(n for _, n in chunks) != int(d["size"]):
-            raise ValueError(f"chunks of {d['name']!r} do not add up to its size")
+            raise ValidationError(f"chunks of {d['name']!r} do not add up to its size", field="chunks")
         return cls(
             name=str(d["name"]),
             kind=kind,
@@ -160,7 +162,7 @@ class Manifest:
                     f"manifest {where} is corrupt: sha256 mismatch", object=where, reason="sha256 mismatch"
                 )
             if body.get("format") != FORMAT:
-                raise ValueError(f"unsupported format {body.get('format')!r}")
+                raise ValidationError(f"unsupported format {body.get('format')!r}", field="format")
             return cls(
                 job_id=str(body["job_id"]),
                 id=str(body["id"]),
@@ -171,7 +173,7 @@ class Manifest:
             )
         except CheckpointCorrupt:
             raise
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
+        except (ValidationError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointCorrupt(
                 f"manifest {where} is undecodable ({e})", object=where, reason="undecodable"
             ) from None
@@ -182,9 +184,10 @@ def normalise_meta(meta: dict[str, Any]) -> dict[str, Any]:
     try:
         out = json.loads(json.dumps(meta, sort_keys=True))
     except (TypeError, ValueError) as e:
-        raise ValueError(f"checkpoint meta must be JSON-able: {e}") from None
+        raise ValidationError(f"checkpoint meta must be JSON-able: {e}", field="meta",
+                              hint="strings, numbers, booleans, None, lists and dicts with string keys") from None
     if not isinstance(out, dict):
-        raise ValueError("checkpoint meta must be a dict")
+        raise ValidationError("checkpoint meta must be a dict", field="meta")
     return out
 
 

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import CheckpointCorrupt, CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError, UndecodableChunk
 
 from .chunks import chunk_key, zero_digest, zeros
 from .manifest import CheckpointInfo, Entry, Manifest, file_digest
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
+
+_RETRY = "the staged images changed while the restore read them: restore again"
 
 
 class _Sink:
@@ -44,7 +46,8 @@ class _FileSink(_Sink):
         self.entry: Entry | None = None
 
     def _error(self, e: OSError) -> CheckpointError:
-        return CheckpointError(f"cannot restore {self.dest}: {e}", object=str(self.dest))
+        return CheckpointError(f"cannot restore {self.dest}: {e}", object=str(self.dest),
+                               hint="the working directory must be writable and have room for the checkpoint's files")
 
     def open(self, entry: Entry) -> None:
         self.entry = entry
@@ -115,7 +118,7 @@ class _PatchSink(_FileSink):
             try:
                 if os.preadv(self.fd, [view], src) != n:
                     raise CheckpointError(f"pre-staged base {self.tmp} is shorter than expected at offset {src}",
-                                          object=str(self.tmp))
+                                          object=str(self.tmp), hint=_RETRY)
                 self.write(dest, view)
             except OSError as e:
                 raise self._error(e) from None
@@ -165,7 +168,8 @@ class CheckpointReader:
             return self._entries[name]
         except KeyError:
             raise CheckpointError(
-                f"{name!r} is not in checkpoint {self.info.job_id}/{self.info.id}", object=name
+                f"{name!r} is not in checkpoint {self.info.job_id}/{self.info.id}", object=name,
+                hint="its entries() are what it holds"
             ) from None
 
     def extract(self, name: str, dest: Path | str) -> None:
@@ -211,7 +215,8 @@ class CheckpointReader:
     def read_bytes(self, name: str) -> bytes:
         entry = self.entry(name)
         if entry.kind != "file":
-            raise CheckpointError(f"{name!r} is a {entry.kind}, not a file", object=name)
+            raise CheckpointError(f"{name!r} is a {entry.kind}, not a file", object=name,
+                                  hint="only a file's bytes can be read")
         sink = _BytesSink()
         self._run([(entry, sink)], fetch_zero=False)
         return bytes(sink.buf)
@@ -295,6 +300,15 @@ class CheckpointReader:
             for fd in base_fds:
                 os.close(fd)
 
+    def _bad_chunk(self, entry: Entry, digest: str, what: str, reason: str) -> CheckpointCorrupt:
+        return CheckpointCorrupt(
+            f"checkpoint {self.info.job_id}/{self.info.id}: file {entry.name!r}: chunk {digest} {what}",
+            checkpoint=self.info.id,
+            object=entry.name,
+            chunk=digest,
+            reason=reason,
+        )
+
     def _fetch(
         self, entry: Entry, digest: str, n: int, sink: _Sink, off: int, fetch_zero: bool, buf: bytearray
     ) -> bytes | memoryview | None:
@@ -302,35 +316,16 @@ class CheckpointReader:
             return None  # content is known from the digest; the sink already holds zeros
         store = self._store
         key = chunk_key(digest)
-        where = f"{self.info.job_id}/{self.info.id}"
         try:
             raw = store.backend.get_into(key, buf)
         except FileNotFoundError:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is missing from the store ({key})",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason="missing",
-            ) from None
+            raise self._bad_chunk(entry, digest, f"is missing from the store ({key})", "missing") from None
         try:
             data = store.codec.decode(raw, n)
-        except ValueError as e:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is {e}",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason=str(e).split(":")[0].split(" (")[0],
-            ) from None
+        except UndecodableChunk as e:
+            raise self._bad_chunk(entry, digest, f"is {e.message}", e.fields["reason"]) from None
         if hashlib.sha256(data).hexdigest() != digest:
-            raise CheckpointCorrupt(
-                f"checkpoint {where}: file {entry.name!r}: chunk {digest} is corrupt (sha256 mismatch)",
-                checkpoint=self.info.id,
-                object=entry.name,
-                chunk=digest,
-                reason="sha256 mismatch",
-            )
+            raise self._bad_chunk(entry, digest, "is corrupt (sha256 mismatch)", "sha256 mismatch")
         sink.write(off, data)
         return data
 
@@ -459,7 +454,7 @@ def _copy_local(
         got = os.preadv(base_fd, [view], base_off)
         if got != n:
             raise CheckpointError(f"pre-staged base is shorter than expected at offset {base_off}",
-                                  object=str(base_fd))
+                                  object=str(base_fd), hint=_RETRY)
         sink.write(off, view)
     finally:
         view.release()

@@ -22,10 +22,10 @@ from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
-from tidal.errors import CheckpointCorrupt, CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError, ValidationError
 
 from .backends import Backend, LocalBackend, open_backend
-from .chunks import Codec
+from .chunks import Codec, check_chunk_size
 from .manifest import (
     MANIFEST,
     CheckpointInfo,
@@ -55,8 +55,7 @@ class CheckpointStore:
         workers: int | None = None,
         **storage_options: Any,
     ) -> None:
-        if chunk_size <= 0:
-            raise ValueError(f"chunk_size must be positive, not {chunk_size}")
+        check_chunk_size(chunk_size)
         self.backend: Backend = open_backend(url, **storage_options)
         self.url = self.backend.url
         self.chunk_size = chunk_size
@@ -114,7 +113,8 @@ class CheckpointStore:
             check_id("checkpoint id", checkpoint_id)
         prefix = f"jobs/{job_id}/{checkpoint_id}"
         if self.backend.listdir(prefix) or not self.backend.mkdir(prefix):
-            raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix)
+            raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix,
+                                  hint="give the new checkpoint another id, or none for a fresh one")
         # An empty refs object marks the checkpoint as in progress (object stores have no directories).
         self.backend.put(f"{prefix}/pending/000000.refs", b"", durable=False)
         return CheckpointWriter(self, job_id, checkpoint_id)
@@ -179,7 +179,8 @@ class CheckpointStore:
     def retain(self, job_id: str, keep: int) -> builtins.list[str]:
         """Delete all but the newest ``keep`` committed checkpoints of the job, then collect garbage."""
         if keep < 0:
-            raise ValueError(f"keep must be >= 0, not {keep}")
+            raise ValidationError(f"keep must be >= 0, not {keep}", field="keep",
+                                  hint="the number of newest committed checkpoints to keep")
         infos = self.list(job_id)
         doomed = infos[: max(0, len(infos) - keep)]
         for info in doomed:

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import CheckpointError, StorageError
+from tidal.errors import CheckpointError, StorageError, ValidationError
 
 from .chunks import chunk_key, is_zero, plan, zero_digest
 from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, file_digest, normalise_meta
@@ -83,11 +83,13 @@ class CheckpointWriter:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
-            raise CheckpointError(f"cannot read {path} for checkpoint: {e}", object=str(path)) from None
+            raise CheckpointError(f"cannot read {path} for checkpoint: {e}", object=str(path),
+                                  hint="the file must exist and be readable by Tidal") from None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise CheckpointError(f"{path} is not a regular file", object=str(path))
+                raise CheckpointError(f"{path} is not a regular file", object=str(path),
+                                      hint="add symbolic links with add_symlink(); other kinds are not stored")
             segments = plan(st.st_size, boundaries, self._store.chunk_size)
             known: dict[tuple[int, int], str] = {}
             prev_fd = -1
@@ -152,7 +154,8 @@ class CheckpointWriter:
             raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
         check_name(name)
         if name in self._entries:
-            raise ValueError(f"{name!r} is already in checkpoint {self._prefix}")
+            raise ValidationError(f"{name!r} is already in checkpoint {self._prefix}", field="name",
+                                  hint="a name goes into a checkpoint once")
 
     def _add_entry(self, entry: Entry) -> Entry:
         self._entries[entry.name] = entry
@@ -302,7 +305,8 @@ def _pread_full(fd: int, view: memoryview, off: int, where: str) -> None:
     while got < n:
         k = os.preadv(fd, [view[got:]], off + got)
         if k == 0:
-            raise CheckpointError(f"{where} shrank while it was being stored", object=where)
+            raise CheckpointError(f"{where} shrank while it was being stored", object=where,
+                                  hint="a file must not change while a checkpoint of it is taken")
         got += k
 
 

@@ -7,6 +7,7 @@ import os
 
 import pytest
 
+from tidal.errors import UndecodableChunk, ValidationError
 from tidal.mechanisms.storage.chunks import RAW, ZSTD, Codec, is_zero, plan, zero_digest
 
 
@@ -18,11 +19,11 @@ def test_plan_cuts_at_chunk_size() -> None:
 
 def test_plan_starts_a_chunk_at_every_boundary() -> None:
     assert plan(25, (3, 3, 0, 25, 14), 10) == [(0, 3), (3, 10), (13, 1), (14, 10), (24, 1)]
-    with pytest.raises(ValueError, match="outside the file"):
+    with pytest.raises(ValidationError, match="outside the file"):
         plan(25, (26,), 10)
-    with pytest.raises(ValueError, match="outside the file"):
+    with pytest.raises(ValidationError, match="outside the file"):
         plan(25, (-1,), 10)
-    with pytest.raises(ValueError, match="chunk_size"):
+    with pytest.raises(ValidationError, match="chunk_size"):
         plan(25, (), 0)
 
 
@@ -48,7 +49,7 @@ def test_codec_round_trip_and_choice() -> None:
     ],
 )
 def test_codec_names_the_fault(obj: bytes, size: int, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+    with pytest.raises(UndecodableChunk, match=message):
         Codec(1).decode(obj, size)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.errors import CheckpointCorrupt, CheckpointError
+from tidal.errors import CheckpointCorrupt, CheckpointError, ValidationError
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.chunks import chunk_key
 from tidal.mechanisms.storage.manifest import file_digest
@@ -166,7 +166,7 @@ def test_boundaries_start_chunks(store: CheckpointStore, tmp_path: Path) -> None
     assert len(chunk_keys(store) - before) == 1  # only the grown region's chunk is new
 
     w = store.writer("job")
-    with pytest.raises(ValueError, match="outside the file"):
+    with pytest.raises(ValidationError, match="outside the file"):
         w.add_file("h", tmp_path / "f", boundaries=[3 * CHUNK + 1])
     w.abort()
 
@@ -220,14 +220,14 @@ def test_ids_sort_by_sequence(store: CheckpointStore) -> None:
     assert store.reader("job", w.commit({}).id).read_bytes("x") == b"again"
     with pytest.raises(CheckpointError, match="already exists"):
         store.writer("job", ids[0])
-    with pytest.raises(ValueError, match="invalid job id"):
+    with pytest.raises(ValidationError, match="invalid job id"):
         store.writer("../escape")
     w = store.writer("job")
     for bad in ["/abs", "a/../b", "", "a//b", "."]:
-        with pytest.raises(ValueError, match="invalid name"):
+        with pytest.raises(ValidationError, match="invalid name"):
             w.add_bytes(bad, b"")
     w.add_bytes("x", b"")
-    with pytest.raises(ValueError, match="already in checkpoint"):
+    with pytest.raises(ValidationError, match="already in checkpoint"):
         w.add_bytes("x", b"")
     w.abort()
 
@@ -390,7 +390,7 @@ def test_commit_and_abort_end_the_writer(store: CheckpointStore) -> None:
         w.add_bytes("b", b"2")
     with pytest.raises(CheckpointError, match="already committed"):
         w.commit({})
-    with pytest.raises(ValueError, match="JSON"):
+    with pytest.raises(ValidationError, match="JSON"):
         store.writer("job").commit({"x": object()})
 
 

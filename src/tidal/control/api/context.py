@@ -1,0 +1,30 @@
+"""What every route shares: the control plane's database and settings, handed to routes as a dependency
+(``ctx: Ctx``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from tidal.control.store.db import Database
+from tidal.policy.admission import Quotas
+
+
+@dataclass
+class Context:
+    db: Database
+    home: Path
+    keep: int = 3
+    lease_s: float = 5.0
+    quotas: Quotas | None = None  # premium and standard are admitted against these
+
+
+async def context(request: Request) -> Context:
+    ctx: Context = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[Context, Depends(context)]

@@ -1,0 +1,95 @@
+"""The node agents' side, /v1/agent/*: registration, heartbeats, the long-poll for actions, their
+results, rank exits and log uploads. Every route takes an agent credential, for the node it names."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+
+from tidal.control import agents
+from tidal.control.api.auth import Agent, for_node
+from tidal.control.api.context import Ctx
+from tidal.control.api.schemas import ActionResult, AgentHello, ExitReport, Heartbeat, Register
+from tidal.core import limits
+
+router = APIRouter(prefix="/v1/agent")
+
+
+@router.post("/register")
+def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, body.name)
+    with ctx.db.tx() as s:
+        agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
+                        cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s)
+    return {"lease_s": ctx.lease_s}
+
+
+@router.post("/{node}/heartbeat")
+def heartbeat(node: str, body: Heartbeat, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    with ctx.db.tx(notify=False) as s:
+        agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
+    return {"lease_s": ctx.lease_s}
+
+
+@router.get("/{node}/actions")
+def take_actions(node: str, agent_id: str, p: Agent, ctx: Ctx,
+                 wait: Annotated[float, Query(ge=0, le=limits.MAX_POLL_WAIT_S)] = 0.0) -> list[dict[str, Any]]:
+    for_node(p, node)
+    db = ctx.db
+    deadline = time.monotonic() + wait
+    with db.changed:
+        while True:
+            seen = db.action_generation
+            with db.read() as s:
+                ready = agents.has_actions(s, node)
+            if ready:
+                break
+            # Sleep until some commit creates actions (not on every commit: submissions are many).
+            def acted(seen: int = seen) -> bool:
+                return db.action_generation != seen
+
+            if not db.changed.wait_for(acted, timeout=max(0.0, deadline - time.monotonic())):
+                break
+        with db.tx(notify=False) as s:
+            return agents.take_actions(s, node, agent_id)
+
+
+@router.post("/{node}/leave")
+def leave(node: str, body: AgentHello, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    with ctx.db.tx() as s:
+        agents.expire(s, agents.holder(s, node, body.agent_id), "its agent stopped")
+    return {"ok": True}
+
+
+@router.post("/{node}/results")
+def action_result(node: str, body: ActionResult, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    with ctx.db.tx() as s:
+        applied = agents.result(s, node, body.agent_id, body.action_id, body.ok, body.data, body.error,
+                                ctx.keep)
+    return {"applied": applied}
+
+
+@router.post("/{node}/exits")
+def exits(node: str, body: ExitReport, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    with ctx.db.tx() as s:
+        applied = agents.exited(s, node, body.agent_id, body.job_id, body.attempt,
+                                [r.model_dump() for r in body.ranks], ctx.keep)
+    return {"applied": applied}
+
+
+@router.put("/{node}/logs/{job_id}/{rank}")
+async def upload_log(node: str, job_id: str, rank: Annotated[int, PathParam(ge=0, lt=limits.MAX_RANKS)],
+                     agent_id: str, attempt: int, offset: Annotated[int, Query(ge=0, le=limits.MAX_LOG_OFFSET)],
+                     request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    data = await request.body()  # at most MAX_LOG_UPLOAD_BYTES (BodyLimit)
+    with ctx.db.tx(notify=False) as s:
+        applied = agents.write_log(s, ctx.home, node, agent_id, job_id, attempt, rank, offset, data)
+    return {"applied": applied}

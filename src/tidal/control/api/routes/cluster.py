@@ -1,0 +1,49 @@
+"""What users may see of the cluster: the event log (their own jobs' events; an admin's: all) and the
+nodes."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from sqlalchemy import select
+
+from tidal.control import jobs
+from tidal.control.api import views
+from tidal.control.api.auth import AnyToken, User
+from tidal.control.api.context import Ctx
+from tidal.control.store.models import EventRow, JobRow, NodeRow
+from tidal.core import limits
+
+router = APIRouter(prefix="/v1")
+
+
+@router.get("/events")
+def events(p: User, ctx: Ctx, job: str | None = None, after: Annotated[int, Query(ge=0, lt=2**63)] = 0,
+           limit: Annotated[int, Query(ge=1, le=limits.MAX_PAGE)] = 1000,
+           last: Annotated[int | None, Query(ge=1, le=limits.MAX_PAGE)] = None) -> list[dict[str, Any]]:
+    """Events after ``after`` (oldest first, at most ``limit``), or the ``last`` N."""
+    with ctx.db.read() as s:
+        if last is not None:
+            q = select(EventRow).order_by(EventRow.seq.desc()).limit(last)
+        else:
+            q = select(EventRow).where(EventRow.seq > after).order_by(EventRow.seq).limit(limit)
+        if job is not None:
+            jobs.get(s, job, owner=p.owner_filter)
+            q = q.where(EventRow.job_id == job)
+        elif p.owner_filter is not None:
+            mine = select(JobRow.id).where(JobRow.owner == p.name)
+            q = q.where(EventRow.job_id.in_(mine))
+        out = [views.event(e) for e in s.scalars(q)]
+        return out[::-1] if last is not None else out
+
+
+@router.get("/nodes")
+def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
+    with ctx.db.read() as s:
+        free = jobs.free_devices(s)
+        return [{"name": n.name, "region": n.region, "cluster": n.cluster, "devices": n.devices,
+                 "free": len(free.get(n.name, [])) if n.up else 0, "up": n.up, "cpus": n.cpus,
+                 "lease_left_s": round(max(0.0, n.lease_until - time.time()), 1)}
+                for n in s.scalars(select(NodeRow).order_by(NodeRow.name))]
