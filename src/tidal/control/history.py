@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import secrets
-import time
 
 from sqlalchemy import insert
 from sqlalchemy.orm import Session
 
+from tidal.control.clock import now
 from tidal.control.store.models import EventRow
 
 _INSERT = insert(EventRow)  # one statement, compiled once; the values travel as parameters
@@ -22,6 +22,6 @@ def record(s: Session, kind: str, *, job_id: str | None = None, node: str | None
     """Append an event; returns its id, to be the cause of what follows from it."""
     eid = new_id("e")
     # A Core insert: events are written often and never read back in the same transaction.
-    s.execute(_INSERT, {"id": eid, "time": time.time(), "kind": kind, "job_id": job_id, "node": node,
+    s.execute(_INSERT, {"id": eid, "time": now(s), "kind": kind, "job_id": job_id, "node": node,
                         "cause": cause, "detail": detail})
     return eid

@@ -7,14 +7,13 @@ import argparse
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import uvicorn
 from sqlalchemy import select, update
 
 from tidal.config import load_settings
-from tidal.control import agents
+from tidal.control import agents, clock
 from tidal.control.api.app import Context, create_app
 from tidal.control.history import record
 from tidal.control.reconcile import Reconciler
@@ -31,8 +30,8 @@ def recover(db: Database, lease_s: float) -> None:
     """After a (re)start: agents kept running while we were away, so give every node a fresh lease rather
     than declare it dead for our own downtime; and hand out again actions whose delivery we cannot be
     sure of (agents recognise an action id they already have)."""
-    now = time.time()
     with db.tx() as s:
+        now = clock.now(s)
         for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True))):
             why = agents.over_limits(node)
             if why is not None:  # registered before registrations were checked: it would not be now

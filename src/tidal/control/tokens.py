@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tidal.control.clock import now
 from tidal.control.store.models import User
 from tidal.core.limits import MAX_ID_CHARS
 from tidal.errors import Conflict, ValidationError
@@ -33,7 +33,7 @@ def create_user(s: Session, name: str, role: str, unix_user: str | None = None) 
     if s.get(User, name) is not None:
         raise Conflict(f"user {name} exists", field="name")
     token = f"tdl_{secrets.token_urlsafe(32)}"
-    s.add(User(name=name, role=role, token_hash=digest(token), unix_user=unix_user, created_at=time.time()))
+    s.add(User(name=name, role=role, token_hash=digest(token), unix_user=unix_user, created_at=now(s)))
     return token
 
 

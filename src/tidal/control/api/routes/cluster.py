@@ -3,7 +3,6 @@ nodes."""
 
 from __future__ import annotations
 
-import time
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -13,6 +12,7 @@ from tidal.control import jobs
 from tidal.control.api import views
 from tidal.control.api.auth import AnyToken, User
 from tidal.control.api.context import Ctx
+from tidal.control.clock import now
 from tidal.control.store.models import EventRow, JobRow, NodeRow
 from tidal.core import limits
 
@@ -45,5 +45,5 @@ def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
         free = jobs.free_devices(s)
         return [{"name": n.name, "region": n.region, "cluster": n.cluster, "devices": n.devices,
                  "free": len(free.get(n.name, [])) if n.up else 0, "up": n.up, "cpus": n.cpus,
-                 "lease_left_s": round(max(0.0, n.lease_until - time.time()), 1)}
+                 "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1)}
                 for n in s.scalars(select(NodeRow).order_by(NodeRow.name))]
