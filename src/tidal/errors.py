@@ -105,3 +105,8 @@ class ProtocolMismatch(ValidationError):
     (``version``; ``accepted`` lists those it does)."""
 
     status_code = 426
+
+
+class LeaseLost(Conflict):
+    """An agent no longer holds its node's lease (it expired, and the node may have been taken over): the
+    agent must stop its ranks and register again. The control plane says so; the agent acts on it."""

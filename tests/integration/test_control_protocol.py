@@ -15,6 +15,7 @@ from tidal.control import tokens
 from tidal.control.api.app import Context, create_app
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.db import Database
+from tidal.core import protocol
 from tidal.policy.admission import Quotas
 from tidal.policy.firstfit import FirstFitPolicy
 
@@ -59,10 +60,17 @@ class FakeAgent:
         return r.status_code
 
     def actions(self) -> list[dict[str, Any]]:
+        """The actions handed out, read as an agent reads them (:func:`protocol.decode_action`), each as
+        ``{"id", "kind", "job_id", "payload"}`` (the order's fields) for the tests to look into."""
         r = self.p.http.get(f"/v1/agent/{self.name}/actions", headers=self.p.as_agent(),
                             params={"agent_id": self.id, "wait": 0})
         assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
+        out = []
+        for a in r.json():
+            action = protocol.decode_action(a)
+            out.append({"id": action.id, "kind": action.kind, "job_id": action.job_id,
+                        "payload": protocol.encode(action.order)})
+        return out
 
     def result(self, action: dict[str, Any], ok: bool = True, **data: Any) -> bool:
         r = self.p.http.post(f"/v1/agent/{self.name}/results", headers=self.p.as_agent(), json={
@@ -78,8 +86,7 @@ class FakeAgent:
 
 
 def ckpt(n: int) -> dict[str, Any]:
-    return {"checkpoint": {"id": f"00000{n}-x", "created_at": time.time(), "bytes": 100, "stored_bytes": 10},
-            "kept": [f"00000{i}-x" for i in range(1, n + 1)]}
+    return {"checkpoint": {"id": f"00000{n}-x", "created_at": time.time(), "bytes": 100, "stored_bytes": 10}}
 
 
 @pytest.fixture

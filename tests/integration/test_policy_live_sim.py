@@ -84,8 +84,7 @@ def settle(p: Plane, agents: dict[str, Agent], names: dict[str, str]) -> list[De
                 assert act["kind"] == "checkpoint" and act["payload"]["then"] == "kill"
                 out.append(("preempt", job, ()))
                 assert agent.result(act, checkpoint={"id": act["payload"]["checkpoint_id"],
-                                                     "created_at": time.time(), "bytes": 1, "stored_bytes": 1},
-                                    kept=[act["payload"]["checkpoint_id"]])
+                                                     "created_at": time.time(), "bytes": 1, "stored_bytes": 1})
     raise AssertionError("the control loop did not settle")
 
 

@@ -70,6 +70,15 @@ class Message(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_as_text(cls, data: Any) -> Any:
+        # A key that is not valid Unicode (a lone surrogate from a JSON escape) is shown escaped, so that its
+        # refusal as an unknown field names it (pydantic cannot name the key itself).
+        if isinstance(data, dict) and any(isinstance(k, str) and _printable(k) != k for k in data):
+            return {_printable(k) if isinstance(k, str) else k: v for k, v in data.items()}
+        return data
+
 
 class _Versioned(Message):
     """A message that crosses the network on its own: its protocol version ``v`` is checked first (a missing

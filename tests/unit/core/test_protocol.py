@@ -107,6 +107,17 @@ def test_an_unknown_field_is_refused_naming_it(msg: protocol.Message) -> None:
     assert "colour" in e.value.message and not isinstance(e.value, ProtocolMismatch)
 
 
+def test_an_unknown_field_that_is_not_valid_unicode_is_named_escaped() -> None:
+    with pytest.raises(ValidationError) as e:
+        protocol.decode(protocol.ExitReport, {"agent_id": "A", "job_id": "j1", "attempt": 1, "ranks": [],
+                                              "x\ud800": None})
+    assert e.value.fields["field"] == "x\\ud800"
+    with pytest.raises(ValidationError) as e:
+        protocol.decode(protocol.ExitReport, {"agent_id": "A", "job_id": "j1", "attempt": 1,
+                                              "ranks": [{"rank": 0, "\udfff": 1}]})
+    assert e.value.fields["field"] == "ranks.0.\\udfff"
+
+
 def test_an_unknown_field_inside_an_order_is_refused_naming_it() -> None:
     wire = protocol.encode(protocol.Action(id="a-1", order=ORDERS[0]))
     wire["order"]["argvv"] = ["x"]
