@@ -124,3 +124,8 @@ class SimulationError(TidalError):
 class UndecodableChunk(StorageError):
     """A stored chunk object is not what its manifest says: truncated, or not decodable. ``reason`` is the
     short form (``truncated``, ``undecodable``, ``undecodable zstd frame``)."""
+
+
+class LeaseLost(Conflict):
+    """An agent no longer holds its node's lease (it expired, and the node may have been taken over): the
+    agent must stop its ranks and register again. The control plane says so; the agent acts on it."""

@@ -28,11 +28,6 @@ STANDALONE = frozenset({
     "mechanisms/interpose/rankside.py",  # the interposer, loaded into the job's own Python
 })
 
-# Modules whose owners are converting their raises in changes of their own (issue 22). Their offenders
-# are tolerated until then; this list is to be emptied once those changes are merged.
-PENDING = (
-    "agent/",
-)
 
 
 @dataclass
@@ -255,7 +250,7 @@ def offenders(modules: dict[str, Module], root: Path = SRC) -> list[tuple[str, i
 
 def test_every_raise_is_a_tidal_error() -> None:
     found = offenders(load())
-    bad = [f"src/tidal/{path}:{line}: {text}" for path, line, text in found if not path.startswith(PENDING)]
+    bad = [f"src/tidal/{path}:{line}: {text}" for path, line, text in found]
     assert not bad, "raises of something other than a TidalError:\n" + "\n".join(bad)
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 from pathlib import Path
 
+from tidal.errors import ConfigError
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.cgroups import ROOT
 
@@ -20,7 +21,7 @@ PERIOD_US = 100_000
 
 def cpu_sets(devices: int, cpus: list[int] | None = None) -> list[list[int]]:
     if devices < 1:
-        raise ValueError("a node needs at least one device")
+        raise ConfigError(f"a node needs at least one device, not {devices}", hint="give it --devices 1 or more")
     cores = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
     if len(cores) >= devices:
         per = len(cores) // devices

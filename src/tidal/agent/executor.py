@@ -1,10 +1,13 @@
 """Runs the control plane's actions with the checkpoint mechanism, and reports what happens.
 
-Actions of one job run one after another in arrival order (a kill after a restore finds the restored
-ranks); an action id seen before is never run twice: its result is sent again instead. The ranks' exits
-are reported unless the agent itself stopped them (checkpoint-and-kill, kill). Log bytes are shipped
-from the start of each attempt, so that a restore, whose log starts as the checkpoint's copy, rolls the
-served log back with it.
+Every action is read with the protocol (:func:`tidal.core.protocol.decode_action`); one this agent cannot
+read (another protocol version, an order of an unknown kind, a bad field) is not run, and is reported as
+failed with the reason. Each kind of order has its handler (:attr:`Executor.handlers`), which takes the
+typed order and returns its typed result. Actions of one job run one after another in arrival order (a
+kill after a restore finds the restored ranks); an action id seen before is never run twice: its result
+is sent again instead. The ranks' exits are reported unless the agent itself stopped them
+(checkpoint-and-kill, kill). Log bytes are shipped from the start of each attempt, so that a restore, whose
+log starts as the checkpoint's copy, rolls the served log back with it.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tidal.agent.client import ControlClient, LeaseLostError
+from tidal.agent.client import ControlClient, Refused
 from tidal.agent.devices import CpuQuota
 from tidal.config import load_settings
-from tidal.errors import CheckpointCorrupt
+from tidal.core import protocol
+from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
@@ -91,61 +95,89 @@ class Running:
     job: Job
     specs: list[RankSpec]
     stopping: bool = False  # the agent is stopping it: its exit is not news
-    quiet_exit: list[dict[str, Any]] | None = None
+    quiet_exit: list[protocol.RankExit] | None = None
     shipped: dict[int, int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     stopped: set[int] = field(default_factory=set)  # ranks the agent killed because another one failed
     rate: tuple[float, int, int] | None = None  # (time, steps, collectives) at the previous progress report
 
 
-def _status(rp: RankProcess, stopped: set[int]) -> dict[str, Any]:
+def _status(rp: RankProcess, stopped: set[int]) -> protocol.RankExit:
     st = rp.poll()
     assert st is not None
-    return {"rank": rp.spec.rank, "code": st.code, "signal": st.signal, "at": rp.exit_time,
-            "stopped": rp.spec.rank in stopped}
+    return protocol.RankExit(rank=rp.spec.rank, code=st.code, signal=st.signal, at=rp.exit_time,
+                             stopped=rp.spec.rank in stopped)
 
 
-def _failed(st: dict[str, Any]) -> bool:
-    return not st["stopped"] and (st["signal"] is not None or st["code"] != 0)
+def _failed(st: protocol.RankExit) -> bool:
+    return not st.stopped and (st.signal is not None or st.code != 0)
 
 
-def _failure(exc: Exception) -> dict[str, Any]:
+def failure(exc: BaseException) -> protocol.Failure:
     """What a failed action's result carries besides its message: a checkpoint that failed verification
     (the control plane marks it bad and restores an older one instead of trying it again)."""
-    if isinstance(exc, CheckpointCorrupt):
-        f = exc.fields
-        return {"corrupt": {"checkpoint": f.get("checkpoint"), "object": f.get("object"), "chunk": f.get("chunk"),
-                            "reason": f.get("reason"), "message": exc.message}}
-    return {}
+    if not isinstance(exc, CheckpointCorrupt):
+        return protocol.Failure()
+    f = exc.fields
+    try:
+        corrupt = protocol.decode(protocol.Corruption, {
+            "checkpoint": f.get("checkpoint"), "object": f.get("object"), "chunk": f.get("chunk"),
+            "reason": f.get("reason"), "message": exc.message})
+    except ValidationError:  # a part the protocol cannot carry: the message still says what is damaged
+        corrupt = protocol.Corruption(message=exc.message)
+    return protocol.Failure(corrupt=corrupt)
 
 
-def _store(d: dict[str, str] | None) -> Store | None:
-    return Store(d["addr"], d["prefix"]) if d else None
+def failed(agent_id: str, action_id: str, error: str, why: protocol.Failure | None = None) -> protocol.ActionResult:
+    """A failed action's result."""
+    return protocol.ActionResult(agent_id=agent_id, action_id=action_id, ok=False, error=error,
+                                 data=protocol.encode(why or protocol.Failure()))
+
+
+def _store(rdv: protocol.Rendezvous | None) -> Store | None:
+    return Store(rdv.addr, rdv.prefix) if rdv else None
+
+
+Report = protocol.ActionResult | protocol.ExitReport
 
 
 class Outbox:
-    """Results and exit reports, delivered in order, retried until the control plane has them."""
+    """Results and exit reports, delivered in order, retried until the control plane has them. Each goes
+    under the agent's id at the time it is sent (a new one once the lease was lost and taken again)."""
 
     def __init__(self, client: ControlClient, agent_id: str, on_lease_lost: Callable[[], None]) -> None:
         self.client = client
         self.agent_id = agent_id
-        self.q: queue.Queue[tuple[str, dict[str, Any]]] = queue.Queue()
+        self.q: queue.Queue[tuple[str, Report]] = queue.Queue()
         self.on_lease_lost = on_lease_lost
         threading.Thread(target=self._run, name="tidal-outbox", daemon=True).start()
 
-    def put(self, path: str, body: dict[str, Any]) -> None:
-        self.q.put((path, body))
+    def put(self, path: str, msg: Report) -> None:
+        self.q.put((path, msg))
 
     def _run(self) -> None:
         while True:
-            path, body = self.q.get()
-            try:
-                self.client.call("POST", f"/v1/agent/{self.client.node}/{path}",
-                                 json={**body, "agent_id": self.agent_id})
-            except LeaseLostError:
-                self.on_lease_lost()
-            except Exception:
-                log.exception("report %s dropped", path)
+            path, msg = self.q.get()
+            self._deliver(path, msg.model_copy(update={"agent_id": self.agent_id}))
+
+    def _deliver(self, path: str, msg: Report) -> None:
+        try:
+            self.client.send(f"/v1/agent/{self.client.node}/{path}", msg)
+        except LeaseLost:
+            self.on_lease_lost()
+        except ProtocolMismatch as exc:
+            log.error("report %s dropped: %s", path, exc)
+        except Refused as exc:
+            if isinstance(msg, protocol.ActionResult) and msg.ok and exc.fields.get("status") == 422:
+                # The control plane cannot take this result: the action failed, so that it is not awaited
+                # for ever; the reason says what was wrong with it.
+                log.error("result of action %s refused: %s; reporting the action failed", msg.action_id, exc)
+                self._deliver(path, failed(msg.agent_id, msg.action_id,
+                                           f"the control plane refused the agent's result: {exc.message}"))
+                return
+            log.error("report %s dropped: %s", path, exc)
+        except Exception:
+            log.exception("report %s dropped", path)
 
 
 class Executor:
@@ -158,28 +190,62 @@ class Executor:
         self.agent_id = agent_id
         self.outbox = Outbox(client, agent_id, on_lease_lost)
         self.jobs: dict[str, Running] = {}
-        self.results: dict[str, dict[str, Any]] = {}  # action id → its result (idempotency)
+        self.results: dict[str, protocol.ActionResult] = {}  # action id → its result (idempotency)
         self.inflight: set[str] = set()
-        self.queues: dict[str, list[dict[str, Any]]] = {}
-        self.ended: dict[str, tuple[int, list[dict[str, Any]]]] = {}  # job → (attempt, how its ranks ended)
+        self.queues: dict[str, list[protocol.Action]] = {}
+        self.ended: dict[str, tuple[int, list[protocol.RankExit]]] = {}  # job → (attempt, how its ranks ended)
         self.cut_timeout = load_settings().cut_timeout
         self.mu = threading.Lock()
+        # What runs each kind of order: its handler takes the typed order and returns the typed result.
+        self.handlers: dict[type[protocol.Message], Callable[[Any], protocol.Result]] = {
+            protocol.Launch: self._launch, protocol.Restore: self._restore, protocol.CutCounts: self._cut,
+            protocol.Park: self._park, protocol.Checkpoint: self._checkpoint, protocol.Finish: self._finish,
+            protocol.Kill: self._kill,
+        }
 
     # -- actions --------------------------------------------------------------------------------------------
-    def submit(self, action: dict[str, Any]) -> None:
-        aid = action["id"]
+    def submit(self, data: Any) -> None:
+        """Take an action as it came from the control plane, to run in its job's turn."""
+        try:
+            action = protocol.decode_action(data)
+        except ValidationError as exc:  # a ProtocolMismatch too
+            self._refuse(data, exc)
+            return
         with self.mu:
-            if aid in self.results:
-                self.outbox.put("results", self.results[aid])
+            if self._seen(action.id):
                 return
-            if aid in self.inflight:
-                return
-            self.inflight.add(aid)
-            q = self.queues.setdefault(action["job_id"], [])
+            self.inflight.add(action.id)
+            q = self.queues.setdefault(action.job_id, [])
             q.append(action)
             if len(q) == 1:
-                threading.Thread(target=self._drain, args=(action["job_id"],), daemon=True,
-                                 name=f"tidal-job-{action['job_id']}").start()
+                threading.Thread(target=self._drain, args=(action.job_id,), daemon=True,
+                                 name=f"tidal-job-{action.job_id}").start()
+
+    def _seen(self, action_id: str) -> bool:
+        """Whether the action came before (its result, if there is one yet, is sent again). Under ``mu``."""
+        if action_id in self.results:
+            self.outbox.put("results", self.results[action_id])
+            return True
+        return action_id in self.inflight
+
+    def _refuse(self, data: Any, exc: ValidationError) -> None:
+        """An action this agent cannot read is not run. If its id can be read, it is reported as failed
+        with the reason, so that the control plane learns it; else the reason is only logged here."""
+        action_id = data.get("id") if isinstance(data, dict) else None
+        try:
+            res = protocol.decode(protocol.ActionResult, {
+                "agent_id": self.agent_id, "action_id": action_id, "ok": False,
+                "error": f"the agent on {self.client.node} did not run it: {exc}",
+                "data": protocol.encode(protocol.Failure())})
+        except ValidationError:
+            log.error("an action with no readable id was not run: %s", exc)
+            return
+        log.error("action %s was not run: %s", action_id, exc)
+        with self.mu:
+            if self._seen(res.action_id):
+                return
+            self.results[res.action_id] = res
+        self.outbox.put("results", res)
 
     def _drain(self, job_id: str) -> None:
         while True:
@@ -193,81 +259,76 @@ class Executor:
             with self.mu:
                 q.pop(0)
 
-    def _run(self, action: dict[str, Any]) -> None:
-        handler = getattr(self, f"_do_{action['kind']}")
+    def _run(self, action: protocol.Action) -> None:
+        handler = self.handlers[type(action.order)]
         try:
-            data = handler(action["payload"])
-            res = {"action_id": action["id"], "ok": True, "data": data}
+            res = protocol.ActionResult(agent_id=self.agent_id, action_id=action.id, ok=True,
+                                        data=protocol.encode(handler(action.order)))
         except Exception as exc:
-            log.warning("action %s (%s of job %s) failed: %s", action["id"], action["kind"], action["job_id"],
-                        exc)
-            res = {"action_id": action["id"], "ok": False, "error": str(exc), "data": _failure(exc)}
+            log.warning("action %s (%s of job %s) failed: %s", action.id, action.kind, action.job_id, exc)
+            res = failed(self.agent_id, action.id, str(exc), failure(exc))
         with self.mu:
-            self.results[action["id"]] = res
-            self.inflight.discard(action["id"])
+            self.results[action.id] = res
+            self.inflight.discard(action.id)
         self.outbox.put("results", res)
 
-    def _specs(self, p: dict[str, Any]) -> list[RankSpec]:
+    def _specs(self, order: protocol.Launch | protocol.Restore) -> list[RankSpec]:
         out = []
-        argv = list(p["argv"])
-        account = as_account(p.get("unix_user"))
+        account = as_account(order.unix_user)
         # torchrun's environment: scripts written for torchrun run unchanged.
         # (The interposer rendezvous on TIDAL_STORE, hosted by Tidal; MASTER_* only for scripts that read it.)
-        port = 20000 + zlib.crc32(p["job_id"].encode()) % 20000
-        rdv = p.get("rendezvous") or {}
-        for r in p["ranks"]:
-            env = {**p["env"], "RANK": str(r["rank"]), "LOCAL_RANK": str(r.get("local_rank", r["rank"])),
-                   "WORLD_SIZE": str(p["world_size"]),
-                   "LOCAL_WORLD_SIZE": str(p.get("local_world_size", p["world_size"])),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": p["job_id"],
+        port = 20000 + zlib.crc32(order.job_id.encode()) % 20000
+        rdv = order.rendezvous
+        for r in order.ranks:
+            env = {**order.env, "RANK": str(r.rank), "LOCAL_RANK": str(r.local_rank),
+                   "WORLD_SIZE": str(order.world_size), "LOCAL_WORLD_SIZE": str(order.local_world_size),
+                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": order.job_id,
                    "TIDAL_NODE": self.client.node}
             if rdv:
-                env |= {"TIDAL_STORE": rdv["addr"], "TIDAL_STORE_PREFIX": rdv["prefix"]}
-            out.append(RankSpec(p["job_id"], int(r["rank"]), tuple(argv), Path(p["workdir"]), env,
-                                tuple(r["cpus"]) if r.get("cpus") else None, account=account))
+                env |= {"TIDAL_STORE": rdv.addr, "TIDAL_STORE_PREFIX": rdv.prefix}
+            out.append(RankSpec(order.job_id, r.rank, tuple(order.argv), Path(order.workdir), env,
+                                tuple(r.cpus) if r.cpus else None, account=account))
         return out
 
-    def _started(self, p: dict[str, Any], job: Job, specs: list[RankSpec]) -> dict[str, Any]:
+    def _launch(self, order: protocol.Launch) -> protocol.Started:
+        return self._start(order, lambda placement: Job.launch(order.job_id, placement, self.store,
+                                                               track_fs=order.fs))
+
+    def _restore(self, order: protocol.Restore) -> protocol.Started:
+        return self._start(order, lambda placement: Job.restore(
+            self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
+            rendezvous=_store(order.rendezvous), track_fs=order.fs))
+
+    def _start(self, order: protocol.Launch | protocol.Restore,
+               make: Callable[[list[tuple[RankSpec, NodeRoot]]], Job]) -> protocol.Started:
+        """Start the order's ranks here with ``make`` (once: the same attempt started again is answered with
+        its ranks), watch them, and say what their processes are."""
+        run = self.jobs.get(order.job_id)
+        if run is not None and run.attempt == order.attempt:
+            return _pids(run.job)
+        if run is not None:  # an older attempt still here: it must not run beside the new one
+            self._stop(run)
+        specs = self._specs(order)
+        job = make([(spec, self.node) for spec in specs])
         job.cut_timeout = self.cut_timeout
         if self.quota is not None:
-            device = {int(r["rank"]): int(r["device"]) for r in p["ranks"]}
+            device = {r.rank: r.device for r in order.ranks}
             for rp in job.ranks:
                 self.quota.place(device[rp.spec.rank], rp.pid)
-        run = Running(p["job_id"], int(p["attempt"]), job, specs)
+        run = Running(order.job_id, order.attempt, job, specs)
         with self.mu:
             self.jobs[run.job_id] = run
         threading.Thread(target=self._watch, args=(run,), daemon=True,
                          name=f"tidal-watch-{run.job_id}").start()
-        return {"ranks": [{"rank": r.spec.rank, "pid": r.pid} for r in job.ranks]}
+        return _pids(job)
 
-    def _existing(self, p: dict[str, Any]) -> dict[str, Any] | None:
-        run = self.jobs.get(p["job_id"])
-        if run is not None and run.attempt == int(p["attempt"]):
-            return {"ranks": [{"rank": r.spec.rank, "pid": r.pid} for r in run.job.ranks]}
-        if run is not None:  # an older attempt still here: it must not run beside the new one
-            self._stop(run)
-        return None
-
-    def _do_launch(self, p: dict[str, Any]) -> dict[str, Any]:
-        if (done := self._existing(p)) is not None:
-            return done
-        specs = self._specs(p)
-        job = Job.launch(p["job_id"], [(s, self.node) for s in specs], self.store, track_fs=p.get("fs", True))
-        return self._started(p, job, specs)
-
-    def _do_restore(self, p: dict[str, Any]) -> dict[str, Any]:
-        if (done := self._existing(p)) is not None:
-            return done
-        specs = self._specs(p)
-        ck = p.get("checkpoint") or {}
-        job = Job.restore(self.store, p["job_id"], [(s, self.node) for s in specs], checkpoint_id=ck.get("parts"),
-                          rendezvous=_store(p.get("rendezvous")), track_fs=p.get("fs", True))
-        return self._started(p, job, specs)
-
-    def _run_of(self, p: dict[str, Any]) -> Running:
-        run = self.jobs.get(p["job_id"])
-        if run is None or run.attempt != int(p["attempt"]):
-            raise RuntimeError(f"job {p['job_id']} attempt {p['attempt']} does not run on {self.client.node}")
+    def _run_of(self, order: protocol.CutCounts | protocol.Park | protocol.Checkpoint | protocol.Finish) -> Running:
+        run = self.jobs.get(order.job_id)
+        if run is None or run.attempt != order.attempt:
+            raise Conflict(f"job {order.job_id} attempt {order.attempt} does not run on {self.client.node}",
+                           job=order.job_id, node=self.client.node,
+                           hint="its ranks here have ended (their exit report settles the job) or were never "
+                                "started here; resume the job if it still shows as running")
         return run
 
     def _unstop(self, run: Running) -> None:
@@ -281,61 +342,58 @@ class Executor:
             self._report_exit(run, quiet)
             self._forget(run)
 
-    def _do_checkpoint(self, p: dict[str, Any]) -> dict[str, Any]:
-        run = self._run_of(p)
-        then = p["then"]
-        cut = p.get("cut")
-        if then != "continue":
+    def _checkpoint(self, order: protocol.Checkpoint) -> protocol.Dumped:
+        run = self._run_of(order)
+        if order.then != "continue":
             run.stopping = True
         try:
-            info = run.job.checkpoint(then, checkpoint_id=p.get("checkpoint_id"),
-                                      cut_at=(int(cut["epoch"]), int(cut["target"])) if cut else None,
-                                      rendezvous=_store(p.get("rendezvous")))
+            info = run.job.checkpoint(order.then, checkpoint_id=order.checkpoint_id,
+                                      cut_at=(order.cut.epoch, order.cut.target) if order.cut else None,
+                                      rendezvous=_store(order.rendezvous))
         except BaseException:
             self._unstop(run)
             raise
-        if then == "kill":
+        if order.then == "kill":
             self._ship(run)
             self._forget(run)
-        if "keep_ids" in p:
-            # Retention by the control plane's list: parts of the newest committed checkpoints, and those of
-            # the checkpoint being written on the job's other nodes.
-            self.store.keep_only(p["job_id"], set(p["keep_ids"]) | {info.id})
-        return {"checkpoint": {"id": info.id, "created_at": info.created_at, "bytes": info.logical_bytes,
-                               "stored_bytes": info.stored_bytes}}
+        # Retention by the control plane's list: parts of the newest committed checkpoints, and those of the
+        # checkpoint being written on the job's other nodes.
+        self.store.keep_only(order.job_id, set(order.keep_ids) | {info.id})
+        return protocol.Dumped(checkpoint=protocol.StoredCheckpoint(
+            id=info.id, created_at=info.created_at, bytes=info.logical_bytes, stored_bytes=info.stored_bytes))
 
-    def _do_cut(self, p: dict[str, Any]) -> dict[str, Any]:
-        return {"counts": self._run_of(p).job.counts(int(p["epoch"]))}
+    def _cut(self, order: protocol.CutCounts) -> protocol.Counted:
+        return protocol.Counted(counts=self._run_of(order).job.counts(order.epoch))
 
-    def _do_park(self, p: dict[str, Any]) -> dict[str, Any]:
-        self._run_of(p).job.park(int(p["epoch"]), int(p["target"]))
-        return {}
+    def _park(self, order: protocol.Park) -> protocol.Done:
+        self._run_of(order).job.park(order.epoch, order.target)
+        return protocol.Done()
 
-    def _do_finish(self, p: dict[str, Any]) -> dict[str, Any]:
+    def _finish(self, order: protocol.Finish) -> protocol.Done:
         """The end of a checkpoint over several nodes: kill the ranks held frozen (the job checkpoint is
         committed), or let them go on."""
-        run = self._run_of(p)
-        if p["then"] == "kill":
+        run = self._run_of(order)
+        if order.then == "kill":
             run.stopping = True
             run.job.kill()
             self._ship(run)
             self._forget(run)
-            return {}
-        run.job.release(_store(p.get("rendezvous")), rebuild=bool(p.get("rebuild")))
+            return protocol.Done()
+        run.job.release(_store(order.rendezvous), rebuild=order.rebuild)
         self._unstop(run)
-        return {}
+        return protocol.Done()
 
-    def _do_kill(self, p: dict[str, Any]) -> dict[str, Any]:
-        run = self.jobs.get(p["job_id"])
-        if run is not None and run.attempt <= int(p["attempt"]):
+    def _kill(self, order: protocol.Kill) -> protocol.Killed:
+        run = self.jobs.get(order.job_id)
+        if run is not None and run.attempt <= order.attempt:
             statuses = {rp.spec.rank: _status(rp, run.stopped) for rp in run.job.ranks if rp.poll() is not None}
             run.stopped |= {rp.spec.rank for rp in run.job.ranks if rp.spec.rank not in statuses}
             self._stop(run)
-            ended = [statuses.get(rp.spec.rank) or _status(rp, run.stopped) for rp in run.job.ranks]
-            return {"ranks": ended}
+            return protocol.Killed(ranks=[statuses.get(rp.spec.rank) or _status(rp, run.stopped)
+                                          for rp in run.job.ranks])
         with self.mu:
-            attempt, ended = self.ended.get(p["job_id"], (-1, []))
-        return {"ranks": ended if attempt == int(p["attempt"]) else []}
+            attempt, ended = self.ended.get(order.job_id, (-1, []))
+        return protocol.Killed(ranks=ended if attempt == order.attempt else [])
 
     def _forget(self, run: Running) -> None:
         with self.mu:
@@ -347,11 +405,14 @@ class Executor:
         run.job.kill()
         self._forget(run)
 
+    def _runs(self) -> list[Running]:
+        """The jobs running here now."""
+        with self.mu:
+            return list(self.jobs.values())
+
     def fence(self) -> None:
         """The lease is lost: another agent may get this node's jobs. Kill every rank now."""
-        with self.mu:
-            runs = list(self.jobs.values())
-        for run in runs:
+        for run in self._runs():
             with contextlib.suppress(Exception):
                 self._stop(run)
 
@@ -360,7 +421,7 @@ class Executor:
         # Rank by rank, not Job.wait(): that also drops the job's kept images, which Job.kill() (run by
         # a checkpoint-and-kill in the action thread) does too, and the two must not race.
         ranks = run.job.ranks
-        ended: dict[int, dict[str, Any]] = {}
+        ended: dict[int, protocol.RankExit] = {}
         dog = Watchdog()
         while len(ended) < len(ranks):
             for rp in ranks:
@@ -390,19 +451,18 @@ class Executor:
         self._report_exit(run, statuses)
         self._forget(run)
 
-    def _report_exit(self, run: Running, statuses: list[dict[str, Any]]) -> None:
+    def _report_exit(self, run: Running, statuses: list[protocol.RankExit]) -> None:
         with self.mu:
             self.ended[run.job_id] = (run.attempt, statuses)
-        self.outbox.put("exits", {"job_id": run.job_id, "attempt": run.attempt, "ranks": statuses})
+        self.outbox.put("exits", protocol.ExitReport(agent_id=self.agent_id, job_id=run.job_id,
+                                                     attempt=run.attempt, ranks=statuses))
 
     def progress(self) -> dict[str, dict[str, float]]:
         """What can be seen of each running job: CPU time, memory, output so far and, from the interposer,
         optimizer steps and collectives (with steps per second since the previous report)."""
         out: dict[str, dict[str, float]] = {}
-        with self.mu:
-            runs = list(self.jobs.values())
         now = time.time()
-        for run in runs:
+        for run in self._runs():
             pids = [p for r in run.job.ranks for p in r.pids()]
             info: dict[str, float] = {
                 "attempt": run.attempt,
@@ -426,12 +486,10 @@ class Executor:
         return out
 
     def ship_all(self) -> None:
-        with self.mu:
-            runs = list(self.jobs.values())
-        for run in runs:
+        for run in self._runs():
             try:
                 self._ship(run)
-            except LeaseLostError:
+            except LeaseLost:
                 raise
             except Exception as exc:
                 log.debug("log shipping for %s: %s", run.job_id, exc)
@@ -454,3 +512,7 @@ class Executor:
                                      params={"agent_id": self.agent_id, "attempt": run.attempt,
                                              "offset": off or 0}, content=data)
                     run.shipped[spec.rank] = (off or 0) + len(data)
+
+
+def _pids(job: Job) -> protocol.Started:
+    return protocol.Started(ranks=[protocol.RankPid(rank=r.spec.rank, pid=r.pid) for r in job.ranks])

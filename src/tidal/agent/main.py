@@ -18,12 +18,13 @@ from pathlib import Path
 
 import httpx
 
-from tidal.agent.client import ControlClient, LeaseLostError
+from tidal.agent.client import ControlClient, Refused
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
-from tidal.core import limits
+from tidal.core import limits, protocol
+from tidal.errors import LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
@@ -39,6 +40,7 @@ class Agent:
         token = Path(args.token_file).read_text().strip()
         self.client = ControlClient(args.server, token, self.name)
         self.cpus = cpu_sets(args.devices)
+        self.hello()  # a name, region or cluster the control plane would refuse is an error now
         settings = load_settings()
         self.store = CheckpointStore(settings.store_url)
         self.node = NodeRoot.of_agent(self.name, Path(args.root))
@@ -49,17 +51,25 @@ class Agent:
                                  quota if quota.enabled else None)
         self.lease_s = 5.0
 
+    def hello(self) -> protocol.Register:
+        """This node's registration."""
+        return protocol.decode(protocol.Register, {
+            "agent_id": self.agent_id, "name": self.name, "region": self.args.region, "cluster": self.args.cluster,
+            "devices": self.args.devices, "cpus": self.cpus}, "registration")
+
     def register(self) -> None:
         while True:
             try:
-                r = self.client.call("POST", "/v1/agent/register", json={
-                    "name": self.name, "agent_id": self.agent_id, "region": self.args.region,
-                    "cluster": self.args.cluster, "devices": self.args.devices, "cpus": self.cpus})
+                r = self.client.send("/v1/agent/register", self.hello())
                 self.lease_s = float(r["lease_s"])
                 self.registered.set()
                 log.info("registered %s as agent %s (lease %.1fs)", self.name, self.agent_id, self.lease_s)
                 return
-            except httpx.HTTPStatusError as exc:
+            except ProtocolMismatch as exc:
+                # Nothing works until one side is upgraded: say so, and try again now and then.
+                log.error("register: %s", exc)
+                time.sleep(5)
+            except Refused as exc:
                 # Another agent's lease on this node has not expired yet: wait it out.
                 log.info("register: %s", exc)
                 time.sleep(0.5)
@@ -78,10 +88,12 @@ class Agent:
         while True:
             self.registered.wait()
             try:
-                self.client.call("POST", f"/v1/agent/{self.name}/heartbeat",
-                                 json={"agent_id": self.agent_id, "jobs": self.executor.progress()})
-            except LeaseLostError:
+                self.client.send(f"/v1/agent/{self.name}/heartbeat",
+                                 protocol.Heartbeat(agent_id=self.agent_id, jobs=self.executor.progress()))
+            except LeaseLost:
                 self.lease_lost()
+            except ProtocolMismatch as exc:
+                log.error("heartbeat: %s", exc)
             except Exception as exc:
                 log.debug("heartbeat: %s", exc)
             time.sleep(self.lease_s / 5)
@@ -91,7 +103,7 @@ class Agent:
             self.registered.wait()
             try:
                 self.executor.ship_all()
-            except LeaseLostError:
+            except LeaseLost:
                 self.lease_lost()
             time.sleep(0.2)
 
@@ -101,12 +113,16 @@ class Agent:
             try:
                 actions = self.client.call("GET", f"/v1/agent/{self.name}/actions",
                                            params={"agent_id": self.agent_id, "wait": 10})
-            except LeaseLostError:
+            except LeaseLost:
                 self.lease_lost()
                 continue
             except Exception as exc:
                 log.debug("poll: %s", exc)
                 time.sleep(0.2)
+                continue
+            if not isinstance(actions, list):
+                log.error("poll: the control plane sent %s, not a list of actions", type(actions).__name__)
+                time.sleep(1)
                 continue
             for a in actions:
                 self.executor.submit(a)
@@ -137,7 +153,10 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     become_subreaper()
-    agent = Agent(args)
+    try:
+        agent = Agent(args)
+    except ValidationError as exc:
+        ap.error(str(exc))
 
     def leave() -> None:
         # tidal down: stop the ranks, give the node back (its jobs are requeued at once), exit. Were we
@@ -148,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         wait_discarded(timeout=10)
         agent.node.clear_staging()
         with contextlib.suppress(Exception), httpx.Client(base_url=args.server, timeout=5) as http:
-            http.post(f"/v1/agent/{agent.name}/leave", json={"agent_id": agent.agent_id},
+            http.post(f"/v1/agent/{agent.name}/leave", json=protocol.encode(protocol.Leave(agent_id=agent.agent_id)),
                       headers=dict(agent.client.http.headers))
         os._exit(0)
 

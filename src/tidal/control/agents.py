@@ -4,32 +4,35 @@ taking their results, exit reports and log bytes.
 Fencing: a node's lease belongs to one agent process (``agent_id``). Another process may take the node
 over only once that lease has expired, and the node's jobs are requeued at that moment, never before; an
 agent whose lease was lost is told so at its next heartbeat and kills its ranks itself.
+
+What crosses the network is :mod:`tidal.core.protocol`: actions are handed out as protocol actions, an
+agent's result data is checked against the order's result model before it is applied, and exit reports
+are typed rank exits. Time is read through the session (:mod:`tidal.control.clock`).
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import failures, jobs, operations
+from tidal.control import clock, failures, jobs, operations
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
-from tidal.core import limits
-from tidal.errors import Conflict, NotFound, ValidationError
+from tidal.core import limits, protocol
+from tidal.errors import Conflict, LeaseLost, NotFound, ValidationError
 
-
-class LeaseLost(Conflict):
-    """The agent no longer holds its node's lease: it must stop its ranks and register again."""
+log = logging.getLogger(__name__)
 
 
 def register(s: Session, *, name: str, region: str, cluster: str, devices: int, cpus: list[list[int]],
              agent_id: str, lease_s: float) -> None:
-    now = time.time()
+    now = clock.now(s)
     node = s.get(NodeRow, name)
     if node is not None and node.agent_id != agent_id and node.up and node.lease_until > now:
         raise Conflict(f"node {name} is held by another agent for {node.lease_until - now:.1f}s more",
@@ -52,11 +55,13 @@ def _within_limits(s: Session, node: NodeRow | None, name: str, devices: int) ->
     device sets, the policy's view) grows with it."""
     if node is None and (s.scalar(select(func.count()).select_from(NodeRow)) or 0) >= limits.MAX_NODES:
         raise Conflict(f"the control plane knows {limits.MAX_NODES} nodes, the most it takes: node {name} "
-                       "was not registered", field="name", node=name)
+                       "was not registered", field="name", node=name,
+                       hint="register it under the name of a node the control plane knows, or remove nodes")
     others = select(func.coalesce(func.sum(NodeRow.devices), 0)).where(NodeRow.up.is_(True), NodeRow.name != name)
     if int(s.scalar(others) or 0) + devices > limits.MAX_CLUSTER_DEVICES:
         raise Conflict(f"node {name}'s {devices} device(s) would take the cluster over "
-                       f"{limits.MAX_CLUSTER_DEVICES} devices", field="devices", node=name)
+                       f"{limits.MAX_CLUSTER_DEVICES} devices", field="devices", node=name,
+                       hint="start its agent with fewer --devices, or once other nodes have left")
 
 
 def over_limits(node: NodeRow) -> str | None:
@@ -69,16 +74,17 @@ def over_limits(node: NodeRow) -> str | None:
 def holder(s: Session, name: str, agent_id: str) -> NodeRow:
     node = s.get(NodeRow, name)
     if node is None:
-        raise NotFound(f"no node {name}", node=name)
+        raise NotFound(f"no node {name}", node=name, hint="the node's agent registers it first")
     if node.agent_id != agent_id or not node.up:
-        raise LeaseLost(f"agent {agent_id} does not hold node {name}", node=name)
+        raise LeaseLost(f"agent {agent_id} does not hold node {name}", node=name,
+                        hint="stop the node's ranks and register again")
     return node
 
 
 def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
               progress: dict[str, dict[str, float]] | None = None) -> None:
     node = holder(s, name, agent_id)
-    now = time.time()
+    now = clock.now(s)
     node.lease_until = now + lease_s
     for job_id, p in (progress or {}).items():
         job = s.get(JobRow, job_id)
@@ -124,14 +130,29 @@ def expire(s: Session, node: NodeRow, why: str) -> None:
 
 
 def take_actions(s: Session, name: str, agent_id: str) -> list[dict[str, Any]]:
+    """The node's pending actions, oldest first, as protocol actions; from now on they are ``sent``."""
     holder(s, name, agent_id)
     out = []
     for a in s.scalars(select(ActionRow).where(ActionRow.node == name, ActionRow.status == "pending")
                        .order_by(ActionRow.created_at)):
         a.status = "sent"
         a.agent_id = agent_id
-        out.append({"id": a.id, "kind": a.kind, "job_id": a.job_id, "payload": a.payload})
+        out.append(_action(a))
     return out
+
+
+def _action(a: ActionRow) -> dict[str, Any]:
+    """An action row as the agent receives it. The row's ``kind`` is the order's (rows written before the
+    payload held it lack it there). An order this control plane cannot read (written by another release,
+    or damaged) is handed out as it is stored: the agent refuses it and reports why as the action's failed
+    result, which settles the job's operation like any failure."""
+    order = {**a.payload, "kind": a.kind}
+    try:
+        return protocol.encode(protocol.Action(id=a.id, order=protocol.decode_order(order)))
+    except ValidationError as exc:
+        log.warning("action %s (%s of job %s) is not a valid order here: %s; the agent will refuse it", a.id,
+                    a.kind, a.job_id, exc)
+        return {"v": protocol.VERSION, "id": a.id, "order": order}
 
 
 def has_actions(s: Session, name: str) -> bool:
@@ -142,7 +163,9 @@ def has_actions(s: Session, name: str) -> bool:
 def result(s: Session, name: str, agent_id: str, action_id: str, ok: bool, data: dict[str, Any],
            error: str | None, keep: int) -> bool:
     """Apply an action's result; False (and an event) when it is stale: unknown, already settled,
-    dropped, or sent to another agent process."""
+    dropped, or sent to another agent process. ``data`` must be the result of the action's kind of order
+    (:func:`tidal.core.protocol.result_of`; a :class:`~tidal.core.protocol.Failure` when not ``ok``): else a
+    ValidationError naming the field, and nothing is applied."""
     a = s.get(ActionRow, action_id)
     if a is None or a.status != "sent" or a.agent_id != agent_id or a.node != name:
         why = ("unknown action" if a is None else f"action is {a.status}" if a.status != "sent"
@@ -150,27 +173,33 @@ def result(s: Session, name: str, agent_id: str, action_id: str, ok: bool, data:
         record(s, "stale_result_ignored", job_id=a.job_id if a else None, node=name, cause=action_id,
                detail=why)
         return False
+    data = protocol.encode(protocol.result_of(a.kind, ok, data))
     a.status = "done" if ok else "failed"
-    a.done_at = time.time()
+    a.done_at = clock.now(s)
     a.result = {"ok": ok, "error": error, **data}
     operations.on_result(s, a, data, keep)
     return True
 
 
-def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int, ranks: list[dict[str, Any]],
-           keep: int) -> bool:
+def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int,
+           ranks: Sequence[protocol.RankExit | dict[str, Any]], keep: int) -> bool:
+    """Ranks of a job ended on their own (an exit report). ``ranks``: protocol rank exits (plain data is
+    decoded as one). False when the job is unknown or the report stale."""
     holder(s, name, agent_id)
+    typed = [r if isinstance(r, protocol.RankExit) else protocol.decode(protocol.RankExit, r, "rank exit")
+             for r in ranks]
     job = s.get(JobRow, job_id)
     if job is None:
         return False
-    bad = [r["rank"] for r in ranks if not 0 <= r["rank"] < job.ranks]
+    bad = [r.rank for r in typed if not r.rank < job.ranks]
     if bad:
-        raise ValidationError(f"ranks: job {job_id} has ranks 0..{job.ranks - 1}, not {bad[0]}", field="ranks")
+        raise ValidationError(f"ranks: job {job_id} has ranks 0..{job.ranks - 1}, not {bad[0]}", field="ranks",
+                              hint="report only ranks of the job's current attempt")
     eid = record(s, "ranks_exited", job_id=job_id, node=name, cause=agent_id,
                  detail=f"attempt {attempt}: " + ", ".join(
-                     f"rank {r['rank']} " + (f"code {r['code']}" if r.get("signal") is None
-                                             else f"signal {r['signal']}") for r in ranks))
-    return failures.on_exit(s, job, attempt, ranks, eid)
+                     f"rank {r.rank} " + (f"code {r.code}" if r.signal is None else f"signal {r.signal}")
+                     for r in typed))
+    return failures.on_exit(s, job, attempt, [protocol.encode(r) for r in typed], eid)
 
 
 def log_path(home: Path, job_id: str, rank: int) -> Path:
@@ -186,7 +215,8 @@ def write_log(s: Session, home: Path, name: str, agent_id: str, job_id: str, att
     if job is None or job.attempt != attempt:
         return False
     if not 0 <= rank < job.ranks:
-        raise ValidationError(f"rank: job {job_id} has ranks 0..{job.ranks - 1}, not {rank}", field="rank")
+        raise ValidationError(f"rank: job {job_id} has ranks 0..{job.ranks - 1}, not {rank}", field="rank",
+                              hint="send the log of one of the job's ranks")
     path = log_path(home, job_id, rank)
     # Owner-only whatever the process's umask: a job's output may hold its secrets.
     (home / "logs").mkdir(exist_ok=True, mode=0o700)

@@ -9,16 +9,27 @@ agents are upgraded at different times. Every field is bounded (:mod:`tidal.core
 over the network is validated before it is used, and an unknown field is an error, not ignored.
 
 Encoding is one function each way: :func:`encode` (a model to JSON-ready data) and the ``decode_*``
-functions (data to a model, or :class:`tidal.errors.ValidationError` naming the bad field).
+functions (data to a model, or :class:`tidal.errors.ValidationError` naming the bad field). A versioned
+message (an action, anything from an agent) checks its ``v`` before anything else, wherever it is
+validated (``decode``, or the API's request bodies): another version is a ProtocolMismatch (HTTP 426).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import pydantic
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    field_validator,
+    model_validator,
+)
 
 from tidal.core import limits
 from tidal.errors import InvalidField, ProtocolMismatch, ValidationError
@@ -58,6 +69,29 @@ class Message(BaseModel):
     the first message, not at run time on a node)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _keys_as_text(cls, data: Any) -> Any:
+        # A key that is not valid Unicode (a lone surrogate from a JSON escape) is shown escaped, so that its
+        # refusal as an unknown field names it (pydantic cannot name the key itself).
+        if isinstance(data, dict) and any(isinstance(k, str) and _printable(k) != k for k in data):
+            return {_printable(k) if isinstance(k, str) else k: v for k, v in data.items()}
+        return data
+
+
+class _Versioned(Message):
+    """A message that crosses the network on its own: its protocol version ``v`` is checked first (a missing
+    one is this version's: peers older than the field spoke it)."""
+
+    _what: ClassVar[str] = "this message"
+    v: int = VERSION
+
+    @model_validator(mode="before")
+    @classmethod
+    def _speaks_this_version(cls, data: Any) -> Any:
+        check_version(data, cls._what.format(name=cls.__name__))
+        return data
 
 
 # -- control plane → agent --------------------------------------------------------------------------------
@@ -177,10 +211,10 @@ Order = Annotated[Launch | Restore | CutCounts | Park | Checkpoint | Finish | Ki
 OrderKind = Literal["launch", "restore", "cut", "park", "checkpoint", "finish", "kill"]
 
 
-class Action(Message):
+class Action(_Versioned):
     """An order for one node's agent, with the id its result is reported under."""
 
-    v: int = VERSION
+    _what: ClassVar[str] = "this action"
     id: Ident
     order: Order
 
@@ -244,9 +278,10 @@ class Corruption(Message):
     """A checkpoint that failed verification: the control plane marks it bad and restores an older one."""
 
     checkpoint: CheckpointId | None = None
-    object: Annotated[str | None, StringConstraints(max_length=4096)] = None
-    chunk: Annotated[str | None, StringConstraints(max_length=128)] = None
-    reason: Annotated[str | None, AfterValidator(_printable), StringConstraints(max_length=4096)] = None
+    # (Bounds on the text, not on the optional: a length constraint over ``str | None`` fails on None.)
+    object: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    chunk: Annotated[str, StringConstraints(max_length=128)] | None = None
+    reason: Annotated[str, AfterValidator(_printable), StringConstraints(max_length=4096)] | None = None
     message: Annotated[str | None, AfterValidator(_printable)] = None
 
 
@@ -264,8 +299,8 @@ RESULTS: dict[str, type[Message]] = {
 
 
 # -- agent → control plane ----------------------------------------------------------------------------------
-class _FromAgent(Message):
-    v: int = VERSION
+class _FromAgent(_Versioned):
+    _what: ClassVar[str] = "this {name} from an agent"
     agent_id: Ident
 
 
@@ -274,7 +309,8 @@ class Register(_FromAgent):
     region: Ident = "local"
     cluster: Ident = "local"
     devices: int = Field(ge=1, le=limits.MAX_DEVICES_PER_NODE)
-    cpus: list[CpuSet]  # device index → its CPU set
+    # device index → its CPU set. Checked as a whole by the validator below (a bad CPU id is a bad ``cpus``).
+    cpus: Annotated[list[list[int]], Field(max_length=limits.MAX_DEVICES_PER_NODE)]
 
     @field_validator("cpus")
     @classmethod
@@ -283,7 +319,7 @@ class Register(_FromAgent):
         if devices is not None and len(cpus) != devices:
             raise InvalidField(f"{len(cpus)} CPU sets for {devices} device(s): give one per device")
         for i, cs in enumerate(cpus):
-            if not cs or len(set(cs)) != len(cs):
+            if not cs or len(set(cs)) != len(cs) or not all(0 <= c <= limits.MAX_CPU_ID for c in cs):
                 raise InvalidField(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
         return cpus
 
@@ -335,28 +371,47 @@ def encode(msg: Message) -> dict[str, Any]:
 def check_version(data: Any, what: str) -> None:
     """Refuse a message of a protocol version this build does not speak, before reading anything else."""
     v = data.get("v", VERSION) if isinstance(data, dict) else VERSION
-    if v not in ACCEPTED:
+    if isinstance(v, bool) or not isinstance(v, int) or v not in ACCEPTED:
         raise ProtocolMismatch(
-            f"{what} speaks protocol version {v!r}; this Tidal speaks {sorted(ACCEPTED)}", version=v,
+            f"{what} speaks protocol version {v!r}; this Tidal speaks version"
+            f"{'s' if len(ACCEPTED) > 1 else ''} {', '.join(map(str, sorted(ACCEPTED)))}", version=v,
             accepted=sorted(ACCEPTED),
-            hint="run the same Tidal release on the control plane and its agents (upgrade the older one)")
+            hint="run the same Tidal release on the control plane and its agents: upgrade the older one")
 
 
 def decode(model: type[M], data: Any, what: str | None = None) -> M:
-    """``data`` as a ``model``, or a ValidationError naming the first bad field."""
-    what = what or model.__name__
-    check_version(data, what)
+    """``data`` as a ``model``, or a ValidationError naming the first bad field (a ProtocolMismatch, first,
+    for a versioned message of another version)."""
     try:
         return model.model_validate(data)
     except pydantic.ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(message)"
-        raise ValidationError(f"bad {what}: {where}: {err['msg']}", field=where,
-                              hint="the control plane and the agent must run the same Tidal release") from None
+        raise _invalid(exc, what or model.__name__) from None
+
+
+def _invalid(exc: pydantic.ValidationError, what: str) -> ValidationError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    if err["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        loc.append("kind")  # an order of no kind this build knows
+    where = ".".join(loc) or "(message)"
+    return ValidationError(f"bad {what}: {where}: {err['msg']}", field=where,
+                           hint="the control plane and the agent must run the same Tidal release")
 
 
 def decode_action(data: Any) -> Action:
+    """An action as the agent receives it; another protocol version is a ProtocolMismatch."""
     return decode(Action, data, "action")
+
+
+_ORDER: TypeAdapter[Order] = TypeAdapter(Order)
+
+
+def decode_order(data: Any) -> Order:
+    """An order on its own (as the control plane stores it, ``kind`` included)."""
+    try:
+        return _ORDER.validate_python(data)
+    except pydantic.ValidationError as exc:
+        raise _invalid(exc, "order") from None
 
 
 def result_of(kind: str, ok: bool, data: Any) -> Result:

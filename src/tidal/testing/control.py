@@ -17,6 +17,7 @@ from tidal.control import tokens
 from tidal.control.api.app import Context, create_app
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.db import Database
+from tidal.core import protocol
 from tidal.policy.admission import Quotas
 from tidal.policy.firstfit import FirstFitPolicy
 
@@ -69,11 +70,18 @@ class FakeAgent:
         return int(r.status_code)
 
     def actions(self) -> list[dict[str, Any]]:
-        """The actions handed to this node now (each is handed out once)."""
+        """The actions handed to this node now (each is handed out once), read as an agent reads them
+        (:func:`protocol.decode_action`), each as ``{"id", "kind", "job_id", "payload"}`` (the order's
+        fields) for the tests to look into."""
         r = self.p.http.get(f"/v1/agent/{self.name}/actions", headers=self.p.as_agent(),
                             params={"agent_id": self.id, "wait": 0})
         assert r.status_code == 200, r.text
-        return r.json()  # type: ignore[no-any-return]
+        out = []
+        for a in r.json():
+            action = protocol.decode_action(a)
+            out.append({"id": action.id, "kind": action.kind, "job_id": action.job_id,
+                        "payload": protocol.encode(action.order)})
+        return out
 
     def result(self, action: dict[str, Any], ok: bool = True, **data: Any) -> bool:
         """Report ``action`` done (``data``: its result) or failed; whether the plane applied the report."""
@@ -100,12 +108,8 @@ def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
     return act
 
 
-def checkpoint_result(checkpoint_id: str, *, size: int = 100, stored: int = 10,
-                      kept: list[str] | None = None) -> dict[str, Any]:
-    """The result data of a checkpoint action that committed ``checkpoint_id`` now (``size`` bytes,
-    ``stored`` of them written), and which checkpoints the store kept when ``kept`` is given."""
-    data: dict[str, Any] = {"checkpoint": {"id": checkpoint_id, "created_at": time.time(), "bytes": size,
-                                           "stored_bytes": stored}}
-    if kept is not None:
-        data["kept"] = kept
-    return data
+def checkpoint_result(checkpoint_id: str, *, size: int = 100, stored: int = 10) -> dict[str, Any]:
+    """The result data (:class:`protocol.Dumped`) of a checkpoint action that committed ``checkpoint_id``
+    now (``size`` bytes, ``stored`` of them written)."""
+    return protocol.encode(protocol.Dumped(checkpoint=protocol.StoredCheckpoint(
+        id=checkpoint_id, created_at=time.time(), bytes=size, stored_bytes=stored)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tidal.agent.devices import CpuQuota, cpu_sets
+from tidal.errors import ConfigError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
@@ -20,7 +21,7 @@ def test_cpu_sets() -> None:
     assert cpu_sets(2, [0, 1, 2, 3]) == [[0, 1], [2, 3]]
     assert cpu_sets(1, [0, 1]) == [[0, 1]]
     assert cpu_sets(4, [0, 1]) == [[0], [1], [0], [1]]
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         cpu_sets(0)
 
 

@@ -71,7 +71,7 @@ def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> lis
                 assert act["kind"] == "checkpoint" and act["payload"]["then"] == "kill"
                 out.append(("preempt", job, ()))
                 cid = act["payload"]["checkpoint_id"]
-                assert agent.result(act, **checkpoint_result(cid, size=1, stored=1, kept=[cid]))
+                assert agent.result(act, **checkpoint_result(cid, size=1, stored=1))
     raise AssertionError("the control loop did not settle")
 
 

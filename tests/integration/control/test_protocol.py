@@ -16,7 +16,7 @@ from tidal.testing.control import FakeAgent, Plane, checkpoint_result, start
 
 
 def ckpt(n: int) -> dict[str, Any]:
-    return checkpoint_result(f"00000{n}-x", kept=[f"00000{i}-x" for i in range(1, n + 1)])
+    return checkpoint_result(f"00000{n}-x")
 
 
 def test_launch_run_and_finish_with_idempotent_results(plane: Plane) -> None:

@@ -1,0 +1,177 @@
+"""The agent's executor without processes: every kind of order has exactly one handler, which takes the
+typed order and gives the typed result; an action the agent cannot read (another protocol version, an
+unknown kind, a bad field) is not run and is reported failed with the reason; reports are protocol messages,
+and a result the control plane cannot take is reported as the action's failure instead."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import typing
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tidal.agent.client import Refused
+from tidal.agent.executor import Executor, Running, failure
+from tidal.core import protocol
+from tidal.errors import CheckpointCorrupt, LeaseLost, MechanismError
+
+
+class FakeClient:
+    """Takes what the executor sends; ``refuse`` holds errors to raise instead, one per send."""
+
+    node = "node-1"
+
+    def __init__(self) -> None:
+        self.sent: queue.Queue[tuple[str, protocol.Message]] = queue.Queue()
+        self.refuse: list[Exception] = []
+
+    def send(self, path: str, msg: protocol.Message) -> Any:
+        if self.refuse:
+            raise self.refuse.pop(0)
+        self.sent.put((path, msg))
+        return {"applied": True}
+
+    def next(self) -> tuple[str, Any]:
+        return self.sent.get(timeout=10)
+
+
+@pytest.fixture
+def client() -> FakeClient:
+    return FakeClient()
+
+
+@pytest.fixture
+def lost() -> list[bool]:
+    return []
+
+
+@pytest.fixture
+def ex(client: FakeClient, lost: list[bool]) -> Executor:
+    # No node root nor store: these tests run no ranks.
+    return Executor(client, SimpleNamespace(), SimpleNamespace(), "A1", lambda: lost.append(True))  # type: ignore[arg-type]
+
+
+def order_types() -> tuple[type[protocol.Message], ...]:
+    return typing.get_args(typing.get_args(protocol.Order)[0])  # type: ignore[no-any-return]
+
+
+def kill(job: str = "j1", attempt: int = 1) -> dict[str, Any]:
+    return protocol.encode(protocol.Kill(job_id=job, attempt=attempt))
+
+
+def test_the_dispatch_table_has_one_handler_per_order_type(ex: Executor) -> None:
+    types = order_types()
+    assert len(types) == len(set(types)) == 7
+    assert set(ex.handlers) == set(types)
+    assert len({id(h.__func__) for h in ex.handlers.values()}) == len(types)  # type: ignore[attr-defined]
+    for t, handler in ex.handlers.items():
+        hints = typing.get_type_hints(handler)
+        assert hints["order"] is t, handler
+        assert hints["return"] is protocol.RESULTS[t.model_fields["kind"].default], handler
+    assert not [n for n in dir(ex) if n.startswith("_do_")]
+
+
+def test_a_readable_action_runs_its_handler_and_reports_the_typed_result(ex: Executor, client: FakeClient) -> None:
+    ex.submit({"v": 1, "id": "a-1", "order": kill()})
+    path, res = client.next()
+    assert path == "/v1/agent/node-1/results" and isinstance(res, protocol.ActionResult)
+    assert (res.agent_id, res.action_id, res.ok, res.error) == ("A1", "a-1", True, None)
+    assert protocol.result_of("kill", True, res.data) == protocol.Killed(ranks=[])
+    # Seen before: not run again, the same result is sent again.
+    ex.submit({"v": 1, "id": "a-1", "order": kill()})
+    assert client.next() == ("/v1/agent/node-1/results", res)
+
+
+def test_a_failing_order_is_reported_with_its_error(ex: Executor, client: FakeClient) -> None:
+    ex.submit({"id": "a-2", "order": protocol.encode(protocol.Park(job_id="j1", attempt=3, epoch=1, target=2))})
+    _, res = client.next()
+    assert not res.ok and res.data == {"corrupt": None}
+    assert res.error.startswith("job j1 attempt 3 does not run on node-1 (")  # and what to do, as a hint
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    ({"v": 2, "id": "a-3", "order": kill()}, "this action speaks protocol version 2; this Tidal speaks version 1"),
+    ({"id": "a-3", "order": {**kill(), "kind": "explode"}}, "bad action: order.kind"),
+    ({"id": "a-3", "order": {**kill(), "attempt": -1}}, "bad action: order.kill.attempt"),
+    ({"id": "a-3", "order": {**kill(), "signal": 9}}, "bad action: order.kill.signal"),
+], ids=["version", "kind", "bound", "field"])
+def test_an_action_it_cannot_read_is_not_run_and_reported_failed(ex: Executor, client: FakeClient,
+                                                                data: dict[str, Any], reason: str) -> None:
+    ran: list[protocol.Message] = []
+    ex.handlers = dict.fromkeys(ex.handlers, lambda order: ran.append(order) or protocol.Done())
+    ex.submit(data)
+    path, res = client.next()
+    assert path == "/v1/agent/node-1/results" and (res.action_id, res.ok) == ("a-3", False)
+    assert res.error.startswith(f"the agent on node-1 did not run it: {reason}"), res.error
+    assert protocol.result_of("kill", False, res.data) == protocol.Failure()
+    ex.submit(data)  # again: the same answer, still not run
+    assert client.next() == ("/v1/agent/node-1/results", res)
+    assert ran == []
+
+
+def test_an_action_whose_id_cannot_be_read_is_only_logged(ex: Executor, client: FakeClient,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, "tidal.agent.executor"):
+        for data in ({"v": 2, "order": kill()}, {"v": 2, "id": "../x"}, ["not", "an", "action"], None):
+            ex.submit(data)
+    assert sum("an action with no readable id was not run" in r.message for r in caplog.records) == 4
+    ex.submit({"v": 2, "id": "a-4"})
+    assert client.next()[1].action_id == "a-4"  # the first thing sent
+    assert client.sent.empty()
+
+
+def test_failure_carries_what_a_damaged_checkpoint_is() -> None:
+    exc = CheckpointCorrupt("chunk ab12 of fs/out.txt is corrupt", checkpoint="000003-ab", object="fs/out.txt",
+                            chunk="ab12", reason="sha256 mismatch")
+    assert failure(exc) == protocol.Failure(corrupt=protocol.Corruption(
+        checkpoint="000003-ab", object="fs/out.txt", chunk="ab12", reason="sha256 mismatch",
+        message="chunk ab12 of fs/out.txt is corrupt"))
+    # A part the protocol cannot name still says, in its message, what is damaged.
+    odd = CheckpointCorrupt("manifest damaged", checkpoint="a/b" * 40)
+    assert failure(odd) == protocol.Failure(corrupt=protocol.Corruption(message="manifest damaged"))
+    assert failure(MechanismError("criu dump failed")) == protocol.Failure()
+
+
+def test_exits_are_reported_and_a_later_kill_of_that_attempt_says_how_they_ended(ex: Executor,
+                                                                                 client: FakeClient) -> None:
+    ranks = [protocol.RankExit(rank=0, code=0, at=1.0), protocol.RankExit(rank=1, signal=9, at=2.0)]
+    ex._report_exit(Running("j1", 4, SimpleNamespace(), []), ranks)  # type: ignore[arg-type]
+    path, report = client.next()
+    assert path == "/v1/agent/node-1/exits"
+    assert report == protocol.ExitReport(agent_id="A1", job_id="j1", attempt=4, ranks=ranks)
+    ex.submit({"id": "a-5", "order": kill(attempt=4)})
+    assert protocol.result_of("kill", True, client.next()[1].data) == protocol.Killed(ranks=ranks)
+    ex.submit({"id": "a-6", "order": kill(attempt=5)})
+    assert protocol.result_of("kill", True, client.next()[1].data) == protocol.Killed(ranks=[])
+
+
+def test_reports_go_under_the_agent_id_of_the_time(ex: Executor, client: FakeClient) -> None:
+    ex.outbox.agent_id = "B2"  # the lease was lost and taken again
+    ex.submit({"id": "a-7", "order": kill()})
+    assert client.next()[1].agent_id == "B2"
+
+
+def test_a_result_the_control_plane_cannot_take_becomes_the_actions_failure(ex: Executor,
+                                                                            client: FakeClient) -> None:
+    client.refuse = [Refused("the control plane refused POST /v1/agent/node-1/results: bad result of a kill "
+                             "order: ranks.0.rank: too large", status=422, error="ValidationError")]
+    ex.submit({"id": "a-8", "order": kill()})
+    _, res = client.next()
+    assert (res.action_id, res.ok, res.data) == ("a-8", False, {"corrupt": None})
+    assert res.error.startswith("the control plane refused the agent's result: the control plane refused POST")
+    # A refused failure is not answered with another one.
+    client.refuse = [Refused("no", status=422)]
+    ex.submit({"id": "a-9", "order": protocol.encode(protocol.Park(job_id="j9", attempt=1, epoch=1, target=1))})
+    ex.submit({"id": "a-10", "order": kill()})
+    assert client.next()[1].action_id == "a-10"
+
+
+def test_a_lost_lease_on_a_report_fences_the_agent(ex: Executor, client: FakeClient, lost: list[bool]) -> None:
+    client.refuse = [LeaseLost("agent A1 does not hold node node-1")]
+    ex.submit({"id": "a-11", "order": kill()})
+    ex.submit({"id": "a-12", "order": kill()})
+    assert client.next()[1].action_id == "a-12"
+    assert lost == [True]
