@@ -1,4 +1,13 @@
-"""The agent process: ``python -m tidal.agent --name node-1 --server URL --token-file F --root DIR``.
+"""The agent process: ``python -m tidal.agent --name node-1 --server URL --token-file F --root DIR`` (as
+``tidal up`` starts it, with the cluster credential), or with ``--join-token`` (``TIDAL_JOIN_TOKEN``) for a
+node that joins a remote control plane (``tidal agent``): the join token is exchanged once for the node's
+own credential, kept in the node root (:mod:`tidal.agent.credential`). ``--ca``/``--ca-fingerprint`` say
+which certificate of the control plane to trust (:mod:`tidal.tls`), ``--advertise-addr`` where the other
+nodes reach this one (stored with the node).
+
+A credential refused (401: revoked, or the node removed) stops the agent: it kills its ranks and exits
+with status 78 (a service manager should not restart it: ``RestartPreventExitStatus=78``). So does a
+control plane whose certificate is not the trusted one.
 
 It must be a child subreaper (restored ranks are re-parented to it), and it is the lifeline of its ranks:
 when it dies, they die (the rank's init watches it), so a node's jobs are never run twice.
@@ -11,25 +20,38 @@ import contextlib
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import NoReturn
 
 import httpx
 
-from tidal.agent.client import ControlClient, Refused
+from tidal.agent import credential
+from tidal.agent.client import ControlClient, Refused, Untrusted
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
 from tidal.config import load_settings
 from tidal.core import limits, protocol
-from tidal.errors import LeaseLost, ProtocolMismatch, ValidationError
+from tidal.errors import ConfigError, LeaseLost, ProtocolMismatch, TidalError, ValidationError
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
+from tidal.tls import client_context
 
 log = logging.getLogger("tidal.agent")
+
+
+#: The agent's exit status when it cannot act for its node: its credential was refused or revoked, or the
+#: control plane's certificate is not the trusted one (EX_CONFIG: restarting it would not help).
+EXIT_REFUSED = 78
+
+
+class Stop(TidalError):
+    """The agent cannot go on (its credential refused, the control plane not trusted): say why and exit."""
 
 
 class Agent:
@@ -37,31 +59,56 @@ class Agent:
         self.args = args
         self.name = args.name
         self.agent_id = uuid.uuid4().hex[:12]
-        token = Path(args.token_file).read_text().strip()
-        self.client = ControlClient(args.server, token, self.name)
+        self.root = Path(args.root)
+        self.verify = client_context(ca=args.ca, pin=args.ca_fingerprint) or True
         self.cpus = cpu_sets(args.devices)
-        self.hello()  # a name, region or cluster the control plane would refuse is an error now
-        settings = load_settings()
-        self.store = CheckpointStore(settings.store_url)
-        self.node = NodeRoot.of_agent(self.name, Path(args.root))
+        self.hello()  # a name, region, cluster or address the control plane would refuse is an error now
+        self.node = NodeRoot.of_agent(self.name, self.root)
         self.key = self.node.name
+        self.token, self.token_from = self.credential()
+        self.client = ControlClient(args.server, self.token, self.name, self.verify)
         self.registered = threading.Event()
-        quota = CpuQuota(self.key, args.devices)
-        self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost,
-                                 quota if quota.enabled else None)
+        self._executor: Executor | None = None  # from the first registration, which names the store
+        self.store_url: str | None = None
         self.lease_s = 5.0
+        self.stopping = threading.Lock()
+
+    def credential(self) -> tuple[str, str]:
+        """The credential to act for the node with, and where it came from: ``--token-file`` (``tidal up``:
+        the cluster's), else the node's own kept in the node root, else the one a join token is exchanged for."""
+        if self.args.token_file:
+            return Path(self.args.token_file).read_text().strip(), "file"
+        token = credential.stored(self.root)
+        if token is not None:
+            return token, "stored"
+        if not self.args.join_token:
+            raise Stop(f"node {self.name} has no credential yet ({credential.path(self.root)})",
+                       hint=f"give a join token: `tidal token create --node {self.name}` on the control plane "
+                            "makes one; pass it with --join-token (or TIDAL_JOIN_TOKEN)")
+        return self.join(), "joined"
+
+    def join(self) -> str:
+        try:
+            token = credential.join(self.args.server, self.args.join_token, self.name, self.verify)
+        except Refused as exc:
+            raise Stop(f"the control plane refused the join token: {exc.message}", hint=exc.hint) from None
+        where = credential.store(self.root, token)
+        log.info("joined: node %s's own credential is kept in %s", self.name, where)
+        return token
 
     def hello(self) -> protocol.Register:
         """This node's registration."""
         return protocol.decode(protocol.Register, {
             "agent_id": self.agent_id, "name": self.name, "region": self.args.region, "cluster": self.args.cluster,
-            "devices": self.args.devices, "cpus": self.cpus}, "registration")
+            "devices": self.args.devices, "cpus": self.cpus, "advertise_addr": self.args.advertise_addr},
+            "registration")
 
     def register(self) -> None:
         while True:
             try:
                 r = self.client.send("/v1/agent/register", self.hello())
                 self.lease_s = float(r["lease_s"])
+                self.use_store(r.get("store"))
                 self.registered.set()
                 log.info("registered %s as agent %s (lease %.1fs)", self.name, self.agent_id, self.lease_s)
                 return
@@ -70,9 +117,60 @@ class Agent:
                 log.error("register: %s", exc)
                 time.sleep(5)
             except Refused as exc:
+                status = exc.fields.get("status")
+                if status == 401 and self.token_from == "stored" and self.args.join_token:
+                    # The credential kept from an earlier join was revoked: join again with the token given.
+                    log.warning("register: %s; joining again with the join token given", exc.message)
+                    self.token, self.token_from = self.join(), "joined"
+                    self.client.http.headers["Authorization"] = f"Bearer {self.token}"
+                    continue
+                if status in (401, 403):
+                    raise Stop(f"the control plane refused node {self.name}'s credential: {exc.message}",
+                               hint=exc.hint) from None
                 # Another agent's lease on this node has not expired yet: wait it out.
                 log.info("register: %s", exc)
                 time.sleep(0.5)
+
+    def use_store(self, offered: str | None) -> None:
+        """The checkpoint store: this node's own setting where it has one (TIDAL_CHECKPOINT_STORE), else the
+        one the control plane tells every node, else TIDAL_HOME/checkpoints. Chosen at the first
+        registration."""
+        settings = load_settings()
+        url = settings.checkpoint_store or offered or settings.store_url
+        if self.store_url is not None:
+            if url != self.store_url:
+                log.warning("the control plane now names checkpoint store %s; this agent keeps %s until it "
+                            "restarts", offered, self.store_url)
+            return
+        if settings.checkpoint_store and offered and offered != settings.checkpoint_store:
+            log.warning("checkpoint store: this node's TIDAL_CHECKPOINT_STORE %s, not the control plane's %s",
+                        settings.checkpoint_store, offered)
+        store = CheckpointStore(url)
+        self.store_url = url
+        log.info("checkpoint store: %s", url)
+        quota = CpuQuota(self.key, self.args.devices)
+        self._executor = Executor(self.client, self.node, store, self.agent_id, self.lease_lost,
+                                  quota if quota.enabled else None)
+
+    @property
+    def executor(self) -> Executor:
+        assert self._executor is not None, "the executor starts at the first registration"
+        return self._executor
+
+    def refused(self, exc: TidalError) -> None:
+        """The control plane refused this agent's credential (revoked, or the node removed): its jobs will be
+        requeued when the lease runs out, so the ranks must not go on here. Kill them and exit."""
+        if not self.stopping.acquire(blocking=False):
+            return
+
+        def stop() -> None:
+            log.error("the control plane refused node %s's credential (%s): stopping every rank and exiting",
+                      self.name, exc.message)
+            if self._executor is not None:
+                self._executor.fence()
+            os._exit(EXIT_REFUSED)
+
+        threading.Thread(target=stop, name="tidal-refused").start()
 
     def lease_lost(self) -> None:
         if not self.registered.is_set():
@@ -82,7 +180,10 @@ class Agent:
         self.executor.fence()
         self.agent_id = uuid.uuid4().hex[:12]
         self.executor.agent_id = self.executor.outbox.agent_id = self.agent_id
-        self.register()
+        try:
+            self.register()
+        except (Stop, Untrusted) as exc:
+            self.refused(exc)
 
     def heartbeats(self) -> None:
         while True:
@@ -129,6 +230,7 @@ class Agent:
 
     def run(self) -> None:
         self.register()
+        self.client.on_unauthorized = self.refused
         # Only now that this process holds the node's lease: whatever an earlier agent left is fenced.
         reap_leftovers(self.key)
         self.node.clear_staging()  # and what it kept in memory for them
@@ -141,7 +243,14 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="tidal-agent")
     ap.add_argument("--name", required=True)
     ap.add_argument("--server", required=True)
-    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--token-file", help="a credential to act for the node with (`tidal up`: the cluster's)")
+    ap.add_argument("--join-token", default=os.environ.get("TIDAL_JOIN_TOKEN") or None,
+                    help="exchanged once for the node's own credential, kept in the node root "
+                         "(default TIDAL_JOIN_TOKEN)")
+    ap.add_argument("--ca", help="trust only this CA (PEM) for the control plane's certificate")
+    ap.add_argument("--ca-fingerprint", help="trust only the certificate of the control plane's chain with this "
+                                             "SHA-256 fingerprint (as `tidal server` prints it)")
+    ap.add_argument("--advertise-addr", help="the address other nodes reach this one at (stored with the node)")
     ap.add_argument("--root", required=True, help="the node root: this node's private state")
     ap.add_argument("--devices", type=int, default=1)
     ap.add_argument("--region", default="local")
@@ -157,23 +266,37 @@ def main(argv: list[str] | None = None) -> None:
         agent = Agent(args)
     except ValidationError as exc:
         ap.error(str(exc))
+    except (Stop, Untrusted, ConfigError) as exc:
+        _exit_refused(exc)
 
     def leave() -> None:
         # tidal down: stop the ranks, give the node back (its jobs are requeued at once), exit. Were we
         # killed instead, the ranks' inits would see their lifeline close and take the ranks down.
-        agent.executor.fence()
+        if agent._executor is not None:
+            agent._executor.fence()
         # os._exit does not wait for the threads removing images in the background: what they and the
         # jobs kept in memory-backed /dev/shm goes now.
         wait_discarded(timeout=10)
         agent.node.clear_staging()
-        with contextlib.suppress(Exception), httpx.Client(base_url=args.server, timeout=5) as http:
+        with contextlib.suppress(Exception), \
+                httpx.Client(base_url=args.server, timeout=5, verify=agent.verify) as http:
             http.post(f"/v1/agent/{agent.name}/leave", json=protocol.encode(protocol.Leave(agent_id=agent.agent_id)),
                       headers=dict(agent.client.http.headers))
         os._exit(0)
 
     # Not in the handler itself: the main thread may be inside a request on the shared client.
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=leave, daemon=True).start())
-    agent.run()
+    try:
+        agent.run()
+    except (Stop, Untrusted) as exc:
+        _exit_refused(exc)
+
+
+def _exit_refused(exc: TidalError) -> NoReturn:
+    log.error("%s", exc.message)
+    if exc.hint:
+        log.error("hint: %s", exc.hint)
+    sys.exit(EXIT_REFUSED)
 
 
 if __name__ == "__main__":

@@ -65,8 +65,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _nodes_table(api: Client) -> None:
-    t = Table("node", "region/cluster", "devices", "free", "up", "lease left")
+    t = Table("node", "address", "region/cluster", "devices", "free", "up", "lease left")
     for n in api.get("/v1/nodes"):
-        t.add_row(n["name"], f"{n['region']}/{n['cluster']}", str(n["devices"]), str(n["free"]),
-                  "yes" if n["up"] else "[red]no[/]", f"{n['lease_left_s']}s")
+        t.add_row(n["name"], n.get("address") or "-", f"{n['region']}/{n['cluster']}", str(n["devices"]),
+                  str(n["free"]), "yes" if n["up"] else "[red]no[/]", f"{n['lease_left_s']}s")
     console.print(t)

@@ -25,9 +25,9 @@ def _root() -> None:
 
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import cluster, demo, doctor, jobs, sim
+    from tidal.cli import cluster, demo, deploy, doctor, jobs, sim
 
-    for module in (cluster, jobs, demo, sim, doctor):
+    for module in (cluster, deploy, jobs, demo, sim, doctor):
         module.register(app)
 
 

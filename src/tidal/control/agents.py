@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 def register(s: Session, *, name: str, region: str, cluster: str, devices: int, cpus: list[list[int]],
-             agent_id: str, lease_s: float) -> None:
+             agent_id: str, lease_s: float, advertise_addr: str | None = None) -> None:
     now = clock.now(s)
     node = s.get(NodeRow, name)
     if node is not None and node.agent_id != agent_id and node.up and node.lease_until > now:
@@ -40,12 +40,14 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
     _within_limits(s, node, name, devices)
     if node is None:
         node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
-                       agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now)
+                       agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now,
+                       advertise_addr=advertise_addr)
         s.add(node)
     else:
         if node.up and node.agent_id != agent_id:
             expire(s, node, "its agent was replaced")
         node.region, node.cluster, node.devices, node.cpus = region, cluster, devices, cpus
+        node.advertise_addr = advertise_addr
         node.agent_id, node.lease_until, node.up, node.registered_at = agent_id, now + lease_s, True, now
     record(s, "node_up", node=name, cause=agent_id, detail=f"{devices} device(s) in {region}/{cluster}")
 
@@ -69,6 +71,24 @@ def over_limits(node: NodeRow) -> str | None:
     if not 1 <= node.devices <= limits.MAX_DEVICES_PER_NODE or len(node.cpus or ()) != node.devices:
         return f"its {node.devices} device(s) and {len(node.cpus or ())} CPU set(s) are over Tidal's limits"
     return None
+
+
+def remove(s: Session, name: str) -> dict[str, Any]:
+    """Forget a node that is down (its lease ran out: its jobs were requeued). A node still up is kept until
+    its lease runs out (its agent, its credential revoked, stops at its next call): removing it earlier
+    would requeue its jobs while its ranks may still run. What happened: ``removed``, and while the node is
+    up, ``lease_left_s``."""
+    node = s.get(NodeRow, name)
+    if node is None:
+        return {"removed": False, "known": False}
+    now = clock.now(s)
+    if node.up and node.lease_until > now:
+        return {"removed": False, "known": True, "up": True, "lease_left_s": round(node.lease_until - now, 1)}
+    if node.up:
+        expire(s, node, "lease expired")
+    s.delete(node)
+    record(s, "node_removed", node=name, cause="api")
+    return {"removed": True, "known": True}
 
 
 def holder(s: Session, name: str, agent_id: str) -> NodeRow:

@@ -1,4 +1,10 @@
-"""The control plane's client: where the API is, which token to send, and its errors as TidalErrors.
+"""The control plane's client: where the API is, which token to send, which certificate to trust, and its
+errors as TidalErrors.
+
+Settings (environment): ``TIDAL_URL`` (else the local cluster's, from ``tidal up``'s state file),
+``TIDAL_TOKEN`` (else the local cluster's user token, or for admin commands its admin token), and for an
+``https`` control plane whose certificate is not signed by a CA the system trusts: ``TIDAL_CA`` (the CA's
+PEM file) or ``TIDAL_CA_FINGERPRINT`` (the SHA-256 fingerprint `tidal server` prints; see :mod:`tidal.tls`).
 
 It speaks HTTP only. What it may import is fixed by a contract in ``pyproject.toml``: nothing of the control
 plane but :mod:`tidal.control.clusterfile`, the local cluster's state file that says where the API listens.
@@ -26,6 +32,7 @@ from tidal.errors import (
     Unsupported,
     ValidationError,
 )
+from tidal.tls import client_context, untrusted_reason
 
 
 class ControlPlaneError(TidalError):
@@ -62,31 +69,55 @@ def endpoint(home: Path) -> str:
     return state.url
 
 
-def user_token(home: Path) -> str:
-    """``TIDAL_TOKEN``, else the user token a local cluster wrote."""
+def user_token(home: Path, who: str = "user") -> str:
+    """``TIDAL_TOKEN``, else the token a local cluster (or `tidal server`, for the admin) wrote for ``who``."""
     token = os.environ.get("TIDAL_TOKEN")
     if token is not None:
         return token
-    path = token_path(home, "user")
+    path = token_path(home, who)
     if not path.exists():
-        raise Unauthorized("no API token", hint=f"set TIDAL_TOKEN, or run `tidal up` to create {path}")
+        raise Unauthorized(f"no {'admin ' if who == 'admin' else ''}API token",
+                           hint=f"set TIDAL_TOKEN, or run `tidal up` to create {path}")
     return path.read_text().strip()
+
+
+class UntrustedServer(ControlPlaneError):
+    """The control plane's certificate is not one this client trusts: it refuses to talk to it."""
+
+
+TRUST_HINT = ("give its CA certificate with TIDAL_CA=FILE (`tidal server --tls auto` writes TIDAL_HOME/tls/ca.pem), "
+              "or pin it with TIDAL_CA_FINGERPRINT=SHA256 (the fingerprint `tidal server` printed)")
+
+
+def trust() -> Any:
+    """What the client verifies the control plane's certificate with (``httpx``'s ``verify``): TIDAL_CA or
+    TIDAL_CA_FINGERPRINT, else the system's trust store."""
+    return client_context(ca=os.environ.get("TIDAL_CA") or None, pin=os.environ.get("TIDAL_CA_FINGERPRINT") or None) \
+        or True
 
 
 class Client:
     """An authenticated HTTP client of the control-plane API. ``get``/``post`` return the decoded JSON;
     an error status raises the matching :class:`TidalError` with the server's message and hint."""
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60) -> None:
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60,
+                 who: str = "user") -> None:
+        """``who``: whose token a local cluster's files give where TIDAL_TOKEN is unset (``admin`` for the
+        admin's commands)."""
         home = Path(load_settings().home)
         self.url = endpoint(home) if url is None else url
-        token = user_token(home) if token is None else token
-        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout)
+        token = user_token(home, who) if token is None else token
+        self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
+                                 verify=trust())
 
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.TransportError as exc:
+            reason = untrusted_reason(exc)
+            if reason is not None:
+                raise UntrustedServer(f"refusing to talk to the control plane at {self.url}: its certificate is not "
+                                      f"trusted ({reason})", hint=TRUST_HINT) from None
             raise ControlPlaneError(f"cannot reach the control plane at {self.url} ({exc})",
                                     hint="is it running? `tidal status`; or check TIDAL_URL") from None
         if r.status_code >= 400:
@@ -102,6 +133,9 @@ class Client:
 
     def post(self, path: str, **kw: Any) -> Any:
         return self.request("POST", path, **kw).json()
+
+    def delete(self, path: str, **kw: Any) -> Any:
+        return self.request("DELETE", path, **kw).json()
 
     def close(self) -> None:
         self.http.close()

@@ -5,7 +5,6 @@ state (database, tokens, node roots, logs, checkpoints) under ``TIDAL_HOME``. Us
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import signal
@@ -19,55 +18,15 @@ from typing import Any
 import httpx
 
 from tidal.config import Settings
-from tidal.control import tokens
+from tidal.control.bootstrap import TOKENS, bootstrap, private_dir
 from tidal.control.clusterfile import ClusterState, Proc, alive, load, state_path, token_path
-from tidal.control.store.db import Database
 from tidal.core import limits
 from tidal.errors import ConfigError, TidalError
 from tidal.mechanisms.criu.rank import NodeRoot
 from tidal.mechanisms.interpose import storeserver
 from tidal.waiting import WaitTimeout, wait_until
 
-TOKENS = ("admin", "user", "cluster")
-
-
-def bootstrap(settings: Settings) -> None:
-    """Create the database schema and, once, the admin, user and cluster tokens (owner-only files)."""
-    home = Path(settings.home)
-    home.mkdir(parents=True, exist_ok=True, mode=0o700)
-    private_dir(home / "tokens")
-    private_dir(home / "logs")
-    db = Database(settings.db_url)
-    try:
-        db.migrate()
-        unix = getpass.getuser()
-        for who in TOKENS:
-            path = token_path(home, who)
-            if path.exists():
-                continue
-            name, role = {"admin": ("admin", "admin"), "user": (unix, "user"),
-                          "cluster": (tokens.CLUSTER_AGENT, "agent")}[who]
-            with db.tx() as s:
-                from tidal.control.store.models import User
-
-                old = s.get(User, name)
-                if old is not None:  # its token file was lost: issue a new token
-                    s.delete(old)
-                    s.flush()
-                token = tokens.create_user(s, name, role, unix if role != "agent" else None)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
-    finally:
-        db.close()
-
-
-def private_dir(path: Path) -> None:
-    """A directory of secrets (tokens, logs) that only its owner may enter, also one an older version
-    made with the caller's umask."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    if path.stat().st_mode & 0o077:
-        path.chmod(0o700)
+__all__ = ["TOKENS", "agent_argv", "bootstrap", "down", "private_dir", "up"]
 
 
 def _free_port() -> int:

@@ -1,21 +1,29 @@
 """The control-plane process: migrate the database, recover from a restart, then serve the API and run
-the reconcile loop. ``python -m tidal.control.server --port P`` (``tidal up`` starts it)."""
+the reconcile loop. ``python -m tidal.control.server --port P`` (``tidal up`` starts it so, on loopback);
+``tidal server`` runs it for a deployment (``--listen``, ``--database``, ``--store``, TLS, ``--bootstrap``:
+the admin token and the command a node joins with)."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 from sqlalchemy import select, update
 
 from tidal.config import load_settings
-from tidal.control import agents, clock
+from tidal.control import agents, clock, pki
 from tidal.control.api.app import Context, create_app
+from tidal.control.bootstrap import bootstrap
+from tidal.control.clusterfile import token_path
 from tidal.control.history import record
+from tidal.control.pki import ServerTLS
 from tidal.control.reconcile import Reconciler
 from tidal.control.rendezvous import RendezvousHost
 from tidal.control.store.db import Database
@@ -24,6 +32,8 @@ from tidal.errors import ConfigError, TidalError, ValidationError
 from tidal.mechanisms.interpose import storeserver
 from tidal.policy.admission import Quotas, parse_quotas
 from tidal.policy.registry import DEFAULT_LIVE_POLICY, LIVE_POLICIES, make_live_policy
+
+DEFAULT_PORT = 8470
 
 
 def recover(db: Database, lease_s: float) -> None:
@@ -44,10 +54,22 @@ def recover(db: Database, lease_s: float) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="tidal-control")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=8470)
+    ap.add_argument("--listen", metavar="ADDR:PORT", help="where to serve the API (default 127.0.0.1:8470)")
+    ap.add_argument("--host", help="the address to listen on (or --listen)")
+    ap.add_argument("--port", type=int, help="the port to listen on (or --listen)")
     ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
     ap.add_argument("--policy", default=DEFAULT_LIVE_POLICY, choices=LIVE_POLICIES)
+    ap.add_argument("--database", help="SQLAlchemy URL (default TIDAL_DATABASE_URL, else SQLite under TIDAL_HOME)")
+    ap.add_argument("--store", help="the checkpoint store every node uses, told to agents at registration "
+                                    "(default TIDAL_CHECKPOINT_STORE; without either, each agent's own)")
+    ap.add_argument("--tls", choices=("auto", "off"), help="auto: a private CA and a server certificate under "
+                                                           "TIDAL_HOME/tls; off: plain HTTP")
+    ap.add_argument("--tls-cert", help="the server's certificate chain (PEM), with --tls-key")
+    ap.add_argument("--tls-key", help="the server certificate's key (PEM, owner-only)")
+    ap.add_argument("--tls-san", action="append", default=[], metavar="NAME",
+                    help="--tls auto: a host name or address clients use (repeat)")
+    ap.add_argument("--bootstrap", action="store_true",
+                    help="create the admin token if there is none, and print how nodes join (`tidal server`)")
     args = ap.parse_args(argv)
     try:
         serve(args)
@@ -64,15 +86,103 @@ def _quotas(text: str | None) -> Quotas | None:
                                "it") from None
 
 
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    """Where to listen: ``--listen ADDR:PORT`` (an IPv6 address in brackets), else ``--host``/``--port``."""
+    host, port = args.host or "127.0.0.1", args.port or DEFAULT_PORT
+    if args.listen:
+        addr, sep, p = args.listen.rpartition(":")
+        if not sep or not p.isdigit() or not 0 < int(p) < 65536:
+            raise ConfigError(f"--listen {args.listen!r}: give ADDR:PORT", field="listen",
+                              hint="e.g. 0.0.0.0:8470, [::]:8470 or 10.0.0.5:8470")
+        host, port = addr.strip("[]") or "0.0.0.0", int(p)
+    return host, port
+
+
+def tls_of(args: argparse.Namespace, home: Path, host: str) -> ServerTLS | None:
+    """The certificate to serve, or None for plain HTTP (allowed on loopback, or with ``--tls off``)."""
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key) or args.tls == "auto":
+            raise ConfigError("give both --tls-cert and --tls-key, without --tls auto", field="tls",
+                              hint="or --tls auto alone, for a CA and certificate that Tidal makes")
+        return pki.own(args.tls_cert, args.tls_key)
+    if args.tls == "auto":
+        return pki.ensure_auto(home, pki.names_for(host, args.tls_san))
+    if args.tls is None and not _loopback(host):
+        raise ConfigError(f"listening on {host} without TLS: tokens would cross the network in clear", field="tls",
+                          hint="give --tls auto (or --tls-cert/--tls-key); --tls off where a proxy in front "
+                               "terminates TLS")
+    return None
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def public_url(host: str, port: int, tls: ServerTLS | None, sans: list[str]) -> str:
+    """The URL nodes reach the server at, for the join command: the first --tls-san, else the listen
+    address unless it is a wildcard, else this machine's name."""
+    name = next(iter(sans), None) or (host if host not in pki.WILDCARDS else socket.getfqdn())
+    if ":" in name:
+        name = f"[{name}]"
+    return f"{'https' if tls else 'http'}://{name}:{port}"
+
+
+def banner(url: str, home: Path, tls: ServerTLS | None, db_url: str, store: str | None, lease_s: float) -> str:
+    """What `tidal server` prints at start: where it serves, what it trusts, and how a node joins."""
+    trust = ""
+    lines = [f"Tidal control plane at {url}",
+             f"  database: {_hide_password(db_url)}",
+             f"  checkpoint store: {store or 'each agent’s own setting (TIDAL_CHECKPOINT_STORE)'}",
+             f"  agent lease: {lease_s:g}s",
+             f"  admin token: {token_path(home, 'admin')}"]
+    if tls is not None:
+        lines.append(f"  TLS certificate: {tls.certfile} (names: {', '.join(tls.names)})")
+        if tls.ca is not None:
+            lines.append(f"  CA certificate: {tls.ca}")
+        lines.append(f"  {'CA' if tls.ca is not None else 'certificate'} fingerprint (SHA-256): {tls.fingerprint}")
+        trust = f" --ca-fingerprint {tls.fingerprint}"
+    else:
+        lines.append("  TLS: off (plain HTTP)")
+    client = [f"export TIDAL_URL={url} TIDAL_TOKEN=$(cat {token_path(home, 'admin')})"]
+    if tls is not None:
+        client.append(f"export TIDAL_CA_FINGERPRINT={tls.fingerprint}" if tls.ca is None
+                      else f"export TIDAL_CA={tls.ca}")
+    lines += ["", "To add a node, create its join token here (as the admin):", *(f"  {c}" for c in client),
+              "  tidal token create --node NODE", "then run on the node (as root):",
+              f"  tidal agent --server {url}{trust} --join-token TOKEN --name NODE --devices N", ""]
+    return "\n".join(lines)
+
+
+def _hide_password(url: str) -> str:
+    head, at, tail = url.rpartition("@")
+    if not at or "://" not in head:
+        return url
+    scheme, _, cred = head.partition("://")
+    user = cred.split(":", 1)[0]
+    return f"{scheme}://{user}{':***' if ':' in cred else ''}@{tail}"
+
+
 def serve(args: argparse.Namespace) -> None:
     """Migrate the database, recover, then serve the API and run the reconcile loop until stopped."""
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     settings = load_settings()
+    if args.database:
+        settings = settings.model_copy(update={"database_url": args.database})
+    store = args.store or settings.checkpoint_store
     quotas = _quotas(settings.quotas)
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
+    listen_host, port = listen_address(args)
+    tls = tls_of(args, home, listen_host)
+    if args.bootstrap:
+        bootstrap(settings, ("admin",))
     # Distributed jobs' rendezvous store: the one a killed predecessor left running, if there is one.
     storeserver.hold(home)
     db = Database(settings.db_url)
@@ -83,11 +193,16 @@ def serve(args: argparse.Namespace) -> None:
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_live_policy(args.policy))
     rec.start()
-    app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas))
+    app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
+                             store=store, fingerprint=tls.fingerprint if tls else None))
+    if args.bootstrap:
+        print(banner(public_url(listen_host, port, tls, args.tls_san), home, tls, settings.db_url, store, args.lease),
+              flush=True)
+    ssl: dict[str, Any] = {"ssl_certfile": str(tls.certfile), "ssl_keyfile": str(tls.keyfile)} if tls else {}
     try:
         # Long-polling agents must not hold a shutdown up: give open requests one second.
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                    timeout_graceful_shutdown=1)
+        uvicorn.run(app, host=listen_host, port=port, log_level="warning", access_log=False,
+                    timeout_graceful_shutdown=1, **ssl)
     finally:
         rec.stop()
         db.close()

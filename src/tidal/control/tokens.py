@@ -1,4 +1,9 @@
-"""API tokens: random secrets given once to their holder; the database keeps only their sha256."""
+"""API tokens: random secrets given once to their holder; the database keeps only their sha256.
+
+Besides users' tokens, a node's agent holds a credential: the cluster's (``tidal up``), or the node's own
+(an agent user named after the node). An admin gives a new node a **join token**: single-node, expiring,
+revocable, and used up when the node's agent exchanges it for the node's own credential
+(:func:`join`). Revoking a node's credential (:func:`revoke_node`) makes its agent's next call fail."""
 
 from __future__ import annotations
 
@@ -9,27 +14,35 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
-from tidal.control.store.models import User
+from tidal.control.store.models import JoinToken, User
 from tidal.core.limits import MAX_ID_CHARS
-from tidal.errors import Conflict, ValidationError
+from tidal.errors import Conflict, Forbidden, NotFound, Unauthorized, ValidationError
 
 ROLES = ("admin", "user", "agent")
 # The agent credential of the whole cluster (`tidal up` gives it to every agent): it may act for any
 # node. Any other agent user is one node's own credential, named after the node, for that node only.
 CLUSTER_AGENT = "cluster"
+JOIN_PREFIX = "tdj_"
+#: How long a join token lasts unless its creator says otherwise, and the most it may last.
+DEFAULT_JOIN_TTL_S = 24 * 3600.0
+MAX_JOIN_TTL_S = 365 * 86400.0
 
 
 def digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
+def _check_name(name: str, field: str = "name") -> None:
+    if not name or len(name) > MAX_ID_CHARS or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise ValidationError(f"bad {'node' if field == 'node' else 'user'} name {name!r}", field=field,
+                              hint=f"letters, digits, '-', '_' and '.', at most {MAX_ID_CHARS}")
+
+
 def create_user(s: Session, name: str, role: str, unix_user: str | None = None) -> str:
     """Create a user and return its token (shown once)."""
     if role not in ROLES:
         raise ValidationError(f"unknown role {role!r}", field="role", hint="one of " + ", ".join(ROLES))
-    if not name or len(name) > MAX_ID_CHARS or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise ValidationError(f"bad user name {name!r}", field="name",
-                              hint=f"letters, digits, '-', '_' and '.', at most {MAX_ID_CHARS}")
+    _check_name(name)
     if s.get(User, name) is not None:
         raise Conflict(f"user {name} exists", field="name")
     token = f"tdl_{secrets.token_urlsafe(32)}"
@@ -39,3 +52,116 @@ def create_user(s: Session, name: str, role: str, unix_user: str | None = None) 
 
 def lookup(s: Session, token: str) -> User | None:
     return s.scalar(select(User).where(User.token_hash == digest(token)))
+
+
+# -- join tokens and node credentials ---------------------------------------------------------------------
+def _node_may_join(s: Session, node: str) -> None:
+    """A node's own credential is the agent user named after it: the name must not be another kind of user's,
+    nor the cluster credential's."""
+    _check_name(node, "node")
+    if node == CLUSTER_AGENT:
+        raise ValidationError(f"{CLUSTER_AGENT!r} is the cluster credential's name, not a node's", field="node",
+                              hint="give the node another name")
+    u = s.get(User, node)
+    if u is not None and u.role != "agent":
+        raise Conflict(f"{node} is the name of a user ({u.role}), so it cannot be a node's", field="node", node=node,
+                       hint="give the node another name")
+
+
+def create_join(s: Session, node: str, ttl_s: float, created_by: str) -> tuple[JoinToken, str]:
+    """A new join token for ``node``, valid for ``ttl_s`` seconds: its row and the token (shown once)."""
+    if not 0 < ttl_s <= MAX_JOIN_TTL_S:
+        raise ValidationError(f"ttl: {ttl_s:g}s; a join token lasts more than 0 s and at most "
+                              f"{MAX_JOIN_TTL_S / 86400:g} days", field="ttl")
+    _node_may_join(s, node)
+    token = f"{JOIN_PREFIX}{secrets.token_urlsafe(32)}"
+    t = now(s)
+    row = JoinToken(id=f"jt-{secrets.token_hex(6)}", node=node, token_hash=digest(token), created_by=created_by,
+                    created_at=t, expires_at=t + ttl_s)
+    s.add(row)
+    return row, token
+
+
+def join_state(row: JoinToken, at: float) -> str:
+    """``active``, ``used``, ``revoked`` or ``expired``."""
+    if row.revoked_at is not None:
+        return "revoked"
+    if row.used_at is not None:
+        return "used"
+    return "expired" if at >= row.expires_at else "active"
+
+
+def join(s: Session, token: str, node: str) -> str:
+    """Exchange a join token for ``node``'s own credential (returned, shown once). The token is then used
+    up; a credential the node had before stops working. A token that is unknown (401), or revoked, expired,
+    used or another node's (403), is refused with a message saying which."""
+    row = s.scalar(select(JoinToken).where(JoinToken.token_hash == digest(token)))
+    if row is None:
+        raise Unauthorized("unknown join token", hint="create one for this node with `tidal token create --node "
+                           f"{node}` (as an admin) and give it to the agent with --join-token")
+    t = now(s)
+    state = join_state(row, t)
+    again = f"create a new one with `tidal token create --node {row.node}`"
+    if row.node != node:
+        raise Forbidden(f"join token {row.id} is for node {row.node}, not {node}", field="node", node=node,
+                        hint=f"start the agent with --name {row.node}, or create a join token for {node}")
+    if state == "revoked":
+        raise Forbidden(f"join token {row.id} for node {node} was revoked", node=node, hint=again)
+    if state == "used":
+        raise Forbidden(f"join token {row.id} for node {node} was already used: a join token is good for one "
+                        "join", node=node,
+                        hint=f"the agent that used it holds the node's credential; to join the node again, {again}")
+    if state == "expired":
+        raise Forbidden(f"join token {row.id} for node {node} expired {t - row.expires_at:.0f}s ago", node=node,
+                        hint=again)
+    _node_may_join(s, node)
+    row.used_at = t
+    old = s.get(User, node)
+    if old is not None:  # the node joins again (re-installed, or its credential was lost): a new credential
+        s.delete(old)
+        s.flush()
+    return create_user(s, node, "agent")
+
+
+def list_tokens(s: Session) -> list[dict[str, object]]:
+    """Join tokens (every state) and agent credentials (nodes' own, and the cluster's), oldest first."""
+    t = now(s)
+    out: list[dict[str, object]] = [
+        {"id": j.id, "kind": "join", "node": j.node, "created_at": j.created_at, "created_by": j.created_by,
+         "expires_at": j.expires_at, "used_at": j.used_at, "revoked_at": j.revoked_at, "state": join_state(j, t)}
+        for j in s.scalars(select(JoinToken).order_by(JoinToken.created_at))]
+    out += [{"id": u.name, "kind": "cluster" if u.name == CLUSTER_AGENT else "node",
+             "node": None if u.name == CLUSTER_AGENT else u.name, "created_at": u.created_at, "created_by": None,
+             "expires_at": None, "used_at": None, "revoked_at": None, "state": "active"}
+            for u in s.scalars(select(User).where(User.role == "agent").order_by(User.created_at))]
+    return out
+
+
+def revoke_join(s: Session, token_id: str) -> JoinToken:
+    row = s.get(JoinToken, token_id)
+    if row is None:
+        raise NotFound(f"no join token {token_id}", hint="`tidal token ls` lists them; to revoke a node's "
+                       "credential: `tidal token revoke --node NODE`")
+    if row.revoked_at is None and row.used_at is None:
+        row.revoked_at = now(s)
+    return row
+
+
+def revoke_node(s: Session, node: str) -> dict[str, object]:
+    """Revoke ``node``'s own credential and its join tokens not yet used. What was revoked: whether it had a
+    credential, and the join tokens' ids."""
+    _check_name(node, "node")
+    if node == CLUSTER_AGENT:
+        raise ValidationError(f"{CLUSTER_AGENT!r} is the cluster credential, not a node", field="node",
+                              hint="the cluster credential is `tidal up`'s: stop the local cluster with `tidal down`")
+    u = s.get(User, node)
+    if u is not None and u.role != "agent":
+        raise Conflict(f"{node} is a user ({u.role}), not a node", field="node", node=node)
+    t = now(s)
+    pending = [j for j in s.scalars(select(JoinToken).where(JoinToken.node == node))
+               if join_state(j, t) == "active"]
+    for j in pending:
+        j.revoked_at = t
+    if u is not None:
+        s.delete(u)
+    return {"node": node, "credential": u is not None, "join_tokens": [j.id for j in pending]}

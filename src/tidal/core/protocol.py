@@ -3,7 +3,8 @@
 Control plane → agent: an :class:`Action` wraps one order (:data:`Order`: launch, restore, cut, park,
 checkpoint, finish, kill), chosen by its ``kind``. Agent → control plane: :class:`Register`,
 :class:`Heartbeat`, :class:`ActionResult` (whose ``data`` is the order's typed result, :func:`result_of`),
-:class:`ExitReport` and :class:`Leave`. Every message carries the protocol version ``v``; both ends refuse
+:class:`ExitReport` and :class:`Leave`; a new node's agent first sends :class:`Join` (with a join token) for the
+node's own credential. Every message carries the protocol version ``v``; both ends refuse
 a version they do not speak (:class:`tidal.errors.ProtocolMismatch`), because a control plane and its
 agents are upgraded at different times. Every field is bounded (:mod:`tidal.core.limits`): what arrives
 over the network is validated before it is used, and an unknown field is an error, not ignored.
@@ -16,7 +17,9 @@ validated (``decode``, or the API's request bodies): another version is a Protoc
 
 from __future__ import annotations
 
+import ipaddress
 import math
+import re
 from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import pydantic
@@ -55,6 +58,21 @@ Text = Annotated[str, StringConstraints(max_length=64 * 1024)]
 Figure = Annotated[str, StringConstraints(max_length=limits.MAX_ID_CHARS)]
 CheckpointId = Annotated[str, StringConstraints(pattern=_NAME, max_length=limits.MAX_ID_CHARS)]
 Arg = Annotated[str, StringConstraints(max_length=limits.MAX_ARG_BYTES)]
+_HOST_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def _address(text: str) -> str:
+    """A host name or an IP address (v4, or v6 without brackets): where other nodes reach a node."""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) <= 253 and all(_HOST_LABEL.match(label) for label in text.removesuffix(".").split(".")):
+        return text
+    raise InvalidField(f"{text[:300]!r} is neither an IP address nor a host name")
+
+
+Address = Annotated[str, StringConstraints(max_length=253), AfterValidator(_address)]
 CpuSet = Annotated[list[Annotated[int, Field(ge=0, le=limits.MAX_CPU_ID)]], Field(max_length=limits.MAX_CPU_ID + 1)]
 
 
@@ -311,6 +329,8 @@ class Register(_FromAgent):
     devices: int = Field(ge=1, le=limits.MAX_DEVICES_PER_NODE)
     # device index → its CPU set. Checked as a whole by the validator below (a bad CPU id is a bad ``cpus``).
     cpus: Annotated[list[list[int]], Field(max_length=limits.MAX_DEVICES_PER_NODE)]
+    # Where the other nodes reach this one (its ranks' rendezvous and collectives): `--advertise-addr`.
+    advertise_addr: Address | None = None
 
     @field_validator("cpus")
     @classmethod
@@ -322,6 +342,13 @@ class Register(_FromAgent):
             if not cs or len(set(cs)) != len(cs) or not all(0 <= c <= limits.MAX_CPU_ID for c in cs):
                 raise InvalidField(f"device {i}: a CPU set is distinct CPU ids from 0 to {limits.MAX_CPU_ID}")
         return cpus
+
+
+class Join(_Versioned):
+    """A new node's agent asks for the node's own credential, presenting a join token (as its bearer token)."""
+
+    _what: ClassVar[str] = "this {name} from an agent"
+    name: NodeName
 
 
 class Leave(_FromAgent):

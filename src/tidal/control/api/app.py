@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from tidal.control.api import handlers
+from tidal.control.api import auth, handlers
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
-from tidal.control.api.routes import agents, cluster, jobs, service
+from tidal.control.api.routes import admin, agents, cluster, jobs, service
 from tidal.core import limits
 
 __all__ = ["Context", "create_app"]
@@ -22,11 +22,11 @@ __all__ = ["Context", "create_app"]
 def create_app(ctx: Context) -> FastAPI:
     app = FastAPI(title="Tidal control plane", version="1")
     app.state.ctx = ctx
-    app.state.principals = {}  # token digest → Principal, once looked up
+    app.state.principals = auth.Principals()  # who each token is, once looked up
     # Log chunks from agents are larger than anything else a client sends.
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES,
                        routes=(("PUT", r"/v1/agent/[^/]+/logs/[^/]+/[^/]+", limits.MAX_LOG_UPLOAD_BYTES),))
     handlers.install(app)
-    for area in (service, jobs, cluster, agents):
+    for area in (service, jobs, cluster, agents, admin):
         app.include_router(area.router)
     return app

@@ -24,20 +24,49 @@ class Principal:
         return None if self.role == "admin" else self.name
 
 
-async def principal(request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> Principal:
+def bearer(authorization: str | None) -> str:
+    """The token of an ``Authorization: Bearer TOKEN`` header."""
     if not authorization or not authorization.startswith("Bearer "):
         raise Unauthorized("missing API token", hint="send 'Authorization: Bearer TOKEN'")
-    token = authorization.removeprefix("Bearer ").strip()
+    return authorization.removeprefix("Bearer ").strip()
+
+
+class Principals:
+    """Who each token is, once looked up (token digest → Principal). A revocation forgets them all: a token
+    looked up while it was being revoked is not kept either (the generation changed meanwhile)."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, Principal] = {}
+        self.generation = 0
+
+    def forget(self) -> None:
+        self.generation += 1
+        self.known = {}
+
+
+async def principal(request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    token = bearer(authorization)
     key = tokens.digest(token)
-    cache: dict[str, Principal] = request.app.state.principals
-    p = cache.get(key)
+    cache: Principals = request.app.state.principals
+    p = cache.known.get(key)
     if p is None:
+        generation = cache.generation
         with ctx.db.read() as s:
             u = tokens.lookup(s, token)
             if u is None:
-                raise Unauthorized("invalid API token")
-            p = cache[key] = Principal(u.name, u.role)
+                raise Unauthorized("invalid API token: unknown, or revoked",
+                                   hint="ask an admin for a token; a node whose credential was revoked joins again "
+                                        "with a new join token (`tidal token create --node NODE`)")
+            p = Principal(u.name, u.role)
+        if cache.generation == generation:
+            cache.known[key] = p
     return p
+
+
+def forget_principals(request: Request) -> None:
+    """After a credential was revoked or replaced: every token is looked up again."""
+    cache: Principals = request.app.state.principals
+    cache.forget()
 
 
 async def _user(p: Annotated[Principal, Depends(principal)]) -> Principal:

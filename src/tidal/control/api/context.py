@@ -20,6 +20,12 @@ class Context:
     keep: int = 3
     lease_s: float = 5.0
     quotas: Quotas | None = None  # premium and standard are admitted against these
+    # The checkpoint store every node uses, told to agents at registration (`tidal server --store`); None:
+    # each agent's own setting (TIDAL_CHECKPOINT_STORE, else its TIDAL_HOME/checkpoints).
+    store: str | None = None
+    # The SHA-256 fingerprint agents pin the server's certificate by (`tidal server --tls auto`: its CA's),
+    # shown with a new join token; None without TLS, or with the operator's own certificate.
+    fingerprint: str | None = None
 
 
 async def context(request: Request) -> Context:

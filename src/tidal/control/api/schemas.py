@@ -19,6 +19,7 @@ from tidal.core.protocol import Heartbeat as Heartbeat
 
 # Names of nodes, agents, users and Unix accounts: bounded and plain, as the protocol's.
 from tidal.core.protocol import Ident as Ident
+from tidal.core.protocol import Join as Join
 from tidal.core.protocol import Leave
 from tidal.core.protocol import NodeName as NodeName
 from tidal.core.protocol import RankExit as RankExit
@@ -70,6 +71,11 @@ class UserCreate(BaseModel):
     name: Ident
     role: str = Field(default="user", max_length=16)
     unix_user: UnixName | None = None
+
+
+class JoinTokenCreate(BaseModel):
+    node: NodeName
+    ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds; None: the default (24 h)
 
 
 AgentHello = Leave

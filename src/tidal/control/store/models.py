@@ -26,6 +26,22 @@ class User(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class JoinToken(Base):
+    """A join token: lets the agent of one node (``node``) obtain that node's own credential, once, before
+    ``expires_at``. Only its sha256 is kept; used and revoked tokens stay listed."""
+
+    __tablename__ = "join_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # shown and revoked by; not a secret
+    node: Mapped[str] = mapped_column(String(128), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    created_by: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float)
+    used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class NodeRow(Base):
     __tablename__ = "nodes"
 
@@ -38,6 +54,9 @@ class NodeRow(Base):
     lease_until: Mapped[float] = mapped_column(Float)
     up: Mapped[bool] = mapped_column(Boolean)
     registered_at: Mapped[float] = mapped_column(Float)
+    # The address other nodes reach this one at (its ranks' rendezvous and collectives), as its agent
+    # advertised it at registration (``--advertise-addr``); None: not given.
+    advertise_addr: Mapped[str | None] = mapped_column(String(255), nullable=True)
 
 
 class JobRow(Base):

@@ -6,25 +6,40 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi import Path as PathParam
 
-from tidal.control import agents
-from tidal.control.api.auth import Agent, for_node
+from tidal.control import agents, tokens
+from tidal.control.api.auth import Agent, bearer, for_node, forget_principals
 from tidal.control.api.context import Ctx
-from tidal.control.api.schemas import ActionResult, AgentHello, ExitReport, Heartbeat, Register
+from tidal.control.api.schemas import ActionResult, AgentHello, ExitReport, Heartbeat, Join, Register
 from tidal.core import limits
 
 router = APIRouter(prefix="/v1/agent")
 
 
+@router.post("/join")
+def join(body: Join, request: Request, ctx: Ctx,
+         authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+    """A new node's agent, presenting a join token for its node as its bearer token, gets the node's own
+    credential (once: the join token is used up; a credential the node had before stops working)."""
+    token = bearer(authorization)
+    with ctx.db.tx() as s:
+        credential = tokens.join(s, token, body.name)
+    forget_principals(request)
+    return {"node": body.name, "token": credential}
+
+
 @router.post("/register")
 def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    """The node's agent takes the node's lease. It is told how long a lease lasts, and the checkpoint store
+    every node shares where the control plane was given one (else it uses its own setting)."""
     for_node(p, body.name)
     with ctx.db.tx() as s:
         agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
-                        cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s)
-    return {"lease_s": ctx.lease_s}
+                        cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s,
+                        advertise_addr=body.advertise_addr)
+    return {"lease_s": ctx.lease_s, "store": ctx.store}
 
 
 @router.post("/{node}/heartbeat")

@@ -45,5 +45,6 @@ def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
         free = jobs.free_devices(s)
         return [{"name": n.name, "region": n.region, "cluster": n.cluster, "devices": n.devices,
                  "free": len(free.get(n.name, [])) if n.up else 0, "up": n.up, "cpus": n.cpus,
+                 "address": n.advertise_addr,
                  "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1)}
                 for n in s.scalars(select(NodeRow).order_by(NodeRow.name))]

@@ -1,0 +1,205 @@
+"""Commands of a deployment over several machines: ``tidal server`` (the control plane), ``tidal agent`` (a
+node joining it), ``tidal token create|ls|revoke`` (join tokens and node credentials, admin) and ``tidal
+node remove``.
+
+``server`` and ``agent`` replace this process with the control plane's or the agent's own entry point
+(``python -m tidal.control.server``, ``python -m tidal.agent``): the CLI runs nothing of them itself, and a
+service manager sees one process. Secrets given to them (the database URL, a join token) travel in their
+environment, not on their command line, which every account on the machine may read."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tidal.cli.jobs import parse_duration
+from tidal.cli.output import console
+from tidal.config import load_settings
+from tidal.control.client import Client
+from tidal.errors import ConfigError, Conflict
+
+token_app = typer.Typer(help="Join tokens for new nodes, and the nodes' credentials (admin).", no_args_is_help=True)
+node_app = typer.Typer(help="Nodes (admin): remove one.", no_args_is_help=True)
+
+
+def _exec(module: str, args: list[str], env: dict[str, str]) -> None:
+    argv = [sys.executable, "-m", module, *args]
+    sys.stdout.flush()
+    os.execve(sys.executable, argv, {**os.environ, "PYTHONUNBUFFERED": "1", **env})
+
+
+def _when(t: float | None) -> str:
+    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def server(
+        listen: str = typer.Option("0.0.0.0:8470", "--listen", help="ADDR:PORT to serve the API on"),
+        database: str = typer.Option(None, "--database", envvar="TIDAL_DATABASE_URL", show_envvar=True,
+                                     help="SQLAlchemy URL, e.g. postgresql+psycopg://tidal@db/tidal (default: "
+                                          "SQLite under TIDAL_HOME)"),
+        store: str = typer.Option(None, "--store", envvar="TIDAL_CHECKPOINT_STORE", show_envvar=True,
+                                  help="the checkpoint store every node uses (s3://bucket/prefix, or a directory "
+                                       "at the same path on every node); told to agents when they register"),
+        tls: str = typer.Option(None, "--tls", help="auto (default): a private CA and a server certificate under "
+                                                     "TIDAL_HOME/tls; off: plain HTTP (behind a TLS proxy)"),
+        tls_cert: Path = typer.Option(None, "--tls-cert", help="your own certificate chain (PEM)"),
+        tls_key: Path = typer.Option(None, "--tls-key", help="its key (PEM, owner-only)"),
+        tls_san: list[str] = typer.Option([], "--tls-san",
+                                          help="--tls auto: a host name or address nodes and users reach the server "
+                                               "by (repeat); the first is the URL printed for nodes"),
+        lease: float = typer.Option(10.0, help="seconds an agent's lease lasts (fencing)"),
+        policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
+    ) -> None:
+        """Run the control plane of a deployment (in the foreground; e.g. under systemd, deploy/)."""
+        if tls not in (None, "auto", "off"):
+            raise ConfigError(f"--tls {tls}: auto or off", field="tls")
+        if tls is None and tls_cert is None and tls_key is None:
+            tls = "auto"
+        args = ["--bootstrap", "--listen", listen, "--lease", str(lease), "--policy", policy]
+        if tls:
+            args += ["--tls", tls]
+        if tls_cert is not None:
+            args += ["--tls-cert", str(tls_cert.absolute())]
+        if tls_key is not None:
+            args += ["--tls-key", str(tls_key.absolute())]
+        for name in tls_san:
+            args += ["--tls-san", name]
+        if store:
+            args += ["--store", store]
+        _exec("tidal.control.server", args, {"TIDAL_DATABASE_URL": database} if database else {})
+
+    @app.command()
+    def agent(
+        server: str = typer.Option(..., "--server", envvar="TIDAL_URL", show_envvar=True,
+                                   help="the control plane's URL, e.g. https://tidal.example:8470"),
+        join_token: str = typer.Option(None, "--join-token", envvar="TIDAL_JOIN_TOKEN", show_envvar=True,
+                                       help="exchanged at the first start for the node's own credential (then kept "
+                                            "in the node root); from `tidal token create --node NAME`"),
+        name: str = typer.Option(None, "--name", help="the node's name (default: the host name)"),
+        devices: int = typer.Option(1, "--devices", help="devices the node offers"),
+        cluster: str = typer.Option("local", "--cluster"),
+        region: str = typer.Option("local", "--region"),
+        advertise_addr: str = typer.Option(None, "--advertise-addr", envvar="TIDAL_ADVERTISE_ADDR",
+                                           help="the address the other nodes reach this one at"),
+        root: Path = typer.Option(None, "--root", help="the node root: the node's private state, its credential "
+                                                       "(default TIDAL_HOME/nodes/NAME)"),
+        ca: Path = typer.Option(None, "--ca", envvar="TIDAL_CA", show_envvar=True,
+                                help="trust the control plane's certificate through this CA (PEM)"),
+        ca_fingerprint: str = typer.Option(None, "--ca-fingerprint", envvar="TIDAL_CA_FINGERPRINT", show_envvar=True,
+                                           help="or pin it: the SHA-256 fingerprint `tidal server` printed"),
+        token_file: Path = typer.Option(None, "--token-file", help="a credential to use instead (a file)"),
+    ) -> None:
+        """Run this node's agent (in the foreground, as root), joining the control plane at --server."""
+        name = name or socket.gethostname().split(".")[0]
+        node_root = root or load_settings().home / "nodes" / name
+        args = ["--name", name, "--server", server, "--devices", str(devices), "--cluster", cluster,
+                "--region", region, "--root", str(node_root.absolute())]
+        for flag, value in (("--advertise-addr", advertise_addr), ("--ca", ca and str(ca.absolute())),
+                            ("--ca-fingerprint", ca_fingerprint),
+                            ("--token-file", token_file and str(token_file.absolute()))):
+            if value:
+                args += [flag, value]
+        _exec("tidal.agent", args, {"TIDAL_JOIN_TOKEN": join_token} if join_token else {})
+
+    app.add_typer(token_app, name="token")
+    app.add_typer(node_app, name="node")
+
+
+@token_app.command("create")
+def token_create(node: str = typer.Option(..., "--node", help="the node the token lets join"),
+                 ttl: str = typer.Option("24h", "--ttl", help="how long it is valid: 30m, 24h, 7d ..."),
+                 quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the token")) -> None:
+    """Create a join token for one node (shown once)."""
+    api = Client(who="admin")
+    r = api.post("/v1/tokens", json={"node": node, "ttl": parse_duration(ttl, "ttl")})
+    if quiet:
+        print(r["token"])
+        return
+    trust = f" --ca-fingerprint {r['fingerprint']}" if r.get("fingerprint") else ""
+    console.print(f"join token {r['id']} for node {escape(r['node'])}, valid until {_when(r['expires_at'])} "
+                  "(shown once, used up by the node's first join):", highlight=False)
+    print(r["token"])
+    console.print("on the node, as root:", highlight=False)
+    print(f"  tidal agent --server {api.url}{trust} --join-token {r['token']} --name {r['node']} --devices N")
+
+
+@token_app.command("ls")
+def token_ls(output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+    """List join tokens (active, used, expired, revoked) and the agent credentials."""
+    rows = Client(who="admin").get("/v1/tokens")
+    if output == "json":
+        print(json.dumps(rows, indent=1))
+        return
+    t = Table("id", "kind", "node", "state", "created", "expires", "used")
+    for r in rows:
+        t.add_row(escape(r["id"]), r["kind"], escape(r["node"] or "(every node)"), r["state"], _when(r["created_at"]),
+                  _when(r["expires_at"]), _when(r["used_at"]))
+    console.print(t)
+
+
+@token_app.command("revoke")
+def token_revoke(token_id: str = typer.Argument(None, metavar="[ID]", help="a join token's id (jt-...)"),
+                 node: str = typer.Option(None, "--node", help="revoke this node's own credential (its agent stops "
+                                                               "at its next call) and its unused join tokens")) -> None:
+    """Revoke a join token, or a node's credential."""
+    if (token_id is None) == (node is None):
+        raise ConfigError("give a join token's ID, or --node NODE", field="token",
+                          hint="`tidal token ls` lists them")
+    api = Client(who="admin")
+    if token_id is not None:
+        r = api.delete(f"/v1/tokens/{token_id}")
+        if r["state"] == "revoked":
+            console.print(f"revoked join token {r['id']} for node {escape(r['node'])}", highlight=False)
+        else:
+            raise Conflict(f"join token {r['id']} is {r['state']}: nothing to revoke",
+                           hint=f"to revoke the credential node {r['node']} got with it: "
+                                f"`tidal token revoke --node {r['node']}`")
+        return
+    r = api.delete(f"/v1/nodes/{node}/credential")
+    _print_revoked(r)
+
+
+def _print_revoked(r: dict[str, Any]) -> None:
+    what = []
+    if r["credential"]:
+        what.append(f"node {r['node']}'s credential (its agent stops at its next call)")
+    if r["join_tokens"]:
+        what.append("join token(s) " + ", ".join(r["join_tokens"]))
+    if what:
+        console.print("revoked " + " and ".join(what), highlight=False)
+
+
+@node_app.command("remove")
+def node_remove(node: str = typer.Argument(..., help="the node"),
+                no_wait: bool = typer.Option(False, "--no-wait", help="do not wait for the node to go down"),
+                timeout: float = typer.Option(120.0, help="seconds to wait for the node to go down")) -> None:
+    """Remove a node: revoke its credential (its agent stops its ranks and exits at its next call), then
+    forget it once its lease has run out (its jobs are requeued)."""
+    api = Client(who="admin")
+    r = api.delete(f"/v1/nodes/{node}")
+    _print_revoked(r)
+    deadline = time.monotonic() + timeout
+    while not r["removed"] and not no_wait and time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.1, float(r.get("lease_left_s") or 0.5))))
+        r = api.delete(f"/v1/nodes/{node}")
+    if r["removed"]:
+        console.print(f"removed node {escape(node)}", highlight=False)
+    elif no_wait:
+        console.print(f"node {escape(node)} is up until its lease runs out ({r.get('lease_left_s')}s); "
+                      "run `tidal node remove` again then to forget it", highlight=False)
+    else:
+        raise Conflict(f"node {node} is still up after {timeout:g}s",
+                       hint="its agent may act with the cluster credential (`tidal up`), which is not revoked: stop "
+                            "it (`systemctl stop tidal-agent`, or `tidal down`)")

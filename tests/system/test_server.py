@@ -1,0 +1,254 @@
+"""A deployment as an operator runs it, on loopback with real processes: `tidal server --tls auto`, a node
+joining with `tidal agent --join-token`, the CLI over TLS with the CA file or the pinned fingerprint.
+
+Checked: the join token is exchanged once for the node's own credential (kept owner-only in the node root)
+and refused after; a job runs on the node end to end over TLS; another node's credential is refused for this
+node; a revoked credential stops the agent (its ranks with it) and `tidal node remove` forgets the node; a
+client (the CLI, an agent) that does not trust the server's certificate refuses to talk to it and says what
+to do; `tidal token create/ls/revoke` work for the admin and are refused to a user."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tidal.mechanisms.criu.provision import find_criu
+from tidal.testing import pid_alive, wait_until
+from tidal.waiting import WaitTimeout
+
+pytestmark = pytest.mark.criu
+
+EXIT_REFUSED = 78
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+@dataclass
+class Deployment:
+    base: Path
+    home: Path
+    url: str
+    fingerprint: str
+    ca: Path
+    server: subprocess.Popen[bytes]
+    server_log: Path
+    agents: dict[str, tuple[subprocess.Popen[bytes], Path]] = field(default_factory=dict)
+
+    @property
+    def admin(self) -> str:
+        return (self.home / "tokens" / "admin.token").read_text().strip()
+
+    def env(self, token: str | None = None, **trust: str) -> dict[str, str]:
+        """The CLI's environment: this server's URL, ``token`` (the admin's), and ``trust`` (TIDAL_CA=...,
+        TIDAL_CA_FINGERPRINT=...; none given: the CA file)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+        return {**env, "COLUMNS": "250", "TIDAL_HOME": str(self.base / "client-home"), "TIDAL_URL": self.url,
+                "TIDAL_TOKEN": token or self.admin, **(trust if trust else {"TIDAL_CA": str(self.ca)})}
+
+    def cli(self, *args: str, token: str | None = None, cwd: Path | None = None,
+            **trust: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tidal.cli.main", *args], capture_output=True, text=True,
+                              env=self.env(token, **trust), cwd=cwd, timeout=120)
+
+    def api(self, token: str | None = None) -> httpx.Client:
+        return httpx.Client(base_url=self.url, verify=str(self.ca), timeout=30,
+                            headers={"Authorization": f"Bearer {token or self.admin}"})
+
+    def start_agent(self, name: str, *args: str, root: Path | None = None) -> tuple[subprocess.Popen[bytes], Path]:
+        """`tidal agent --server URL --name NAME ARGS...`, with its own TIDAL_HOME (a node's machine)."""
+        log = self.base / f"agent-{name}-{len(self.agents)}.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+        env["TIDAL_HOME"] = str(self.base / f"node-home-{name}")
+        root = root or self.base / "roots" / name
+        with log.open("wb") as out:
+            p = subprocess.Popen([sys.executable, "-m", "tidal.cli.main", "agent", "--server", self.url,
+                                  "--name", name, "--devices", "1", "--root", str(root), *args],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)
+        self.agents[f"{name}-{len(self.agents)}"] = (p, log)
+        return p, log
+
+    def node(self, name: str) -> dict[str, object] | None:
+        with self.api() as c:
+            return next((n for n in c.get("/v1/nodes").json() if n["name"] == name), None)
+
+
+def _stop(p: subprocess.Popen[bytes]) -> None:
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    find_criu()  # no skip: `make test` provisions CRIU
+    base = tmp_path
+    home = base / "server-home"
+    port = _free_port()
+    log = base / "server.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    env["TIDAL_HOME"] = str(home)
+    with log.open("wb") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tidal.cli.main", "server", "--listen", f"127.0.0.1:{port}", "--tls", "auto",
+             "--tls-san", "127.0.0.1", "--lease", "3", "--store", str(base / "store")],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    d: Deployment | None = None
+    try:
+        ca = home / "tls" / "ca.pem"
+
+        def up() -> bool:
+            if server.poll() is not None:
+                raise AssertionError(f"tidal server exited {server.returncode}:\n{_log(log)}")
+            try:
+                return ca.exists() and httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(ca),
+                                                 timeout=2).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        wait_until(up, timeout=60, what="tidal server to serve over TLS")
+        m = wait_until(lambda: re.search(r"CA fingerprint \(SHA-256\): ([0-9A-F:]{95})", _log(log)), timeout=10,
+                       what="the CA's fingerprint in the server's output")
+        d = Deployment(base, home, f"https://127.0.0.1:{port}", m.group(1), ca, server, log)
+        yield d
+    finally:
+        for p, _ in (d.agents.values() if d else []):
+            _stop(p)
+        _stop(server)
+
+
+def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment, tmp_path: Path) -> None:
+    d = deployment
+    out = _log(d.server_log)
+    # The banner: what to trust, and the command a node joins with.
+    assert f"tidal agent --server {d.url} --ca-fingerprint {d.fingerprint} --join-token TOKEN --name NODE" in out
+    assert f"export TIDAL_CA={d.ca}" in out and "tidal token create --node NODE" in out
+    tls = d.home / "tls"
+    assert all(stat.S_IMODE((tls / f).stat().st_mode) == 0o600 for f in ("ca.key", "server.key"))
+    assert stat.S_IMODE(tls.stat().st_mode) == 0o700
+
+    # The admin's token commands; a user is refused them.
+    with d.api() as c:
+        r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": "root"})
+        assert r.status_code == 201, r.text
+    user = r.json()["token"]
+    p = d.cli("token", "create", "--node", "n1", token=user)
+    assert p.returncode == 1 and "this needs an admin token" in p.stderr, p.stderr
+    p = d.cli("token", "create", "--node", "n1")
+    assert p.returncode == 0, p.stderr
+    join_token = re.search(r"^(tdj_\S+)$", p.stdout, re.M).group(1)  # type: ignore[union-attr]
+    assert f"tidal agent --server {d.url} --ca-fingerprint {d.fingerprint} --join-token {join_token} --name n1" \
+        in p.stdout
+    spare = d.cli("token", "create", "--node", "n9", "--ttl", "10m", "-q").stdout.strip()
+    assert spare.startswith("tdj_")
+
+    # The node joins: the join token is exchanged for n1's own credential, kept owner-only in its root.
+    agent, agent_log = d.start_agent("n1", "--ca-fingerprint", d.fingerprint, "--advertise-addr", "127.0.0.1",
+                                     "--join-token", join_token)
+    try:
+        wait_until(lambda: (d.node("n1") or {}).get("up"), timeout=60, what="n1 to join")
+    except WaitTimeout as exc:
+        raise AssertionError(f"{exc}\nthe agent's log:\n{_log(agent_log)}") from None
+    assert (d.node("n1") or {})["address"] == "127.0.0.1"
+    kept = d.base / "roots" / "n1" / "agent.token"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and kept.read_text().startswith("tdl_")
+    assert f"checkpoint store: {d.base / 'store'}" in _log(agent_log)  # the server's --store, told at registration
+    assert join_token not in " ".join(Path(f"/proc/{agent.pid}/cmdline").read_text().split("\0"))
+
+    # The join token is used up: a second agent presenting it is refused and stops.
+    again, again_log = d.start_agent("n1", "--ca", str(d.ca), "--join-token", join_token, root=d.base / "other")
+    assert again.wait(60) == EXIT_REFUSED
+    assert "refused the join token: join token" in _log(again_log) and "was already used" in _log(again_log)
+
+    # A job runs on it, end to end, through the CLI over TLS (pinned fingerprint).
+    work = tmp_path / "work"
+    work.mkdir()
+    p = d.cli("submit", "-q", "--", "sh", "-c", "echo hello over tls", token=user, cwd=work,
+              TIDAL_CA_FINGERPRINT=d.fingerprint)
+    assert p.returncode == 0, p.stderr
+    job = p.stdout.strip()
+    assert d.cli("wait", job, token=user).returncode == 0
+    assert d.cli("logs", job, token=user).stdout == "hello over tls\n"
+    nodes = d.cli("nodes").stdout
+    assert re.search(r"n1\s+│ 127\.0\.0\.1\s+│ local/local", nodes), nodes
+
+    # Another node's credential is refused for this node.
+    with httpx.Client(base_url=d.url, verify=str(d.ca), timeout=30) as c:
+        r = c.post("/v1/agent/join", json={"name": "n9"}, headers={"Authorization": f"Bearer {spare}"})
+        assert r.status_code == 200, r.text
+        n9 = r.json()["token"]
+        r = c.post("/v1/agent/register", headers={"Authorization": f"Bearer {n9}"},
+                   json={"agent_id": "intruder", "name": "n1", "devices": 1, "cpus": [[0]]})
+    assert r.status_code == 403 and r.json()["message"] == "this credential is node n9's: it cannot act for node n1"
+
+    # Revoking n1's credential: the agent's next call is refused; it stops its ranks and exits.
+    sleeper = d.cli("submit", "-q", "--", "sleep", "600", token=user, cwd=work).stdout.strip()
+    with d.api(user) as c:
+        wait_until(lambda: all(pl["pid"] for pl in c.get(f"/v1/jobs/{sleeper}").json()["placement"]) and
+                   c.get(f"/v1/jobs/{sleeper}").json()["state"] == "running", timeout=60, what="the sleeper to run")
+        pid = c.get(f"/v1/jobs/{sleeper}").json()["placement"][0]["pid"]
+    p = d.cli("token", "revoke", "--node", "n1")
+    assert p.returncode == 0 and "revoked node n1's credential" in p.stdout, p.stderr
+    assert agent.wait(30) == EXIT_REFUSED
+    assert "refused node n1's credential (invalid API token: unknown, or revoked)" in _log(agent_log)
+    wait_until(lambda: not pid_alive(pid), timeout=30, what="the revoked node's rank to be killed")
+    p = d.cli("node", "remove", "n1")
+    assert p.returncode == 0 and "removed node n1" in p.stdout, p.stdout + p.stderr
+    assert d.node("n1") is None
+
+    # Token listing and revoking a join token.
+    extra = d.cli("token", "create", "--node", "n3").stdout
+    extra_id = re.search(r"join token (jt-[0-9a-f]+)", extra).group(1)  # type: ignore[union-attr]
+    assert d.cli("token", "revoke", extra_id).returncode == 0
+    listing = d.cli("token", "ls", "-o", "json").stdout
+    assert '"state": "used"' in listing and '"state": "revoked"' in listing and "tdj_" not in listing
+    p = d.cli("token", "ls", token=user)
+    assert p.returncode == 1 and "this needs an admin token" in p.stderr
+
+
+def test_clients_that_do_not_trust_the_certificate_refuse_to_talk(deployment: Deployment) -> None:
+    d = deployment
+    # No CA, no pin: the system's trust store does not know the server's private CA.
+    p = d.cli("token", "ls", TIDAL_CA="", TIDAL_CA_FINGERPRINT="")
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert f"refusing to talk to the control plane at {d.url}: its certificate is not trusted" in p.stderr
+    assert "TIDAL_CA=FILE" in p.stderr and "TIDAL_CA_FINGERPRINT" in p.stderr
+    # A wrong pin.
+    wrong = ":".join(["AB"] * 32)
+    p = d.cli("token", "ls", TIDAL_CA_FINGERPRINT=wrong)
+    assert p.returncode == 1 and f"no certificate with the pinned SHA-256 fingerprint {wrong}" in p.stderr
+    assert d.fingerprint in p.stderr  # what the server did present
+    # With the CA file, or the right pin (in any usual form): it works.
+    assert d.cli("token", "ls").returncode == 0
+    assert d.cli("token", "ls", TIDAL_CA_FINGERPRINT=d.fingerprint.replace(":", "").lower()).returncode == 0
+    # An agent with a wrong pin does not join, and says why.
+    token = d.cli("token", "create", "--node", "n2", "-q").stdout.strip()
+    agent, log = d.start_agent("n2", "--ca-fingerprint", wrong, "--join-token", token)
+    assert agent.wait(60) == EXIT_REFUSED
+    assert "refusing to talk to the control plane" in _log(log) and "--ca-fingerprint" in _log(log)
+    with d.api() as c:
+        states = {t["node"]: t["state"] for t in c.get("/v1/tokens").json() if t["kind"] == "join"}
+    assert states["n2"] == "active"  # nothing was sent to the impostor, the join token is still good
