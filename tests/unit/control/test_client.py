@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 import json
+import ssl
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tidal.control.client import Client, ControlPlaneError, endpoint, error_for, user_token
+from tidal.control.client import Client, ControlPlaneError, UntrustedServer, endpoint, error_for, trust, user_token
 from tidal.control.clusterfile import ClusterState, Proc, state_path, token_path
 from tidal.errors import ConfigError, Conflict, NotFound, TidalError, Unauthorized, ValidationError
 
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for var in ("TIDAL_URL", "TIDAL_TOKEN"):
+    for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_CA", "TIDAL_CA_FINGERPRINT"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("TIDAL_HOME", str(tmp_path))
     return tmp_path
@@ -91,3 +92,37 @@ def test_an_unreachable_control_plane_says_what_to_check(home: Path) -> None:
         _client(httpx.MockTransport(refuse)).get("/v1/nodes")
     assert "cannot reach the control plane at http://api.test" in err.value.message
     assert err.value.hint and "tidal status" in err.value.hint
+
+
+def test_admin_commands_take_the_admin_token_file(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    token_path(home, "admin").parent.mkdir()
+    token_path(home, "admin").write_text("tdl_admin\n")
+    assert user_token(home, "admin") == "tdl_admin"
+    monkeypatch.setenv("TIDAL_TOKEN", "tdl_env")
+    assert user_token(home, "admin") == "tdl_env"
+
+
+def test_the_certificate_is_trusted_by_tidal_ca_or_tidal_ca_fingerprint(home: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert trust() is True  # the system's trust store
+    monkeypatch.setenv("TIDAL_CA_FINGERPRINT", "AB" * 32)
+    assert isinstance(trust(), ssl.SSLContext)
+    monkeypatch.setenv("TIDAL_CA", str(home / "missing.pem"))
+    with pytest.raises(ConfigError, match="not both"):
+        trust()
+    monkeypatch.delenv("TIDAL_CA_FINGERPRINT")
+    with pytest.raises(ConfigError, match="cannot read the CA certificate"):
+        trust()
+
+
+def test_an_untrusted_server_is_refused_saying_what_to_set(home: Path) -> None:
+    def untrusted(request: httpx.Request) -> httpx.Response:
+        cause = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+        cause.verify_message = "self-signed certificate in certificate chain"
+        raise httpx.ConnectError("certificate verify failed", request=request) from cause
+
+    with pytest.raises(UntrustedServer) as err:
+        _client(httpx.MockTransport(untrusted)).get("/v1/nodes")
+    assert err.value.message == ("refusing to talk to the control plane at http://api.test: its certificate is not "
+                                 "trusted (self-signed certificate in certificate chain)")
+    assert err.value.hint and "TIDAL_CA=FILE" in err.value.hint and "TIDAL_CA_FINGERPRINT" in err.value.hint
