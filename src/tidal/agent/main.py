@@ -91,7 +91,7 @@ class Agent:
         try:
             token = credential.join(self.args.server, self.args.join_token, self.name, self.verify)
         except Refused as exc:
-            raise Stop(f"the control plane refused the join token: {exc.message}", hint=exc.hint) from None
+            raise Stop(exc.message, hint=exc.hint) from None  # "the control plane refused POST /v1/agent/join: ..."
         where = credential.store(self.root, token)
         log.info("joined: node %s's own credential is kept in %s", self.name, where)
         return token
@@ -125,8 +125,7 @@ class Agent:
                     self.client.http.headers["Authorization"] = f"Bearer {self.token}"
                     continue
                 if status in (401, 403):
-                    raise Stop(f"the control plane refused node {self.name}'s credential: {exc.message}",
-                               hint=exc.hint) from None
+                    raise Stop(exc.message, hint=exc.hint) from None
                 # Another agent's lease on this node has not expired yet: wait it out.
                 log.info("register: %s", exc)
                 time.sleep(0.5)
@@ -164,8 +163,8 @@ class Agent:
             return
 
         def stop() -> None:
-            log.error("the control plane refused node %s's credential (%s): stopping every rank and exiting",
-                      self.name, exc.message)
+            log.error("%s: node %s's credential is refused; stopping every rank and exiting", exc.message,
+                      self.name)
             if self._executor is not None:
                 self._executor.fence()
             os._exit(EXIT_REFUSED)

@@ -6,6 +6,7 @@ import sys
 from typing import NoReturn
 
 from rich.console import Console
+from rich.text import Text
 
 from tidal.errors import TidalError
 
@@ -14,7 +15,9 @@ err_console = Console(stderr=True)
 
 
 def fail(exc: TidalError, code: int = 1) -> NoReturn:
-    err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+    # The message and hint as they are: not read as markup or emoji codes (a fingerprint's ":AB:" is not 🆎,
+    # an OpenSSL "[SSL: ...]" is not a style).
+    err_console.print(Text.assemble(("error:", "bold red"), " ", exc.message), highlight=False)
     if exc.hint:
-        err_console.print(f"[yellow]hint:[/] {exc.hint}", highlight=False)
+        err_console.print(Text.assemble(("hint:", "yellow"), " ", exc.hint), highlight=False)
     sys.exit(code)
