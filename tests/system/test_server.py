@@ -177,6 +177,7 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
     assert (d.node("n1") or {})["address"] == "127.0.0.1"
     kept = d.base / "roots" / "n1" / "agent.token"
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and kept.read_text().startswith("tdl_")
+    first_credential = kept.read_text()
     assert f"checkpoint store: {d.base / 'store'}" in _log(agent_log)  # the server's --store, told at registration
     assert join_token not in " ".join(Path(f"/proc/{agent.pid}/cmdline").read_text().split("\0"))
 
@@ -213,7 +214,7 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
         wait_until(lambda: all(pl["pid"] for pl in c.get(f"/v1/jobs/{sleeper}").json()["placement"]) and
                    c.get(f"/v1/jobs/{sleeper}").json()["state"] == "running", timeout=60, what="the sleeper to run")
         pid = c.get(f"/v1/jobs/{sleeper}").json()["placement"][0]["pid"]
-    p = d.cli("token", "revoke", "--node", "n1")
+    p = d.cli("token", "revoke", "n1")
     assert p.returncode == 0 and "revoked node n1's credential" in p.stdout, p.stderr
     assert agent.wait(30) == EXIT_REFUSED
     assert "ERROR n1: the control plane refused POST /v1/agent/n1/heartbeat: invalid API token: unknown, or revoked: " \
@@ -222,6 +223,13 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
     p = d.cli("node", "remove", "n1")
     assert p.returncode == 0 and "removed node n1" in p.stdout, p.stdout + p.stderr
     assert d.node("n1") is None
+
+    # Joining again: the agent's kept credential is refused, so it joins with the new join token it is given.
+    rejoin = d.cli("token", "create", "--node", "n1", "-q").stdout.strip()
+    agent, agent_log = d.start_agent("n1", "--ca", str(d.ca), "--join-token", rejoin)
+    wait_until(lambda: (d.node("n1") or {}).get("up"), timeout=60, what="n1 to join again")
+    assert "joining again with the join token given" in _log(agent_log)
+    assert kept.read_text().startswith("tdl_") and kept.read_text() != first_credential  # a new one, kept there
 
     # Token listing and revoking a join token.
     extra = d.cli("token", "create", "--node", "n3").stdout

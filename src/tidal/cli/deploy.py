@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -28,6 +29,7 @@ from tidal.config import load_settings
 from tidal.control.client import Client
 from tidal.errors import ConfigError, Conflict
 
+JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
 token_app = typer.Typer(help="Join tokens for new nodes, and the nodes' credentials (admin).", no_args_is_help=True)
 node_app = typer.Typer(help="Nodes (admin): remove one.", no_args_is_help=True)
 
@@ -150,16 +152,17 @@ def token_ls(output: str = typer.Option("table", "--output", "-o", help="table |
 
 
 @token_app.command("revoke")
-def token_revoke(token_id: str = typer.Argument(None, metavar="[ID]", help="a join token's id (jt-...)"),
-                 node: str = typer.Option(None, "--node", help="revoke this node's own credential (its agent stops "
-                                                               "at its next call) and its unused join tokens")) -> None:
-    """Revoke a join token, or a node's credential."""
-    if (token_id is None) == (node is None):
-        raise ConfigError("give a join token's ID, or --node NODE", field="token",
+def token_revoke(target: str = typer.Argument(None, metavar="[ID|NODE]",
+                                              help="a join token's id (jt-...), or a node's name"),
+                 node: str = typer.Option(None, "--node", help="a node's name (as NODE)")) -> None:
+    """Revoke a join token (ID), or a node's own credential and its unused join tokens (NODE: its agent stops
+    at its next call)."""
+    if (target is None) == (node is None):
+        raise ConfigError("give a join token's ID, or a node (NODE or --node NODE)", field="token",
                           hint="`tidal token ls` lists them")
     api = Client(who="admin")
-    if token_id is not None:
-        r = api.delete(f"/v1/tokens/{token_id}")
+    if target is not None and JOIN_ID.fullmatch(target):
+        r = api.delete(f"/v1/tokens/{target}")
         if r["state"] == "revoked":
             console.print(f"revoked join token {r['id']} for node {escape(r['node'])}", highlight=False)
         else:
@@ -167,7 +170,7 @@ def token_revoke(token_id: str = typer.Argument(None, metavar="[ID]", help="a jo
                            hint=f"to revoke the credential node {r['node']} got with it: "
                                 f"`tidal token revoke --node {r['node']}`")
         return
-    r = api.delete(f"/v1/nodes/{node}/credential")
+    r = api.delete(f"/v1/nodes/{node or target}/credential")
     _print_revoked(r)
 
 
