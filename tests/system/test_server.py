@@ -2,10 +2,12 @@
 joining with `tidal agent --join-token`, the CLI over TLS with the CA file or the pinned fingerprint.
 
 Checked: the join token is exchanged once for the node's own credential (kept owner-only in the node root)
-and refused after; a job runs on the node end to end over TLS; another node's credential is refused for this
-node; a revoked credential stops the agent (its ranks with it) and `tidal node remove` forgets the node; a
-client (the CLI, an agent) that does not trust the server's certificate refuses to talk to it and says what
-to do; `tidal token create/ls/revoke` work for the admin and are refused to a user."""
+and refused after; a job runs on the node end to end over TLS, and another is checkpointed into the store the
+server was given (`--store`, told to the agent at registration) and resumed; another node's credential is
+refused for this node; a revoked credential stops the agent (its ranks with it), `tidal node remove` forgets
+the node, and it joins again with a new join token; a client (the CLI, an agent) that does not trust the
+server's certificate refuses to talk to it and says what to do; `tidal token create/ls/revoke` work for the
+admin and are refused to a user."""
 
 from __future__ import annotations
 
@@ -208,12 +210,22 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
                    json={"agent_id": "intruder", "name": "n1", "devices": 1, "cpus": [[0]]})
     assert r.status_code == 403 and r.json()["message"] == "this credential is node n9's: it cannot act for node n1"
 
-    # Revoking n1's credential: the agent's next call is refused; it stops its ranks and exits.
+    # A checkpoint goes to the store the server was given (--store), and the job resumes from it.
     sleeper = d.cli("submit", "-q", "--", "sleep", "600", token=user, cwd=work).stdout.strip()
-    with d.api(user) as c:
-        wait_until(lambda: all(pl["pid"] for pl in c.get(f"/v1/jobs/{sleeper}").json()["placement"]) and
-                   c.get(f"/v1/jobs/{sleeper}").json()["state"] == "running", timeout=60, what="the sleeper to run")
-        pid = c.get(f"/v1/jobs/{sleeper}").json()["placement"][0]["pid"]
+
+    def running() -> int | None:
+        with d.api(user) as c:
+            j = c.get(f"/v1/jobs/{sleeper}").json()
+        return j["placement"][0]["pid"] if j["state"] == "running" and not j["busy"] and j["placement"] and \
+            all(pl["pid"] for pl in j["placement"]) else None
+
+    wait_until(running, timeout=60, what="the sleeper to run")
+    assert d.cli("preempt", sleeper, token=user).returncode == 0
+    assert list((d.base / "store").rglob("manifest.json"))
+    assert d.cli("resume", sleeper, token=user).returncode == 0
+    pid = wait_until(running, timeout=60, what="the sleeper to run again")
+
+    # Revoking n1's credential: the agent's next call is refused; it stops its ranks and exits.
     p = d.cli("token", "revoke", "n1")
     assert p.returncode == 0 and "revoked node n1's credential" in p.stdout, p.stderr
     assert agent.wait(30) == EXIT_REFUSED
