@@ -255,6 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--region", default="local")
     ap.add_argument("--cluster", default="local")
     args = ap.parse_args(argv)
+    os.environ.pop("TIDAL_JOIN_TOKEN", None)  # read: nothing this process starts (CRIU, the store) needs it
     if not 1 <= args.devices <= limits.MAX_DEVICES_PER_NODE:  # the control plane would refuse the node
         ap.error(f"--devices: from 1 to {limits.MAX_DEVICES_PER_NODE}")
     os.umask(0o077)
