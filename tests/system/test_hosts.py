@@ -82,6 +82,10 @@ def test_hosts_reach_each_other_and_nothing_beyond(test_net: TestNet) -> None:
         # each server saw every host connect from that host's own address, and the test process from the bridge's
         everyone = {a.addr for a in net.hosts} | {net.gateway}
         wait_until(lambda: all(p == everyone for p in peers.values()), timeout=5, what="every connection accepted")
+        # the shared directory is at the same path on every host, for other accounts too
+        job = owned_dir(net.shared / "job", "nobody")
+        net.hosts[0].run(["runuser", "-u", "nobody", "--", "sh", "-c", f"echo written on h0 > {job}/f"])
+        assert net.hosts[-1].run(["runuser", "-u", "nobody", "--", "cat", f"{job}/f"]).stdout == "written on h0\n"
         # every host reaches the bridge's address, in the test process's namespace
         with socket.create_server((net.gateway, 0)) as root_server:
             port = root_server.getsockname()[1]
@@ -206,29 +210,32 @@ def test_closing_removes_every_namespace_link_process_and_directory() -> None:
 _OWNER = textwrap.dedent("""
     import sys, time
     from tidal.testing.hosts import TestNet
-    net = TestNet(n_hosts=2, watchdog=sys.argv[1] == "watchdog")
-    net.start()
-    for h in net.hosts:
-        h.popen(["sleep", "600"])
-    print(net.tag, flush=True)
-    time.sleep(600)
+    with TestNet(n_hosts=2, watchdog=sys.argv[1] == "watchdog") as net:
+        for h in net.hosts:
+            h.popen(["sleep", "600"])
+        print(net.tag, flush=True)
+        time.sleep(600)
 """)
 
 
-@pytest.mark.parametrize("watchdog", [False, True])
-def test_what_a_killed_test_process_left_is_removed(watchdog: bool) -> None:
-    """Without a watchdog, by the next sweep; with one (the default), as soon as the owner dies."""
+@pytest.mark.parametrize(("sig", "watchdog"), [(signal.SIGKILL, False), (signal.SIGKILL, True),
+                                               (signal.SIGTERM, False)])
+def test_what_a_killed_test_process_left_is_removed(sig: signal.Signals, watchdog: bool) -> None:
+    """SIGKILL: without a watchdog, by the next sweep; with one (the default), as soon as the owner dies.
+    SIGTERM: by the owner itself, on its way out."""
     owner = subprocess.Popen([sys.executable, "-c", _OWNER, "watchdog" if watchdog else "none"],
-                             stdout=subprocess.PIPE, text=True)
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert owner.stdout is not None
     tag = owner.stdout.readline().strip()
     try:
         left = find(tag)[tag]  # popen returns once the process is on its host
         assert len(left.namespaces) == 2 and len(left.links) == 3 and left.dir and len(left.pids) == 2
     finally:
-        owner.send_signal(signal.SIGKILL)
-        owner.wait()
-    if watchdog:
+        owner.send_signal(sig)
+        owner.wait(30)
+    if sig == signal.SIGTERM:
+        assert not find(tag)
+    elif watchdog:
         wait_until(lambda: not find(tag), timeout=20, what=f"the watchdog to remove test net {tag}")
     else:
         assert find(tag)[tag].pids == left.pids  # nobody removed them: the owner had no chance

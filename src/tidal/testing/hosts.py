@@ -24,11 +24,13 @@ net exists, an "unreachable" route for 198.18.0.0/15 makes sure a packet for a h
 either.
 
 Processes on a host run through ``nsenter --net`` (:meth:`Host.popen`, :meth:`Host.run`): they see the
-machine's file system, mounts and cgroups, and that host's network only. Python code in the test process
-runs on a host with :meth:`Host.call` (sockets made there stay on that host). Every host sees the same
-files: :attr:`TestNet.shared` is the stand-in for NFS (mode 0755; give an account a directory there with
-``tidal.testing.owned_dir(net.shared / "job", "nobody")``), :attr:`Host.dir` a directory for one host's
-private state (an agent's node root).
+machine's file system, mounts and cgroups, and that host's network only. They also share the machine's
+hostname: a program that finds its own address from its hostname finds the machine's, so give it the host's
+address, or its interface, which is ``eth0`` on every host (``GLOO_SOCKET_IFNAME=eth0`` for gloo).
+Python code in the test process runs on a host with :meth:`Host.call` (sockets made there stay on that
+host). Every host sees the same files: :attr:`TestNet.shared` is the stand-in for NFS (mode 0755; give an
+account a directory there with ``tidal.testing.owned_dir(net.shared / "job", "nobody")``), :attr:`Host.dir`
+a directory for one host's private state (an agent's node root).
 
 Latency: this kernel has no ``netem``; :class:`tidal.testing.relay.Relay` is a TCP relay that delays what
 it forwards. Services on hosts: :class:`tidal.testing.postgres.PostgresServer` and
@@ -354,6 +356,9 @@ class TestNet:
             self._procs.append(self._watchdog_proc)
             self._watchdog_proc = None
         for proc in self._procs:
+            if proc.poll() is None:  # one that left its host's namespace: its session, started for it
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
