@@ -82,7 +82,9 @@ class SeaweedFS:
     """A SeaweedFS server with an S3 gateway, started at once and ready; see the module's documentation.
 
     ``host``: run on that test host, on its address, with the default ports and the files under its
-    directory; it stops when the net closes. Otherwise on 127.0.0.1, free ports, a temporary directory.
+    directory; it stops when the net closes. Otherwise on 127.0.0.1, free ports, a temporary directory, and
+    the server is killed if the thread that started it ends (a test process killed outright leaves no
+    server behind).
     """
 
     def __init__(self, *, host: Host | None = None, bucket: str = "tidal", access_key: str = "tidal",
@@ -203,9 +205,10 @@ class SeaweedFS:
         with open(self.dir / "weed.log", "ab") as log:
             if self.host is not None:
                 self.proc = self.host.popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
-            else:
-                self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir,
-                                             stdin=subprocess.DEVNULL, start_new_session=True)
+            else:  # on loopback, nothing else ends it if this process is killed: it dies with this thread
+                self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *self.argv], stdout=log,
+                                             stderr=subprocess.STDOUT, cwd=self.dir, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
 
         def answers() -> str | None:
             assert self.proc is not None
