@@ -46,7 +46,7 @@ class Agent:
         self.node = NodeRoot.of_agent(self.name, Path(args.root))
         self.key = self.node.name
         self.registered = threading.Event()
-        quota = CpuQuota(self.key, args.devices)
+        quota = CpuQuota(self.key, args.devices, cpus=self.cpus)
         self.executor = Executor(self.client, self.node, self.store, self.agent_id, self.lease_lost,
                                  quota if quota.enabled else None)
         self.lease_s = 5.0
