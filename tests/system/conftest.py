@@ -1,5 +1,6 @@
 """A real local cluster per test: control plane and agent processes started by `tidal up`'s code, with
-real CRIU; the CLI runs as a subprocess, exactly as a user runs it."""
+real CRIU; the CLI runs as a subprocess, exactly as a user runs it. And test hosts: network namespaces on a
+private bridge (`test_net`), for what runs across machines."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from tidal.config import Settings
 from tidal.control.clusterfile import load
 from tidal.control.localcluster import down, up
 from tidal.mechanisms.criu.provision import find_criu
+from tidal.testing.hosts import TestNet
+from tidal.testing.hostsweep import sweep
 
 
 @pytest.fixture
@@ -45,6 +48,17 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         down(c.settings)
         latest = load(c.home)
         assert latest is None
+
+
+@pytest.fixture
+def test_net(request: pytest.FixtureRequest) -> Iterator[TestNet]:
+    """Test hosts h0, h1, h2 (tidal.testing.hosts), removed with everything on them after the test. Other
+    hosts: ``@pytest.mark.parametrize("test_net", [5], indirect=True)`` for h0..h4, or a list of names
+    (``[["cp", "db", "n1"]]``). Leftovers of killed runs are swept first."""
+    sweep()
+    param = getattr(request, "param", 3)
+    with TestNet(names=param) if isinstance(param, list) else TestNet(n_hosts=param) as net:
+        yield net
 
 
 @pytest.fixture

@@ -238,12 +238,11 @@ def _rank_processes(c: LiveCluster) -> dict[str, list[int]]:
     """Processes in the rank cgroups of the cluster's nodes (keyed by node root: other clusters on the
     machine have their own)."""
     out = {}
+    hierarchy = cgroups.hierarchy()
     for name in c.state.agents:
-        base = cgroups.ROOT / "freezer" / "tidal" / NodeRoot.of_agent(name, c.home / "nodes" / name).name
-        for cg in sorted(base.glob("*/cgroup.procs")):
-            with contextlib.suppress(FileNotFoundError):
-                if pids := [int(x) for x in cg.read_text().split()]:
-                    out[str(cg.parent)] = pids
+        for group in hierarchy.rank_groups(NodeRoot.of_agent(name, c.home / "nodes" / name).name):
+            if pids := group.procs():
+                out[str(group.path)] = pids
     return out
 
 

@@ -1,22 +1,25 @@
 """Virtual devices on a machine without GPUs: each device is a real share of the CPUs.
 
-With at least as many usable cores as devices, a device is a disjoint CPU set. With fewer cores, devices
-share cores round-robin and each device also gets a CPU quota through the cgroup v1 cpu controller
-(``cpu.cfs_quota_us``), so that a rank really gets one device's worth of CPU and no more."""
+With at least as many usable cores as devices, a device is a disjoint CPU set (the ranks' CPU affinity).
+With fewer cores, devices share cores round-robin and each device also gets a CPU quota, so that a rank
+really gets one device's worth of CPU and no more: on cgroup v1 a group of the cpu controller per device
+(``cpu.cfs_quota_us``), on cgroup2 a group per device with ``cpu.max`` (and ``cpuset.cpus``, where the
+cpuset controller is there) that the ranks' own groups move below (see
+:mod:`tidal.mechanisms.criu.cgroups`)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
-from tidal.errors import ConfigError
-from tidal.mechanisms.criu import tasks
-from tidal.mechanisms.criu.cgroups import ROOT
+from tidal.errors import ConfigError, MechanismError
+from tidal.mechanisms.criu import cgroups
+from tidal.mechanisms.criu.cgroups import Hierarchy
+from tidal.mechanisms.criu.rank import RankProcess
 
 log = logging.getLogger(__name__)
-PERIOD_US = 100_000
 
 
 def cpu_sets(devices: int, cpus: list[int] | None = None) -> list[list[int]]:
@@ -30,39 +33,43 @@ def cpu_sets(devices: int, cpus: list[int] | None = None) -> list[list[int]]:
 
 
 class CpuQuota:
-    """One cpu cgroup per device, ``<cgroup root>/cpu/tidal-devices/<node>/dev<i>``, each allowed
-    ``cores / devices`` of a CPU. Inactive (``enabled`` False) when every device has its own cores."""
+    """One cgroup per device, each allowed ``cores / devices`` of a CPU: v1
+    ``<cpu>/tidal-devices/<node>/dev<i>``, cgroup2 ``<mount>/tidal/<node>/dev<i>``. Inactive (``enabled``
+    False) when every device has its own cores, or where the host offers no cpu controller to Tidal."""
 
-    def __init__(self, node: str, devices: int, cores: int | None = None) -> None:
+    def __init__(self, node: str, devices: int, cores: int | None = None,
+                 cpus: Sequence[Sequence[int]] | None = None, hierarchy: Hierarchy | None = None) -> None:
         cores = cores or len(os.sched_getaffinity(0))
+        self.node = node
         self.share = cores / devices
-        self.base = ROOT / "cpu" / "tidal-devices" / node
-        self.enabled = devices > cores and (ROOT / "cpu" / "cgroup.procs").exists()
         self.devices = devices
-        if self.enabled:
-            for i in range(devices):
-                d = self.path(i)
-                d.mkdir(parents=True, exist_ok=True)
-                (d / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-                (d / "cpu.cfs_quota_us").write_text(str(int(self.share * PERIOD_US)))
-            log.info("%d devices on %d cores: each device is %.2f of a CPU (cgroup quota)",
-                     devices, cores, self.share)
+        self.hierarchy = hierarchy or cgroups.current()
+        h = self.hierarchy
+        self.enabled = devices > cores and h is not None and "cpu" in h.cpu_controllers()
+        if self.enabled and h is not None:
+            try:
+                for i in range(devices):
+                    h.confine_device(node, i, self.share, cpus[i] if cpus else None)
+            except MechanismError as exc:  # e.g. cgroup2 whose controllers Tidal may not hand down
+                log.warning("no CPU quota for devices (%s; %s): each device shares its cores unlimited",
+                            exc.message, exc.hint)
+                self.enabled = False
+                return
+            log.info("%d devices on %d cores: each device is %.2f of a CPU (cgroup v%d quota)",
+                     devices, cores, self.share, h.version)
 
     def path(self, device: int) -> Path:
-        return self.base / f"dev{device}"
+        assert self.hierarchy is not None
+        return self.hierarchy.device_path(self.node, device)
 
-    def place(self, device: int, root_pid: int) -> None:
-        """Put every process of a rank (its init and all below it; threads follow their process) under
-        the device's quota. Children it forks later inherit it."""
-        if not self.enabled:
+    @property
+    def base(self) -> Path:
+        """The node's directory of device groups."""
+        return self.path(0).parent
+
+    def place(self, device: int, rank: RankProcess) -> None:
+        """Put every process of a running rank under the device's quota; children it forks later inherit
+        it. On cgroup2 the rank's own group moves below the device's: ``rank.cgroup`` is the new one."""
+        if not self.enabled or self.hierarchy is None:
             return
-        procs = self.path(device) / "cgroup.procs"
-        placed: set[int] = set()
-        while True:  # a process forked by one not moved yet stays behind: list again until none is new
-            new = [pid for pid in tasks.descendants(root_pid) if pid not in placed]
-            if not new:
-                return
-            for pid in new:
-                with contextlib.suppress(ProcessLookupError, FileNotFoundError):
-                    procs.write_text(str(pid))
-                placed.add(pid)
+        rank.cgroup = self.hierarchy.place(self.node, device, rank.cgroup, rank.pid)

@@ -314,7 +314,7 @@ class Executor:
         if self.quota is not None:
             device = {r.rank: r.device for r in order.ranks}
             for rp in job.ranks:
-                self.quota.place(device[rp.spec.rank], rp.pid)
+                self.quota.place(device[rp.spec.rank], rp)
         run = Running(order.job_id, order.attempt, job, specs)
         with self.mu:
             self.jobs[run.job_id] = run

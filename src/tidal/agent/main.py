@@ -147,7 +147,7 @@ class Agent:
         store = CheckpointStore(url)
         self.store_url = url
         log.info("checkpoint store: %s", url)
-        quota = CpuQuota(self.key, self.args.devices)
+        quota = CpuQuota(self.key, self.args.devices, cpus=self.cpus)
         self._executor = Executor(self.client, self.node, store, self.agent_id, self.lease_lost,
                                   quota if quota.enabled else None)
 

@@ -21,9 +21,12 @@ log = logging.getLogger(__name__)
 class RendezvousHost:
     """The control plane's rendezvous store server. :meth:`prepare` (outside any transaction) starts it,
     adopts the one a predecessor left, or restarts it if it died, once some distributed job needs it;
-    :meth:`addr` (inside transactions) only reads the address found then."""
+    :meth:`addr` (inside transactions) only reads the address found then. ``advertise``: the control plane's
+    address as the nodes reach it (the store listens on every address of its host; ranks on other hosts
+    must be given one they can route to, never loopback)."""
 
-    def __init__(self) -> None:
+    def __init__(self, advertise: str = "127.0.0.1") -> None:
+        self.advertise = advertise
         self._addr: str | None = None
         self._mu = threading.Lock()
 
@@ -36,7 +39,7 @@ class RendezvousHost:
             if self._addr is None and not _distributed_jobs(db):
                 return
             try:
-                self._addr = storeserver.shared().addr
+                self._addr = f"{self.advertise}:{storeserver.shared().port}"
             except (TidalError, OSError, ImportError) as exc:
                 # No torch here: only scripts that use torch.distributed will miss it.
                 log.warning("no rendezvous store for distributed jobs: %s", exc)

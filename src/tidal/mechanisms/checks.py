@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
+    from tidal.mechanisms.criu.cgroups import Layout
     from tidal.mechanisms.criu.provision import Criu
 
 Status = Literal["ok", "warn", "missing"]
@@ -138,38 +139,79 @@ def check_pid_namespaces(euid: int | None = None) -> Check:
                  "run as root" if euid != 0 else "allow CLONE_NEWPID (container: run privileged)", True)
 
 
-def cgroup_v1_controllers(mounts: str | None = None) -> dict[str, str]:
-    """Mounted cgroup v1 controllers → mount point, from /proc/mounts."""
-    if mounts is None:
-        try:
-            mounts = Path("/proc/mounts").read_text()
-        except OSError:
-            mounts = ""
-    found: dict[str, str] = {}
-    for line in mounts.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[2] == "cgroup":
-            for opt in parts[3].split(","):
-                found.setdefault(opt, parts[1])
-    return found
-
-
 _CGROUP_USE = {
     "freezer": "holds a rank still across a dump",
     "cpu": "CPU quota for CPU devices",
     "cpuset": "CPU sets for CPU devices",
 }
+_MOUNT_V2 = "mount -t cgroup2 none /sys/fs/cgroup"
 
 
-def check_cgroup(controller: str, required: bool, mounts: str | None = None) -> Check:
-    name = f"cgroup {controller}"
-    where = cgroup_v1_controllers(mounts).get(controller)
-    use = _CGROUP_USE.get(controller, "")
-    if where:
-        return Check(name, "ok", f"v1 at {where}", required=required)
-    return Check(name, need(False, required), f"cgroup v1 {controller} not mounted (used for: {use})",
-                 f"mount it: mkdir -p /sys/fs/cgroup/{controller} && "
-                 f"mount -t cgroup -o {controller} cgroup /sys/fs/cgroup/{controller}", required)
+def _mount_v1(controller: str) -> str:
+    return (f"mkdir -p /sys/fs/cgroup/{controller} && "
+            f"mount -t cgroup -o {controller} cgroup /sys/fs/cgroup/{controller}")
+
+
+def check_cgroups(layout: Layout | None = None, *,
+                  features: Callable[[Path], frozenset[str]] | None = None,
+                  controllers: Callable[[Path], frozenset[str]] | None = None,
+                  bound: Callable[[], frozenset[str]] | None = None) -> list[Check]:
+    """Which cgroup version Tidal uses here (see :mod:`tidal.mechanisms.criu.cgroups`), its freezer, and the
+    controllers for CPU devices. ``features`` and ``controllers`` (of a cgroup2 mount) and the controllers
+    ``bound`` to v1 hierarchies are looked up on the machine unless given: the features by making a probe
+    group and removing it again."""
+    from tidal.mechanisms.criu import cgroups
+
+    layout = cgroups.detect() if layout is None else layout
+    features = features or cgroups.v2_core_features
+    controllers = controllers or cgroups.v2_controllers
+    bound = bound or cgroups.v1_bound
+    version, v2 = layout.version, layout.v2
+    if version is None:
+        fix = _MOUNT_V2 if layout.cgroup2_in_kernel else _mount_v1("freezer")
+        return [Check("cgroups", "missing", "neither a cgroup v1 freezer nor cgroup2 is mounted", fix, True),
+                Check("cgroup freezer", "missing", f"none (used for: {_CGROUP_USE['freezer']})", fix, True),
+                *[Check(f"cgroup {c}", "warn", f"no cgroups mounted (used for: {_CGROUP_USE[c]})", fix)
+                  for c in ("cpu", "cpuset")]]
+    if version == 1:
+        beside = f"; cgroup2 at {v2} is not used (its controllers are bound to v1)" if v2 else ""
+        rows = [Check("cgroups", "ok", f"v1 ({layout.mode}){beside}", required=True)]
+        for c, required in (("freezer", True), ("cpu", False), ("cpuset", False)):
+            where = layout.v1(c)
+            if where:
+                rows.append(Check(f"cgroup {c}", "ok", f"v1 at {where}", required=required))
+            else:
+                rows.append(Check(f"cgroup {c}", need(False, required),
+                                  f"cgroup v1 {c} not mounted (used for: {_CGROUP_USE[c]})", _mount_v1(c), required))
+        return rows
+    assert v2 is not None
+    held = sorted(c for c in layout.v1_controllers if not c.startswith("name="))
+    beside = f"; v1 holds {', '.join(held)}" if held else ""
+    rows = [Check("cgroups", "ok", f"v2 at {v2} ({layout.mode}){beside}", required=True)]
+    try:
+        have = features(v2)
+    except OSError as exc:
+        rows.append(Check("cgroup freezer", "missing", f"cannot make a cgroup2 group under {v2}: {exc}",
+                          "run Tidal as root, with write access to the cgroup2 hierarchy", True))
+    else:
+        if "cgroup.freeze" in have:
+            kill = "cgroup.kill" if "cgroup.kill" in have else "no cgroup.kill (Linux < 5.14): killed by pid"
+            rows.append(Check("cgroup freezer", "ok", f"v2 cgroup.freeze at {v2}; {kill}", required=True))
+        else:
+            rows.append(Check("cgroup freezer", "missing", f"cgroup2 at {v2} has no cgroup.freeze",
+                              "use Linux ≥ 5.2 (the cgroup2 freezer), or mount a v1 freezer: "
+                              + _mount_v1("freezer"), True))
+    offered = controllers(v2)
+    in_v1 = bound() | set(held)
+    for c, file in (("cpu", "cpu.max"), ("cpuset", "cpuset.cpus")):
+        if c in offered:
+            rows.append(Check(f"cgroup {c}", "ok", f"v2 {file} (controller {c} at {v2})"))
+        else:
+            why = "it is bound to a cgroup v1 hierarchy" if c in in_v1 else "not offered in cgroup.controllers"
+            rows.append(Check(f"cgroup {c}", "warn", f"cgroup2 at {v2} has no {c} controller ({why}; used for: "
+                              f"{_CGROUP_USE[c]})", "boot with cgroup2 only (systemd.unified_cgroup_hierarchy=1) "
+                              f"or unmount the v1 {c} hierarchy; without it devices that share cores are not capped"))
+    return rows
 
 
 def check_python(version: tuple[int, ...] | None = None) -> Check:
@@ -356,9 +398,7 @@ def machine_checks() -> list[Planned]:
         Planned("criu: other accounts", True, lambda: check_other_accounts(criu())),
         *[Planned(name, False, partial(feature, f, name, use)) for f, name, use in CRIU_FEATURES],
         Planned("pid namespaces", True, check_pid_namespaces),
-        Planned("cgroup freezer", True, lambda: check_cgroup("freezer", True)),
-        Planned("cgroup cpu", False, lambda: check_cgroup("cpu", False)),
-        Planned("cgroup cpuset", False, lambda: check_cgroup("cpuset", False)),
+        Planned("cgroups", True, check_cgroups),
         Planned("python", True, check_python),
         Planned("torch", False, check_torch),
         Planned("gpus", False, check_gpus),

@@ -7,7 +7,9 @@ everywhere: waiting for a condition (:func:`wait_until`, :func:`wait_for_line`),
 (:func:`shared_dir`, :func:`owned_dir`). What needs more lives in its own module, imported from there:
 :mod:`tidal.testing.control` (an in-process control plane and a scripted agent),
 :mod:`tidal.testing.server` (an ASGI app behind a real HTTP server),
-:mod:`tidal.testing.postgres` (a throw-away PostgreSQL server)."""
+:mod:`tidal.testing.postgres` (a throw-away PostgreSQL server), :mod:`tidal.testing.seaweedfs` (a throw-away S3
+server), :mod:`tidal.testing.hosts` (test hosts: network namespaces on a private bridge, with
+:mod:`tidal.testing.relay` for latency and :mod:`tidal.testing.hostsweep` for what killed runs left)."""
 
 from tidal.testing.clock import FakeClock
 from tidal.testing.files import owned_dir, shared_dir

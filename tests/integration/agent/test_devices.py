@@ -42,14 +42,14 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
     become_subreaper()
     quota = CpuQuota(f"qtest-{os.getpid()}", devices=4, cores=1)  # a quarter of a CPU per device
     if not quota.enabled:
-        pytest.skip("no cgroup v1 cpu controller")
+        pytest.skip("no cgroup cpu controller for Tidal here")
     work = tmp_path / "work"
     work.mkdir()
     store = CheckpointStore(str(tmp_path / "store"))
     spec = RankSpec("q", 0, ("sh", "-c", "while :; do :; done"), work, dict(os.environ), cpus=(0,))
     job = Job.launch("q", [(spec, NodeRoot("a", tmp_path / "a"))], store)
     try:
-        quota.place(2, job.ranks[0].pid)
+        quota.place(2, job.ranks[0])
         busy = _child(job)
         assert "tidal-devices" in Path(f"/proc/{busy}/cgroup").read_text()
         c0, t0 = _cpu_seconds(busy), time.monotonic()
@@ -58,7 +58,7 @@ def test_quota_limits_a_rank_and_survives_restore(tmp_path: Path) -> None:
         assert share < 0.4, share  # ≈ 0.25 of a CPU, not a whole one
         job.checkpoint("kill")
         job = Job.restore(store, "q", [(spec, NodeRoot("b", tmp_path / "b"))])
-        quota.place(2, job.ranks[0].pid)
+        quota.place(2, job.ranks[0])
         busy = _child(job)
         assert "dev2" in Path(f"/proc/{busy}/cgroup").read_text()
     finally:
@@ -83,7 +83,7 @@ def test_a_new_agent_kills_ranks_left_frozen_by_a_dead_one(tmp_path: Path) -> No
     job = Job.launch("f", [(spec, NodeRoot(node, tmp_path / "n"))], CheckpointStore(str(tmp_path / "store")))
     rank = job.ranks[0]
     busy = _child(job)
-    rank.freezer.freeze()
+    rank.cgroup.freeze()
     killed = reap_leftovers(node)
     assert rank.pid in killed and busy in killed
     rank.wait(10)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 import os
 from collections import deque
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,8 @@ from tidal.policy import make_policy
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob, assign_tiers, load_trace, rescale_load
 
-PHILLY = os.path.join(os.path.dirname(__file__), "../../../shared/traces/philly-pollux/philly.csv.xz")
+# The traces lie beside the checkout, in ../shared (see its MANIFEST.md).
+PHILLY = str(Path(__file__).resolve().parents[3].parent / "shared/traces/philly-pollux/philly.csv.xz")
 PHILLY = os.environ.get("TIDAL_PHILLY", PHILLY)
 needs_trace = pytest.mark.skipif(not os.path.exists(PHILLY), reason="Philly trace not available")
 

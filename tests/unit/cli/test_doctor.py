@@ -10,19 +10,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests.unit.mechanisms.criu import mountinfo as mi
 from tidal.cli import doctor
 from tidal.control import checks as control
 from tidal.mechanisms import checks as machine
 from tidal.mechanisms.checks import Check
+from tidal.mechanisms.criu.cgroups import detect, v1_bound
 from tidal.mechanisms.criu.features import parse_feature_output
-
-MOUNTS = """\
-tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
-cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
-cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,relatime,cpuacct 0 0
-cgroup /sys/fs/cgroup/freezer cgroup rw,relatime,freezer 0 0
-cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
-"""
 
 
 def test_parse_version() -> None:
@@ -52,20 +46,95 @@ def test_root() -> None:
     assert c.failed and "root" in c.fix
 
 
-def test_cgroup_controllers_parsed() -> None:
-    found = machine.cgroup_v1_controllers(MOUNTS)
-    assert found["freezer"] == "/sys/fs/cgroup/freezer"
-    assert found["cpu"] == "/sys/fs/cgroup/cpu"
-    assert "cpuset" not in found
-    assert "unified" not in " ".join(found)  # cgroup2 is not a v1 controller
+def _cgroup_rows(mountinfo: str, features: frozenset[str] = frozenset({"cgroup.freeze", "cgroup.kill"}),
+                 controllers: frozenset[str] = frozenset({"cpu", "cpuset", "memory"}),
+                 filesystems: str = mi.FILESYSTEMS) -> dict[str, Check]:
+    rows = machine.check_cgroups(detect(mountinfo, filesystems), features=lambda _: features,
+                                 controllers=lambda _: controllers, bound=frozenset)
+    assert [r.name for r in rows] == ["cgroups", "cgroup freezer", "cgroup cpu", "cgroup cpuset"]
+    return {r.name: r for r in rows}
 
 
-def test_cgroup_checks() -> None:
-    assert machine.check_cgroup("freezer", True, MOUNTS).status == "ok"
-    cpuset = machine.check_cgroup("cpuset", False, MOUNTS)
+def test_cgroups_v1_host() -> None:
+    rows = _cgroup_rows(mi.HYBRID)
+    assert rows["cgroups"].status == "ok" and rows["cgroups"].detail.startswith("v1 (hybrid)")
+    assert "/sys/fs/cgroup/unified is not used" in rows["cgroups"].detail
+    assert rows["cgroup freezer"].status == "ok" and rows["cgroup freezer"].detail == "v1 at /sys/fs/cgroup/freezer"
+    assert rows["cgroup cpu"].detail == "v1 at /sys/fs/cgroup/cpu"
+    legacy = _cgroup_rows(mi.V1_ONLY)
+    assert legacy["cgroups"].detail == "v1 (v1)" and legacy["cgroup cpu"].detail == "v1 at /sys/fs/cgroup/cpu,cpuacct"
+
+
+def test_cgroups_v1_without_cpuset() -> None:
+    text = "\n".join(line for line in mi.V1_ONLY.splitlines() if "cpuset" not in line)
+    cpuset = _cgroup_rows(text)["cgroup cpuset"]
     assert cpuset.status == "warn" and not cpuset.failed and "mount -t cgroup -o cpuset" in cpuset.fix
-    freezer = machine.check_cgroup("freezer", True, "")
-    assert freezer.failed and "freezer" in freezer.fix
+
+
+def test_cgroups_v2_only_host_passes() -> None:
+    """A v2-only host needs nothing mounted by hand: the freezer is cgroup2's own."""
+    rows = _cgroup_rows(mi.V2_ONLY)
+    assert not any(r.failed for r in rows.values())
+    assert rows["cgroups"].detail == "v2 at /sys/fs/cgroup (v2)"
+    assert rows["cgroup freezer"].status == "ok"
+    assert rows["cgroup freezer"].detail == "v2 cgroup.freeze at /sys/fs/cgroup; cgroup.kill"
+    assert rows["cgroup cpu"].status == "ok" and "cpu.max" in rows["cgroup cpu"].detail
+    assert rows["cgroup cpuset"].status == "ok" and "cpuset.cpus" in rows["cgroup cpuset"].detail
+    old = _cgroup_rows(mi.V2_ONLY, features=frozenset({"cgroup.freeze"}))["cgroup freezer"]
+    assert old.status == "ok" and "killed by pid" in old.detail
+
+
+def test_cgroups_v2_without_a_freezer_or_controllers() -> None:
+    rows = _cgroup_rows(mi.HYBRID_NO_V1_FREEZER, features=frozenset(), controllers=frozenset())
+    assert rows["cgroups"].status == "ok" and rows["cgroups"].detail.startswith("v2 at /sys/fs/cgroup/unified")
+    assert "v1 holds cpu, cpuacct" in rows["cgroups"].detail
+    freezer = rows["cgroup freezer"]
+    assert freezer.failed and "5.2" in freezer.fix
+    cpu = rows["cgroup cpu"]
+    assert cpu.status == "warn" and not cpu.failed and "bound to a cgroup v1 hierarchy" in cpu.detail
+
+
+def test_cgroups_v2_not_root() -> None:
+    def denied(_: Path) -> frozenset[str]:
+        raise PermissionError(13, "Permission denied")
+
+    rows = machine.check_cgroups(detect(mi.V2_ONLY, mi.FILESYSTEMS), features=denied,
+                                 controllers=lambda _: frozenset(), bound=frozenset)
+    freezer = next(r for r in rows if r.name == "cgroup freezer")
+    assert freezer.failed and "root" in freezer.fix
+
+
+def test_cgroups_v2_view_of_a_hybrid_machine() -> None:
+    """cgroup2 alone in this mount namespace, while the machine's v1 hierarchies still hold cpu and cpuset
+    (what /proc/cgroups says): the rows say why there is no quota."""
+    rows = machine.check_cgroups(detect(mi.V2_ONLY, mi.FILESYSTEMS), features=lambda _: frozenset({"cgroup.freeze"}),
+                                 controllers=lambda _: frozenset({"hugetlb"}),
+                                 bound=lambda: v1_bound(PROC_CGROUPS))
+    cpu = next(r for r in rows if r.name == "cgroup cpu")
+    assert cpu.status == "warn" and "bound to a cgroup v1 hierarchy" in cpu.detail
+
+
+PROC_CGROUPS = """\
+#subsys_name\thierarchy\tnum_cgroups\tenabled
+cpuset\t3\t1\t1
+cpu\t1\t472\t1
+freezer\t6\t1485\t1
+hugetlb\t0\t2\t1
+"""
+
+
+def test_v1_bound_controllers() -> None:
+    assert v1_bound(PROC_CGROUPS) == {"cpuset", "cpu", "freezer"}
+    assert v1_bound("#subsys_name\thierarchy\tnum_cgroups\tenabled\ncpu\t0\t1\t1\n") == frozenset()
+
+
+def test_cgroups_none_mounted() -> None:
+    rows = _cgroup_rows(mi.NONE)
+    assert rows["cgroups"].failed and rows["cgroups"].fix == "mount -t cgroup2 none /sys/fs/cgroup"
+    assert rows["cgroup freezer"].failed
+    assert rows["cgroup cpu"].status == "warn"
+    old = _cgroup_rows(mi.NONE, filesystems=mi.FILESYSTEMS_NO_V2)["cgroups"]
+    assert "mount -t cgroup -o freezer" in old.fix
 
 
 def test_python() -> None:

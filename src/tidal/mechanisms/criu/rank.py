@@ -26,8 +26,7 @@ from pathlib import Path
 
 from tidal.errors import MechanismError, RankExited
 from tidal.mechanisms.accounts import Account
-from tidal.mechanisms.criu import tasks
-from tidal.mechanisms.criu.cgroups import Freezer
+from tidal.mechanisms.criu import cgroups, tasks
 from tidal.mechanisms.criu.discard import empty_trash
 from tidal.mechanisms.criu.logpump import pump
 from tidal.mechanisms.criu.memory import mem_available
@@ -185,7 +184,10 @@ class RankProcess:
         self.spec = spec
         self.node = node
         self.pid = pid
-        self.freezer = Freezer(node.name, spec.name)
+        # The rank's group: frozen across a dump, killed as one. On cgroup2 a device's CPU quota moves it
+        # (:meth:`tidal.mechanisms.criu.cgroups.Hierarchy.place`); ``key`` names the rank on this node.
+        self.cgroup = cgroups.hierarchy().rank(node.name, spec.name)
+        self.key = f"{node.name}/{spec.name}"
         self._out_r = out_r
         self._status_r = status_r
         self._status_text = b""
@@ -212,6 +214,7 @@ class RankProcess:
                                  hint="it must exist at the same path on every node")
         if not spec.argv:
             raise MechanismError("empty command", hint="give the program to run and its arguments")
+        cgroups.hierarchy()  # a host with no usable cgroup is refused before anything starts
         out_r, out_w = _pipe_pair()
         st_r, st_w = _pipe_pair()
         ctl_r, ctl_w = _pipe_pair()
@@ -256,9 +259,9 @@ class RankProcess:
                                      hint="Tidal needs root (CLONE_NEWPID) to run ranks")
             pid = int(line)
             rank = cls(spec, node, pid, out_r, st_r, (rep_r, in_w))
-            _await_predecessor(rank.freezer)
-            rank.freezer.create()
-            rank.freezer.add(pid)
+            _await_predecessor(rank.key)
+            rank.cgroup.create()
+            rank.cgroup.add(pid)
             if spec.cpus:
                 tasks.set_affinity([pid], spec.cpus)
             os.write(go_w, b"g")
@@ -281,6 +284,7 @@ class RankProcess:
         """Restore a dumped rank on ``node`` (its log file must already hold the dump's log). ``lazy``: it
         resumes before its memory is all in (see :meth:`CriuRunner.restore`); :meth:`settle` waits for
         that, and the images must stay until then."""
+        cgroups.hierarchy()  # a host with no usable cgroup is refused before anything starts
         out_r, out_w = _pipe_pair()
         st_r, st_w = _pipe_pair()
         inherit = {out_w: dump.out_pipe, st_w: dump.status_pipe}
@@ -314,10 +318,10 @@ class RankProcess:
         # owner is gone, so if placing fails the tree must be killed here.
         try:
             procs = tasks.descendants(pid)
-            _await_predecessor(rank.freezer)
-            rank.freezer.create()
+            _await_predecessor(rank.key)
+            rank.cgroup.create()
             for p in procs:
-                rank.freezer.add(p)
+                rank.cgroup.add(p)
             if spec.cpus:
                 tasks.set_affinity(procs, spec.cpus)
         except BaseException:
@@ -349,10 +353,10 @@ class RankProcess:
             self._exit = ExitStatus(signal=int(words[1]))
         else:
             self._exit = ExitStatus(code=code, signal=sig)
-        self.freezer.remove()
+        self.cgroup.remove()
         with _REAPING_LOCK:
-            if _REAPING.get(self.freezer.path) is self._exited:
-                del _REAPING[self.freezer.path]
+            if _REAPING.get(self.key) is self._exited:
+                del _REAPING[self.key]
         self._exited.set()
 
     def poll(self) -> ExitStatus | None:
@@ -411,13 +415,13 @@ class RankProcess:
     def freeze(self) -> None:
         self._check_running("freeze")
         self.settle()  # CRIU cannot dump memory that is still being filled in
-        self.freezer.freeze()
+        self.cgroup.freeze()
         self._frozen = True
         pump().drain(self._out_r)
 
     def thaw(self) -> None:
         if self._frozen:
-            self.freezer.thaw()
+            self.cgroup.thaw()
             self._frozen = False
 
     def image_estimate(self) -> int:
@@ -435,15 +439,15 @@ class RankProcess:
         private_dir(images)
         for attempt in range(3):
             try:
-                runner.dump(self.pid, images, freezer=self.freezer.path, ghost_limit=ghost_limit)
+                runner.dump(self.pid, images, freezer=self.cgroup.path, ghost_limit=ghost_limit)
                 break
             except TransientDumpError:
                 if attempt == 2:
                     raise
                 # Let the exiting task finish, then freeze again.
-                self.freezer.thaw()
+                self.cgroup.thaw()
                 time.sleep(0.05)
-                self.freezer.freeze()
+                self.cgroup.freeze()
                 for f in images.iterdir():
                     f.unlink()
         # CRIU thaws the cgroup for a moment while it seizes the tasks, and puts pipe contents back only
@@ -484,7 +488,7 @@ class RankProcess:
         self._killed = True
         if not wait:  # before the signal: it may be reaped at once
             with _REAPING_LOCK:
-                _REAPING[self.freezer.path] = self._exited
+                _REAPING[self.key] = self._exited
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         pager = self._pager
@@ -493,7 +497,7 @@ class RankProcess:
             pager.wait()
         # A frozen task handles SIGKILL only once thawed.
         if self._frozen:
-            self.freezer.thaw()
+            self.cgroup.thaw()
             self._frozen = False
         if not wait:
             return
@@ -503,15 +507,15 @@ class RankProcess:
                                  hint=f"it may be stuck in the kernel: see /proc/{self.pid}/stack")
 
 
-# Ranks killed without waiting, by freezer cgroup, until reaped: the next incarnation of the same rank on
-# the same node shares the cgroup path and must not take it before the old one has left (and removed) it.
-_REAPING: dict[Path, threading.Event] = {}
+# Ranks killed without waiting, by rank key (node/rank), until reaped: the next incarnation of the same rank
+# on the same node shares the cgroup path and must not take it before the old one has left (and removed) it.
+_REAPING: dict[str, threading.Event] = {}
 _REAPING_LOCK = threading.Lock()
 
 
-def _await_predecessor(freezer: Freezer, timeout: float = 30.0) -> None:
+def _await_predecessor(key: str, timeout: float = 30.0) -> None:
     with _REAPING_LOCK:
-        gone = _REAPING.get(freezer.path)
+        gone = _REAPING.get(key)
     if gone is not None and not gone.wait(timeout):
-        raise MechanismError(f"the previous incarnation of this rank ({freezer.path}) did not die within "
-                             f"{timeout:.0f}s", hint="a process of it is stuck in uninterruptible sleep")
+        raise MechanismError(f"the previous incarnation of rank {key} did not die within {timeout:.0f}s",
+                             hint="a process of it is stuck in uninterruptible sleep")

@@ -43,10 +43,11 @@ def _log_errors(log: Path, limit: int = 6) -> str:
 class CriuRunner:
     def __init__(self, criu: Criu | None = None) -> None:
         self.criu = criu or find_criu()
+        self.log_level = 2  # CRIU's -v: errors and warnings; 4 logs every step
 
     def _run(self, args: list[str], log: Path, pass_fds: tuple[int, ...] = (), what: str = "criu",
              timeout: float = 600, preload: Path | None = None) -> None:
-        argv = [*self.criu.argv, *args, "-v2", "-o", log.name]
+        argv = [*self.criu.argv, *args, f"-v{self.log_level}", "-o", log.name]
         env = {**os.environ, "LD_PRELOAD": str(preload)} if preload else None
         try:
             out = subprocess.run(argv, capture_output=True, text=True, pass_fds=pass_fds, timeout=timeout,
@@ -65,8 +66,10 @@ class CriuRunner:
 
     def dump(self, pid: int, images: Path, *, freezer: Path | None, ghost_limit: int,
              prefix: Path | None = None) -> None:
-        """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``). ``prefix``: where
-        ``make criu`` put what CRIU needs besides itself (default: the checkout's ``.criu``)."""
+        """Dump the tree of ``pid``; it keeps running (or stays frozen, with ``freezer``: the rank's cgroup, a v1
+        freezer group or a cgroup2 group, which CRIU ≥ 4.0 tells apart itself and leaves as frozen as it found
+        it). ``prefix``: where ``make criu`` put what CRIU needs besides itself (default: the checkout's
+        ``.criu``). Cgroups are Tidal's business (``--manage-cgroups=ignore``): see :meth:`restore`."""
         args = ["dump", "-t", str(pid), "-D", str(images), "--manage-cgroups=ignore", "--timeout=5",
                 f"--ghost-limit={ghost_limit}", "--file-locks", "--link-remap"]
         if freezer is not None:
@@ -93,7 +96,9 @@ class CriuRunner:
         """Restore the tree dumped in ``images``, left stopped. ``lazy``: its anonymous memory is filled in
         after it resumes, by a ``criu lazy-pages`` daemon that serves page faults from the images and pushes
         the rest in the background (userfaultfd): returned, it exits once every page is in. The images
-        must stay until then."""
+        must stay until then. ``--manage-cgroups=ignore``: the tree comes back in CRIU's own cgroups, left
+        stopped, and the owner moves it into the rank's group before it runs, on either cgroup version (the
+        dumping host's groups are not looked at: a v1 host's checkpoint restores on a cgroup2 host)."""
         args = ["restore", "-D", str(images), "--restore-detached", "--leave-stopped",
                 "--pidfile", str(pidfile), "--manage-cgroups=ignore", "--file-locks"]
         for fd, key in inherit.items():

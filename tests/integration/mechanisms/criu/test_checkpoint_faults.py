@@ -18,7 +18,8 @@ from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.testing import wait_for_line
 
-LOOP = ["sh", "-c", 'i=0; while [ $i -lt 50 ]; do i=$((i+1)); echo "tick $i"; echo $i >> out.txt; sleep 0.02; '
+# Long enough (about 4 s) that a checkpoint taken at tick 25 on a loaded machine still finds it running.
+LOOP = ["sh", "-c", 'i=0; while [ $i -lt 200 ]; do i=$((i+1)); echo "tick $i"; echo $i >> out.txt; sleep 0.02; '
         "done; echo done"]
 
 
