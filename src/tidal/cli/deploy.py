@@ -61,6 +61,10 @@ def register(app: typer.Typer) -> None:
         tls_san: list[str] = typer.Option([], "--tls-san",
                                           help="--tls auto: a host name or address nodes and users reach the server "
                                                "by (repeat); the first is the URL printed for nodes"),
+        advertise_addr: str = typer.Option(None, "--advertise-addr",
+                                           help="the address nodes reach this host at: the rendezvous store of "
+                                                "distributed jobs, the URL printed for nodes (default: the first "
+                                                "--tls-san, else the listen address)"),
         lease: float = typer.Option(10.0, help="seconds an agent's lease lasts (fencing)"),
         policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
     ) -> None:
@@ -80,6 +84,8 @@ def register(app: typer.Typer) -> None:
             args += ["--tls-san", name]
         if store:
             args += ["--store", store]
+        if advertise_addr:
+            args += ["--advertise-addr", advertise_addr]
         _exec("tidal.control.server", args, {"TIDAL_DATABASE_URL": database} if database else {})
 
     @app.command()

@@ -68,6 +68,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls-key", help="the server certificate's key (PEM, owner-only)")
     ap.add_argument("--tls-san", action="append", default=[], metavar="NAME",
                     help="--tls auto: a host name or address clients use (repeat)")
+    ap.add_argument("--advertise-addr", metavar="ADDR",
+                    help="the address nodes reach this host at (the rendezvous store of distributed jobs, the URL "
+                         "printed for nodes); default: the first --tls-san, else the listen address")
     ap.add_argument("--bootstrap", action="store_true",
                     help="create the admin token if there is none, and print how nodes join (`tidal server`)")
     args = ap.parse_args(argv)
@@ -123,10 +126,15 @@ def _loopback(host: str) -> bool:
         return False
 
 
-def public_url(host: str, port: int, tls: ServerTLS | None, sans: list[str]) -> str:
-    """The URL nodes reach the server at, for the join command: the first --tls-san, else the listen
-    address unless it is a wildcard, else this machine's name."""
-    name = next(iter(sans), None) or (host if host not in pki.WILDCARDS else socket.getfqdn())
+def public_host(host: str, sans: list[str], advertise: str | None = None) -> str:
+    """The name or address nodes reach the control plane at: ``--advertise-addr``, else the first
+    --tls-san, else the listen address unless it is a wildcard, else this machine's name."""
+    return advertise or next(iter(sans), None) or (host if host not in pki.WILDCARDS else socket.getfqdn())
+
+
+def public_url(host: str, port: int, tls: ServerTLS | None, sans: list[str], advertise: str | None = None) -> str:
+    """The URL nodes reach the server at, for the join command."""
+    name = public_host(host, sans, advertise)
     if ":" in name:
         name = f"[{name}]"
     return f"{'https' if tls else 'http'}://{name}:{port}"
@@ -188,7 +196,8 @@ def serve(args: argparse.Namespace) -> None:
     db = Database(settings.db_url)
     db.migrate()
     recover(db, args.lease)
-    host = RendezvousHost()
+    # Ranks on other hosts are given the rendezvous store at the address the nodes reach this host by.
+    host = RendezvousHost(public_host(listen_host, args.tls_san, args.advertise_addr))
     db.info["rendezvous"] = host
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_live_policy(args.policy))
@@ -196,8 +205,8 @@ def serve(args: argparse.Namespace) -> None:
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
                              store=store, fingerprint=tls.fingerprint if tls else None))
     if args.bootstrap:
-        print(banner(public_url(listen_host, port, tls, args.tls_san), home, tls, settings.db_url, store, args.lease),
-              flush=True)
+        url = public_url(listen_host, port, tls, args.tls_san, args.advertise_addr)
+        print(banner(url, home, tls, settings.db_url, store, args.lease), flush=True)
     ssl: dict[str, Any] = {"ssl_certfile": str(tls.certfile), "ssl_keyfile": str(tls.keyfile)} if tls else {}
     try:
         # Long-polling agents must not hold a shutdown up: give open requests one second.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidal.control import pki
-from tidal.control.server import banner, listen_address, public_url, tls_of
+from tidal.control.server import banner, listen_address, public_host, public_url, tls_of
 from tidal.errors import ConfigError
 
 
@@ -51,3 +51,11 @@ def test_the_banner_says_what_to_trust_and_how_a_node_joins(tmp_path: Path) -> N
     assert f"tidal agent --server {url} --ca-fingerprint {tls.fingerprint} --join-token TOKEN --name NODE" in text
     assert f"export TIDAL_CA={tls.ca}" in text and "tidal token create --node NODE" in text
     assert public_url("::1", 8470, None, []) == "http://[::1]:8470"
+    assert public_url("0.0.0.0", 8470, tls, ["tidal.example"], "10.0.0.5") == "https://10.0.0.5:8470"
+
+
+def test_the_address_nodes_reach_the_control_plane_at() -> None:
+    assert public_host("127.0.0.1", []) == "127.0.0.1"  # `tidal up`: the rendezvous store on loopback, as before
+    assert public_host("10.0.0.5", []) == "10.0.0.5"
+    assert public_host("0.0.0.0", ["tidal.example", "10.0.0.5"]) == "tidal.example"
+    assert public_host("0.0.0.0", ["tidal.example"], "10.0.0.6") == "10.0.0.6"
