@@ -282,8 +282,8 @@ class Executor:
         for r in order.ranks:
             env = {**order.env, "RANK": str(r.rank), "LOCAL_RANK": str(r.local_rank),
                    "WORLD_SIZE": str(order.world_size), "LOCAL_WORLD_SIZE": str(order.local_world_size),
-                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "TIDAL_JOB_ID": order.job_id,
-                   "TIDAL_NODE": self.client.node}
+                   "MASTER_ADDR": order.master_addr or "127.0.0.1", "MASTER_PORT": str(port),
+                   "TIDAL_JOB_ID": order.job_id, "TIDAL_NODE": self.client.node}
             if rdv:
                 env |= {"TIDAL_STORE": rdv.addr, "TIDAL_STORE_PREFIX": rdv.prefix}
             out.append(RankSpec(order.job_id, r.rank, tuple(order.argv), Path(order.workdir), env,

@@ -44,6 +44,8 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
     spec = spec_of(job)
     owner = s.get(User, job.owner)
     rdv = rendezvous(s, job, "start")
+    first = s.get(NodeRow, devices[0].node)
+    master = first.advertise_addr if first is not None else None
     op = new_id("o")
     for node, ranks in by_node.items():
         noderow = s.get(NodeRow, node)
@@ -58,6 +60,7 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
                    for i, (r, d) in enumerate(ranks)],
             rendezvous=rdv,
             fs=any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
+            master_addr=master,
         )
         order: protocol.Order = (protocol.Launch(**fields) if source is None else protocol.Restore(
             **fields, checkpoint=protocol.CheckpointRef(id=source.id, parts=parts_of(source))))

@@ -161,6 +161,9 @@ class _Start(_JobOrder):
     ranks: Annotated[list[RankSlot], Field(min_length=1, max_length=limits.MAX_RANKS)]
     rendezvous: Rendezvous | None = None
     fs: bool = True  # this node keeps the job's working directory in its checkpoints (rank 0's node)
+    # MASTER_ADDR as torchrun would set it: the address the node of rank 0 advertises (None: it advertised
+    # none, so the ranks are on one machine: loopback).
+    master_addr: Annotated[str, StringConstraints(max_length=limits.MAX_NODE_NAME_CHARS)] | None = None
 
 
 class Launch(_Start):

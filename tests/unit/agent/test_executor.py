@@ -175,3 +175,17 @@ def test_a_lost_lease_on_a_report_fences_the_agent(ex: Executor, client: FakeCli
     ex.submit({"id": "a-12", "order": kill()})
     assert client.next()[1].action_id == "a-12"
     assert lost == [True]
+
+
+@pytest.mark.parametrize(("master", "want"), [("198.18.0.10", "198.18.0.10"), (None, "127.0.0.1")])
+def test_ranks_get_torchruns_variables_with_the_master_the_order_names(ex: Executor, master: str | None,
+                                                                       want: str) -> None:
+    order = protocol.Launch(job_id="j1", attempt=1, argv=["python", "train.py"], workdir="/w", env={"A": "1"},
+                            world_size=4, local_world_size=2, master_addr=master,
+                            ranks=[protocol.RankSlot(rank=2, local_rank=0, device=0),
+                                   protocol.RankSlot(rank=3, local_rank=1, device=1)])
+    specs = ex._specs(order)
+    assert [(s.rank, s.env["RANK"], s.env["LOCAL_RANK"]) for s in specs] == [(2, "2", "0"), (3, "3", "1")]
+    for s in specs:
+        assert s.env["MASTER_ADDR"] == want and s.env["WORLD_SIZE"] == "4" and s.env["LOCAL_WORLD_SIZE"] == "2"
+        assert s.env["A"] == "1"
