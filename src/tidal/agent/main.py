@@ -27,7 +27,7 @@ from tidal.core import limits, protocol
 from tidal.errors import LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
-from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage import open_store
 
 log = logging.getLogger("tidal.agent")
 
@@ -42,7 +42,7 @@ class Agent:
         self.cpus = cpu_sets(args.devices)
         self.hello()  # a name, region or cluster the control plane would refuse is an error now
         settings = load_settings()
-        self.store = CheckpointStore(settings.store_url)
+        self.store = open_store(settings)
         self.node = NodeRoot.of_agent(self.name, Path(args.root))
         self.key = self.node.name
         self.registered = threading.Event()
