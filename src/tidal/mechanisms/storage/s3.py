@@ -10,6 +10,8 @@ connection pool; the requests themselves are made here, so that every one of the
   verifies before it stores anything (``BadDigest`` otherwise), and the ETag it answers is compared with
   the MD5 sent (for a multipart object, the MD5 of the parts' MD5s and the part count) wherever the ETag is
   an MD5 (not under SSE-KMS or SSE-C);
+* **read back** where it matters: a durable put (the manifest, which commits a checkpoint) is read back and
+  compared with what was written before the commit returns;
 * **private**: no ACL is ever sent, so objects get the bucket's default (owner only); ``sse`` asks for
   server-side encryption on every PUT.
 
@@ -160,11 +162,15 @@ class S3Backend:
         return self._retrying(once, what, key)
 
     def _retrying(self, fn: Callable[[], T], what: str, key: str) -> T:
-        """``fn()`` with retries; every failure comes out as a StorageError (``reason="missing"``: no such
-        object) with the original as its cause."""
+        """``fn()`` with retries. No such object: ``FileNotFoundError``; any other failure comes out as a
+        StorageError with the original as its cause."""
         try:
             return retrying(fn, self.retry, what, self._where(key), hint=_HINT)
         except StorageError:
+            raise
+        except FileNotFoundError as e:
+            if answer(e)[1] == "NoSuchBucket":  # not a missing object: a store that is not there
+                raise self._fail(e, what, key) from e
             raise
         except Exception as e:
             raise self._fail(e, what, key) from e
@@ -176,8 +182,6 @@ class S3Backend:
             return StorageError(f"checkpoint store error {what} {where}: bucket {self.bucket} does not exist",
                                 object=where, reason="no such bucket",
                                 hint="create the bucket (see docs/store.md) or correct TIDAL_CHECKPOINT_STORE")
-        if isinstance(e, FileNotFoundError) or status == 404:
-            return StorageError(f"{where} does not exist", object=where, reason="missing")
         if isinstance(e, PermissionError) or status == 403:
             return StorageError(
                 f"checkpoint store refused {what} {where}: {code or 'access denied'}: {e}", object=where,
@@ -199,29 +203,20 @@ class S3Backend:
         try:
             self._call("checking", key, "head_object", Key=self._key(key))
             return True
-        except StorageError as e:
-            if e.fields.get("reason") == "missing":
-                return False
-            raise
+        except FileNotFoundError:
+            return False
 
     def get(self, key: str) -> bytes:
         async def fetch() -> bytes:
             r = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
             try:
-                data: bytes = await r["Body"].read()
+                data: bytes = await r["Body"].read()  # a body cut short raises (aiohttp's payload error)
             finally:
                 r["Body"].close()
-            if len(data) != r.get("ContentLength", len(data)):
-                raise ConnectionResetError(f"short read: {len(data)} of {r['ContentLength']} bytes")
             return data
 
-        try:
-            data: bytes = self._retrying(lambda: self._run(fetch), "reading", key)
-            return data
-        except StorageError as e:
-            if e.fields.get("reason") == "missing":
-                raise FileNotFoundError(self._where(key)) from None
-            raise
+        data: bytes = self._retrying(lambda: self._run(fetch), "reading", key)
+        return data
 
     def get_into(self, key: str, buf: bytearray) -> bytes | memoryview:
         return self.get(key)
@@ -263,7 +258,15 @@ class S3Backend:
         return len(data)
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        self._put(key, bytes(data))
+        """``durable`` (a manifest: the commit) also reads the object back and compares it with ``data``, so
+        that a commit returns only once any reader would find the very bytes written."""
+        data = bytes(data)
+        self._put(key, data)
+        if durable and self.get(key) != data:
+            where = self._where(key)
+            raise StorageError(f"checkpoint store returned other bytes for {where} than were just written",
+                               object=where, reason="read-back mismatch",
+                               hint="the server did not keep what it acknowledged; nothing was committed")
 
     def _put(self, key: str, data: bytes) -> None:
         if len(data) >= self.multipart_threshold:
