@@ -111,6 +111,7 @@ class SeaweedServer:
             "-s3", "-s3.port", str(p["s3"]), "-s3.port.grpc", str(p["s3.grpc"]),
             "-s3.localSocket", str(d / "s3.sock"), "-s3.config", str(d / "s3.json"),
             "-s3.port.iceberg", "0", "-s3.port.lance", "0", "-metricsPort", "0",
+            "-master.telemetry=false",  # it would report to seaweedfs.com: nothing leaves the machine
         ]
 
     def start(self, timeout: float = 60) -> None:
@@ -182,3 +183,7 @@ class SeaweedServer:
     def close(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        # The gRPC servers' unix sockets go to /tmp, named for their ports (no flag moves them).
+        for kind in ("master", "volume", "filer", "s3"):
+            with contextlib.suppress(OSError):
+                os.unlink(f"/tmp/seaweedfs-{kind}-grpc-{self.ports[f'{kind}.grpc']}.sock")

@@ -37,6 +37,7 @@ from typing import Any, Literal, TypeVar
 
 from tidal.errors import ConfigError, StorageError
 
+from .backends import process_lock
 from .retry import RetryPolicy, answer, retrying
 
 T = TypeVar("T")
@@ -140,8 +141,6 @@ class S3Backend:
             self._put_extra["SSEKMSKeyId"] = sse_kms_key_id
         self._parts: ThreadPoolExecutor | None = None
         self._parts_lock = threading.Lock()
-        from .backends import process_lock
-
         self._rw = process_lock(f"s3:{self.bucket}/{self.prefix}")
 
     def __repr__(self) -> str:
@@ -269,6 +268,12 @@ class S3Backend:
                                hint="the server did not keep what it acknowledged; nothing was committed")
 
     def _put(self, key: str, data: bytes) -> None:
+        try:
+            self._put_object(key, data)
+        except FileNotFoundError as e:  # an upload aborted under us (NoSuchUpload): a failed write, not a read
+            raise self._fail(e, "writing", key) from e
+
+    def _put_object(self, key: str, data: bytes) -> None:
         if len(data) >= self.multipart_threshold:
             self._put_multipart(key, data)
             return
