@@ -155,7 +155,7 @@ def test_server_stopped_and_started_during_an_upload_is_ridden_out(tmp_path: Any
     server = SeaweedServer()
     try:
         store = CheckpointStore(f"s3://{server.bucket}/t", chunk_size=CHUNK, gc_grace=0,
-                                retry=RetryPolicy(attempts=10, base=0.25, cap=2.0), **server.storage_options())
+                                retry=RetryPolicy(attempts=12, base=0.25, cap=4.0), **server.storage_options())
         b = s3(store)
         put_chunk = b.put_chunk
         puts = []
@@ -213,15 +213,19 @@ def test_a_reader_never_sees_a_checkpoint_before_its_commit(seaweed: SeaweedServ
 
 
 def test_gc_spares_young_chunks(seaweed: SeaweedServer, s3_url: str) -> None:
-    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=3, **seaweed.storage_options())
-    assert CheckpointStore(s3_url, **seaweed.storage_options()).gc_grace == 900  # the default on S3
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=5, **seaweed.storage_options())
+    default = CheckpointStore(s3_url, **seaweed.storage_options())
+    assert default.gc_grace == 900  # the default on S3
+    default.close()
     w = store.writer("job")
     w.add_bytes("f", rand(2 * CHUNK, 6))
     w.commit({})
     store.retain("job", 0)
     assert store.list("job") == []
-    assert len(list(store.backend.chunks())) == 2  # unreferenced, but young: another node may rely on them
-    time.sleep(4)
+    chunks = list(store.backend.chunks())
+    assert len(chunks) == 2  # unreferenced, but young: another node may rely on them
+    written = max(m for _, m in chunks if m is not None)
+    time.sleep(max(0.0, written + 5.5 - time.time()))
     assert store.gc() == 2
     assert list(store.backend.chunks()) == []
     store.close()
