@@ -123,9 +123,27 @@ class CheckpointStore:
         if self.backend.listdir(prefix) or not self.backend.mkdir(prefix):
             raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix,
                                   hint="give the new checkpoint another id, or none for a fresh one")
-        # An empty refs object marks the checkpoint as in progress (object stores have no directories).
-        self.backend.put(f"{prefix}/pending/000000.refs", b"", durable=False)
-        return CheckpointWriter(self, job_id, checkpoint_id)
+        # The first refs object marks the checkpoint as in progress (object stores have no directories). It
+        # names the chunks of the job's newest committed checkpoint, read under the lock: they are then known
+        # to be in the store and kept there while this writer runs, and it never asks about them.
+        with self.backend.lock(exclusive=False):
+            present = self._newest_chunks(job_id, checkpoint_id)
+            self.backend.put(f"{prefix}/pending/000000.refs", "\n".join(sorted(present)).encode(), durable=False)
+        return CheckpointWriter(self, job_id, checkpoint_id, present=present)
+
+    def _newest_chunks(self, job_id: str, checkpoint_id: str) -> frozenset[str]:
+        """On an object store, the chunks of the job's newest committed checkpoint (asking whether a chunk is
+        there is a request each, and most chunks of a periodic checkpoint are unchanged). A local directory
+        answers such questions with a stat: none."""
+        if isinstance(self.backend, LocalBackend):
+            return frozenset()
+        others = [c for c in self.backend.listdir(f"jobs/{job_id}") if c != checkpoint_id and not c.startswith(".")]
+        for cid in sorted(others, key=sort_key, reverse=True):
+            try:
+                return frozenset(self._load(job_id, cid)[0].chunk_digests())
+            except CheckpointError:
+                continue  # not committed (in progress, aborted) or damaged: the one before
+        return frozenset()
 
     def _load(self, job_id: str, checkpoint_id: str) -> tuple[Manifest, int]:
         key = f"jobs/{job_id}/{checkpoint_id}/{MANIFEST}"

@@ -32,13 +32,16 @@ class CheckpointWriter:
     pending-refs object under its checkpoint (``pending/NNNNNN.refs``), which GC reads as references.
     """
 
-    def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str) -> None:
+    def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str,
+                 present: frozenset[str] = frozenset()) -> None:
+        """``present``: digests of chunks in the store that the first pending refs already name (those of the
+        job's newest committed checkpoint, see ``CheckpointStore.writer``): never asked about."""
         self._store = store
         self.job_id = job_id
         self.id = checkpoint_id
         self._prefix = f"jobs/{job_id}/{checkpoint_id}"
         self._entries: dict[str, Entry] = {}
-        self._seen: set[str] = set()  # digests present in the store and protected by our pending refs
+        self._seen: set[str] = set(present)  # digests present in the store and protected by our pending refs
         self._new: list[str] = []  # chunk keys this writer wrote itself
         self._chunk_bytes = 0
         self._refs_seq = 0

@@ -212,6 +212,36 @@ def test_a_reader_never_sees_a_checkpoint_before_its_commit(seaweed: SeaweedServ
     other.close()
 
 
+def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweed: SeaweedServer, s3_url: str,
+                                                                          tmp_path: Any) -> None:
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweed.storage_options())
+    data = rand(16 * CHUNK, 7)
+    img = tmp_path / "pages.img"
+    img.write_bytes(data)
+    w = store.writer("job")
+    w.add_file("pages.img", img)
+    first = w.commit({})
+    asked: list[str] = []
+    exists = store.backend.exists
+
+    def counting(key: str) -> bool:
+        asked.append(key)
+        return exists(key)
+
+    store.backend.exists = counting  # type: ignore[method-assign]
+    img.write_bytes(data[: 15 * CHUNK] + rand(CHUNK, 8))
+    w = store.writer("job")
+    w.add_file("pages.img", img)
+    assert store.retain("job", 0) == [first.id]  # the first goes while the second is written ...
+    second = w.commit({})
+    assert len(asked) == 1  # a HEAD for the changed chunk only
+    assert second.stored_bytes < CHUNK + 8192
+    store.verify("job", second.id)  # ... and the chunks the second took from it are all there
+    assert store.reader("job", second.id).read_bytes("pages.img") == img.read_bytes()
+    store.backend.delete_tree("")
+    store.close()
+
+
 def test_gc_spares_young_chunks(seaweed: SeaweedServer, s3_url: str) -> None:
     store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=5, **seaweed.storage_options())
     default = CheckpointStore(s3_url, **seaweed.storage_options())
