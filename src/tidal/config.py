@@ -6,8 +6,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -18,6 +19,37 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL; default SQLite under home")
     checkpoint_store: str | None = Field(
         default=None, description="checkpoint store: a directory or an fsspec URL; default home/checkpoints"
+    )
+    store_endpoint_url: str | None = Field(
+        default=None, description="S3 store: the endpoint of an S3-compatible server (default: AWS_ENDPOINT_URL, "
+        "else AWS's own)"
+    )
+    store_access_key_id: str | None = Field(
+        default=None,
+        description="S3 store: access key id (default: the AWS chain: AWS_ACCESS_KEY_ID, a profile, a role)",
+    )
+    store_secret_access_key: SecretStr | None = Field(default=None, description="S3 store: the key's secret")
+    store_region: str | None = Field(
+        default=None, description="S3 store: region (default: AWS_REGION or the profile's)"
+    )
+    store_profile: str | None = Field(default=None, description="S3 store: a profile of ~/.aws/config to use")
+    store_addressing_style: Literal["auto", "path", "virtual"] | None = Field(
+        default=None, description="S3 store: bucket in the path or in the host name; default path when an endpoint "
+        "URL is set (S3-compatible servers), else auto"
+    )
+    store_sse: Literal["AES256", "aws:kms", "aws:kms:dsse"] | None = Field(
+        default=None, description="S3 store: server-side encryption asked for on every object (default: the bucket's)"
+    )
+    store_sse_kms_key_id: str | None = Field(default=None, description="S3 store: the KMS key for aws:kms")
+    store_retries: int = Field(
+        default=6, ge=1, description="checkpoint store: tries of a request that fails on the way or with a 5xx"
+    )
+    store_timeout: float = Field(
+        default=30.0, gt=0, description="checkpoint store: seconds to connect, and to wait for an answer, per try"
+    )
+    store_concurrency: int | None = Field(
+        default=None, ge=1, description="checkpoint store: chunks transferred at once (default: the cores for a "
+        "directory, 16 for an object store)"
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="good checkpoints kept per job (bad ones besides)")
     quotas: str | None = Field(

@@ -39,7 +39,7 @@ from tidal.core import limits, protocol
 from tidal.errors import ConfigError, LeaseLost, ProtocolMismatch, TidalError, ValidationError
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
-from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage import CheckpointStore, store_options
 from tidal.tls import client_context
 
 log = logging.getLogger("tidal.agent")
@@ -144,7 +144,7 @@ class Agent:
         if settings.checkpoint_store and offered and offered != settings.checkpoint_store:
             log.warning("checkpoint store: this node's TIDAL_CHECKPOINT_STORE %s, not the control plane's %s",
                         settings.checkpoint_store, offered)
-        store = CheckpointStore(url)
+        store = CheckpointStore(url, workers=settings.store_concurrency, **store_options(settings, url))
         self.store_url = url
         log.info("checkpoint store: %s", url)
         quota = CpuQuota(self.key, self.args.devices, cpus=self.cpus)

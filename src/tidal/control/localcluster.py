@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
 from tidal.config import Settings
 from tidal.control.bootstrap import TOKENS, bootstrap, private_dir
@@ -46,6 +47,13 @@ def _env(settings: Settings) -> dict[str, str]:
             env[key] = value
         else:
             env.pop(key, None)
+    for name in Settings.model_fields:  # the S3 store's endpoint, credentials and tuning
+        if name.startswith("store_"):
+            field = getattr(settings, name)
+            if field is None:
+                env.pop(f"TIDAL_{name.upper()}", None)
+            else:
+                env[f"TIDAL_{name.upper()}"] = field.get_secret_value() if isinstance(field, SecretStr) else str(field)
     return env
 
 

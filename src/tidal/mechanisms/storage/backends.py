@@ -1,4 +1,4 @@
-"""Where store objects live: a local directory (plain os calls) or any fsspec filesystem.
+"""Where store objects live: a local directory (plain os calls), S3 (:mod:`.s3`) or any fsspec filesystem.
 
 Keys are relative POSIX paths (``chunks/ab/ab12...``, ``jobs/J/C/manifest.json``). Every put is
 atomic: an object is either absent or complete under its final key.
@@ -13,12 +13,19 @@ import fcntl
 import os
 import secrets
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from tidal.errors import StorageError
+
+from .retry import RetryPolicy, retrying
+
+if TYPE_CHECKING:
+    from .s3 import S3Backend
+
+T = TypeVar("T")
 
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 DIR_MODE = 0o700
@@ -71,12 +78,21 @@ class Backend(Protocol):
         """Create the directory ``key`` (parents too); return False if it already existed."""
         ...
 
+    def chunks(self) -> Iterator[tuple[str, float | None]]:
+        """Every object under ``chunks/`` (crash leftovers too): its key and, where garbage collection must
+        spare young chunks (no lock fences writers on other machines), when it was last modified."""
+        ...
+
     def delete(self, key: str) -> None: ...
 
     def delete_tree(self, key: str) -> None: ...
 
     def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         """Writers take it shared while they add chunks; garbage collection takes it exclusive."""
+        ...
+
+    def close(self) -> None:
+        """Let go of what the backend holds (threads, connections)."""
         ...
 
 
@@ -215,6 +231,15 @@ class LocalBackend:
         except OSError as e:
             raise storage_error(e, "listing", self._path(key)) from None
 
+    def chunks(self) -> Iterator[tuple[str, float | None]]:
+        # The lock is a flock: writers on this machine are fenced, so no chunk needs sparing.
+        for sub in self.listdir("chunks"):
+            for name in self.listdir(f"chunks/{sub}"):
+                yield f"chunks/{sub}/{name}", None
+
+    def close(self) -> None:
+        return None
+
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._path(key))
@@ -329,38 +354,49 @@ _process_locks: dict[str, _RWLock] = {}
 _process_locks_guard = threading.Lock()
 
 
+def process_lock(name: str) -> _RWLock:
+    """The one writer/GC lock of this process for the store called ``name``."""
+    with _process_locks_guard:
+        return _process_locks.setdefault(name, _RWLock())
+
+
+_FSSPEC_HINT = "check that the checkpoint store is reachable from this node and Tidal may write to it"
+
+
 class FsspecBackend:
-    """Any fsspec filesystem (``s3://``, ``gs://``, ``az://``, ``memory://``): single puts are atomic.
+    """Any fsspec filesystem (``gs://``, ``az://``, ``memory://`` ...): single puts are atomic. Requests that
+    fail on the way or with a server error are tried again (:mod:`.retry`).
 
     Object stores have no locks, so writers and garbage collection are fenced only within one process
     (the GC/writer lock below); run retention from the process that writes, or from one place.
     """
 
-    def __init__(self, url: str, **storage_options: Any) -> None:
+    def __init__(self, url: str, *, retry: RetryPolicy | int | None = None, **storage_options: Any) -> None:
         import fsspec
 
         self.url = url
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
-        with _process_locks_guard:
-            self._rw = _process_locks.setdefault(f"{self.fs.protocol}:{self.root}", _RWLock())
+        self.retry = RetryPolicy(attempts=max(1, retry)) if isinstance(retry, int) else retry or RetryPolicy()
+        self._rw = process_lock(f"{self.fs.protocol}:{self.root}")
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
 
-    def exists(self, key: str) -> bool:
+    def _do(self, fn: Callable[[], T], what: str, key: str) -> T:
+        """``fn()`` with retries; FileNotFoundError passes, other OSErrors become StorageErrors."""
         try:
-            return bool(self.fs.exists(self._path(key)))
-        except OSError as e:
-            raise storage_error(e, "checking", self._path(key)) from None
-
-    def get(self, key: str) -> bytes:
-        try:
-            return bytes(self.fs.cat_file(self._path(key)))
+            return retrying(fn, self.retry, what, self._path(key), hint=_FSSPEC_HINT)
         except FileNotFoundError:
             raise
         except OSError as e:
-            raise storage_error(e, "reading", self._path(key)) from None
+            raise storage_error(e, what, self._path(key)) from None
+
+    def exists(self, key: str) -> bool:
+        return bool(self._do(lambda: self.fs.exists(self._path(key)), "checking", key))
+
+    def get(self, key: str) -> bytes:
+        return bytes(self._do(lambda: self.fs.cat_file(self._path(key)), "reading", key))
 
     def get_into(self, key: str, buf: bytearray) -> bytes | memoryview:
         return self.get(key)
@@ -371,21 +407,16 @@ class FsspecBackend:
         return len(data)
 
     def put(self, key: str, data: bytes, *, durable: bool = True) -> None:
-        try:
-            self.fs.pipe_file(self._path(key), data)
-        except OSError as e:
-            raise storage_error(e, "writing", self._path(key)) from None
+        self._do(lambda: self.fs.pipe_file(self._path(key), data), "writing", key)
 
     def make_durable(self, keys: Sequence[str], pool: Executor) -> None:
         return None  # a completed object put is durable
 
     def listdir(self, key: str) -> list[str]:
         try:
-            entries = self.fs.ls(self._path(key), detail=False)
+            entries = self._do(lambda: self.fs.ls(self._path(key), detail=False), "listing", key)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        except OSError as e:
-            raise storage_error(e, "listing", self._path(key)) from None
         base = self._path(key).strip("/")
         out = []
         for p in entries:
@@ -394,26 +425,39 @@ class FsspecBackend:
                 out.append(p.rsplit("/", 1)[-1])
         return out
 
+    def chunks(self) -> Iterator[tuple[str, float | None]]:
+        for sub in self.listdir("chunks"):
+            for name in self.listdir(f"chunks/{sub}"):
+                yield f"chunks/{sub}/{name}", None
+
     def mkdir(self, key: str) -> bool:
         return True  # object stores have no directories; a key's prefix exists once it holds an object
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm_file(self._path(key))
+            self._do(lambda: self.fs.rm_file(self._path(key)), "deleting", key)
 
     def delete_tree(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            self.fs.rm(self._path(key), recursive=True)
+            self._do(lambda: self.fs.rm(self._path(key), recursive=True), "deleting", key)
 
     def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
         return self._rw.hold(exclusive)
 
+    def close(self) -> None:
+        return None
 
-def open_backend(url: str | os.PathLike[str], **storage_options: Any) -> LocalBackend | FsspecBackend:
-    """A local path or ``file://`` URL gives the fast local backend; anything else goes to fsspec."""
+
+def open_backend(url: str | os.PathLike[str], **storage_options: Any) -> LocalBackend | S3Backend | FsspecBackend:
+    """A local path or ``file://`` URL gives the fast local backend, ``s3://`` the S3 backend (options: see
+    :class:`~tidal.mechanisms.storage.s3.S3Backend`); anything else goes to fsspec."""
     s = os.fspath(url)
     if s.startswith("file://"):
         return LocalBackend(Path(s[len("file://") :]))
     if "://" not in s:
         return LocalBackend(Path(s))
+    if s.startswith(("s3://", "s3a://")):
+        from .s3 import S3Backend
+
+        return S3Backend(s, **storage_options)
     return FsspecBackend(s, **storage_options)

@@ -17,11 +17,13 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from types import TracebackType
 from typing import Any
 
+from tidal.config import Settings, load_settings
 from tidal.errors import CheckpointCorrupt, CheckpointError, ValidationError
 
 from .backends import Backend, LocalBackend, open_backend
@@ -53,10 +55,15 @@ class CheckpointStore:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         level: int = 1,
         workers: int | None = None,
+        gc_grace: float | None = None,
         **storage_options: Any,
     ) -> None:
+        """``storage_options`` go to the backend (for ``s3://``: :class:`~.s3.S3Backend`'s). ``gc_grace``:
+        seconds garbage collection spares a chunk after it was written, where the backend knows (default:
+        the backend's own, 15 minutes on S3)."""
         check_chunk_size(chunk_size)
         self.backend: Backend = open_backend(url, **storage_options)
+        self.gc_grace = float(getattr(self.backend, "gc_grace", 0.0) if gc_grace is None else gc_grace)
         self.url = self.backend.url
         self.chunk_size = chunk_size
         self.codec = Codec(level)
@@ -76,6 +83,7 @@ class CheckpointStore:
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)
+        self.backend.close()
 
     def __enter__(self) -> CheckpointStore:
         return self
@@ -115,9 +123,27 @@ class CheckpointStore:
         if self.backend.listdir(prefix) or not self.backend.mkdir(prefix):
             raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix,
                                   hint="give the new checkpoint another id, or none for a fresh one")
-        # An empty refs object marks the checkpoint as in progress (object stores have no directories).
-        self.backend.put(f"{prefix}/pending/000000.refs", b"", durable=False)
-        return CheckpointWriter(self, job_id, checkpoint_id)
+        # The first refs object marks the checkpoint as in progress (object stores have no directories). It
+        # names the chunks of the job's newest committed checkpoint, read under the lock: they are then known
+        # to be in the store and kept there while this writer runs, and it never asks about them.
+        with self.backend.lock(exclusive=False):
+            present = self._newest_chunks(job_id, checkpoint_id)
+            self.backend.put(f"{prefix}/pending/000000.refs", "\n".join(sorted(present)).encode(), durable=False)
+        return CheckpointWriter(self, job_id, checkpoint_id, present=present)
+
+    def _newest_chunks(self, job_id: str, checkpoint_id: str) -> frozenset[str]:
+        """On an object store, the chunks of the job's newest committed checkpoint (asking whether a chunk is
+        there is a request each, and most chunks of a periodic checkpoint are unchanged). A local directory
+        answers such questions with a stat: none."""
+        if isinstance(self.backend, LocalBackend):
+            return frozenset()
+        others = [c for c in self.backend.listdir(f"jobs/{job_id}") if c != checkpoint_id and not c.startswith(".")]
+        for cid in sorted(others, key=sort_key, reverse=True):
+            try:
+                return frozenset(self._load(job_id, cid)[0].chunk_digests())
+            except CheckpointError:
+                continue  # not committed (in progress, aborted) or damaged: the one before
+        return frozenset()
 
     def _load(self, job_id: str, checkpoint_id: str) -> tuple[Manifest, int]:
         key = f"jobs/{job_id}/{checkpoint_id}/{MANIFEST}"
@@ -211,16 +237,23 @@ class CheckpointStore:
         self.backend.delete_tree(prefix)
 
     def gc(self) -> int:
-        """Remove chunks that no manifest of any job and no in-progress writer references."""
+        """Remove chunks that no manifest of any job and no in-progress writer references.
+
+        Where the backend says when a chunk was written (object stores: their lock does not reach writers on
+        other machines), chunks younger than ``gc_grace`` seconds are spared: another machine's writer may
+        have put or found them and not yet named them in its pending refs."""
         with self.backend.lock(exclusive=True):
             live = self._referenced()
+            now = time.time()
             removed = 0
-            for sub in self.backend.listdir("chunks"):
-                for name in self.backend.listdir(f"chunks/{sub}"):
-                    # Under the exclusive lock no writer is mid-put, so a temp file is a crash leftover.
-                    if name.startswith(".") or name not in live:
-                        self.backend.delete(f"chunks/{sub}/{name}")
-                        removed += not name.startswith(".")
+            for key, modified in self.backend.chunks():
+                name = key.rsplit("/", 1)[-1]
+                # Under the exclusive lock no writer here is mid-put, so a temp file is a crash leftover.
+                if name.startswith(".") or name not in live:
+                    if modified is not None and now - modified < self.gc_grace:
+                        continue
+                    self.backend.delete(key)
+                    removed += not name.startswith(".")
             return removed
 
     def _discard(self, prefix: str, new_keys: Iterable[str]) -> None:
@@ -255,6 +288,28 @@ class CheckpointStore:
                     continue
                 live.update(_manifest_digests(raw, f"{prefix}/{MANIFEST}"))
         return live
+
+
+def open_store(settings: Settings | None = None, **kw: Any) -> CheckpointStore:
+    """The checkpoint store the settings name: ``TIDAL_CHECKPOINT_STORE`` and, for S3, ``TIDAL_STORE_*``."""
+    s = settings or load_settings()
+    return CheckpointStore(s.store_url, **{"workers": s.store_concurrency, **store_options(s), **kw})
+
+
+def store_options(s: Settings, url: str | None = None) -> dict[str, Any]:
+    """The backend options of the settings' store, or of the store at ``url`` (none for a local directory)."""
+    url = url or s.store_url
+    if "://" not in url or url.startswith("file://"):
+        return {}
+    if not url.startswith(("s3://", "s3a://")):
+        return {"retry": s.store_retries}
+    secret = s.store_secret_access_key.get_secret_value() if s.store_secret_access_key else None
+    given = {
+        "endpoint_url": s.store_endpoint_url, "key": s.store_access_key_id, "secret": secret,
+        "region": s.store_region, "profile": s.store_profile, "addressing_style": s.store_addressing_style,
+        "sse": s.store_sse, "sse_kms_key_id": s.store_sse_kms_key_id,
+    }
+    return {**{k: v for k, v in given.items() if v is not None}, "retry": s.store_retries, "timeout": s.store_timeout}
 
 
 def _manifest_digests(raw: bytes, where: str) -> set[str]:

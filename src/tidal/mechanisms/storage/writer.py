@@ -32,13 +32,16 @@ class CheckpointWriter:
     pending-refs object under its checkpoint (``pending/NNNNNN.refs``), which GC reads as references.
     """
 
-    def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str) -> None:
+    def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str,
+                 present: frozenset[str] = frozenset()) -> None:
+        """``present``: digests of chunks in the store that the first pending refs already name (those of the
+        job's newest committed checkpoint, see ``CheckpointStore.writer``): never asked about."""
         self._store = store
         self.job_id = job_id
         self.id = checkpoint_id
         self._prefix = f"jobs/{job_id}/{checkpoint_id}"
         self._entries: dict[str, Entry] = {}
-        self._seen: set[str] = set()  # digests present in the store and protected by our pending refs
+        self._seen: set[str] = set(present)  # digests present in the store and protected by our pending refs
         self._new: list[str] = []  # chunk keys this writer wrote itself
         self._chunk_bytes = 0
         self._refs_seq = 0
@@ -178,11 +181,12 @@ class CheckpointWriter:
         failed = threading.Event()
         with store.backend.lock(exclusive=False):
             try:
+                present = self._present({hashed[s] for s in segments if s in hashed})
                 for off, n in segments:
                     if failed.is_set():
                         break
                     digest = hashed.get((off, n))
-                    if digest is not None and (digest in self._seen or store.backend.exists(chunk_key(digest))):
+                    if digest is not None and (digest in self._seen or digest in present):
                         futures.append(_known(digest, n))
                         continue
                     buf = store.take_buffer()
@@ -206,6 +210,17 @@ class CheckpointWriter:
                 _settle(futures)
                 raise
             return self._collect(futures, claimed)
+
+    def _present(self, digests: set[str]) -> set[str]:
+        """Which of these chunks the store holds (or this writer relies on already). Asked all at once, in
+        the pool: on an object store each question is a request, and most chunks of a periodic checkpoint are
+        unchanged. Call with the store's lock held shared."""
+        ask = sorted(digests - self._seen)
+        if not ask:
+            return set(digests)
+        backend = self._store.backend
+        found = self._store.pool.map(lambda d: backend.exists(chunk_key(d)), ask)
+        return {d for d, there in zip(ask, found, strict=True) if there} | (digests & self._seen)
 
     def _collect(
         self, futures: list[Future[tuple[str, int]]], claimed: set[str]

@@ -1,0 +1,183 @@
+"""Retries of remote store requests: which failures are tried again, how long between tries, when it stops,
+and a store over a fake fsspec filesystem that drops requests."""
+
+from __future__ import annotations
+
+import errno
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import fsspec
+import pytest
+from fsspec.implementations.memory import MemoryFileSystem
+
+from tidal.errors import StorageError
+from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage.retry import RetryPolicy, answer, retrying, transient
+
+FAST = RetryPolicy(attempts=4, base=0.001, cap=0.002)
+
+
+class ClientError(Exception):
+    """Shaped like botocore's: the server's answer in ``response``."""
+
+    def __init__(self, status: int, code: str) -> None:
+        super().__init__(f"An error occurred ({code})")
+        self.response = {"ResponseMetadata": {"HTTPStatusCode": status}, "Error": {"Code": code}}
+
+
+#: botocore's ConnectionError is its own class, not the builtin: only its name says what it is.
+BotoConnectionError = type("ConnectionError", (Exception,), {})
+
+
+class EndpointConnectionError(BotoConnectionError):  # type: ignore[misc,valid-type]
+    """Named like botocore's, with botocore's ConnectionError above it."""
+
+
+def translated(status: int, code: str) -> OSError:
+    """What s3fs raises for a ClientError: an OSError whose cause is the ClientError."""
+    e = OSError(errno.EIO, code)
+    e.__cause__ = ClientError(status, code)
+    return e
+
+
+@pytest.mark.parametrize("exc", [
+    ConnectionRefusedError(), ConnectionResetError(), TimeoutError(), EndpointConnectionError("down"),
+    ClientError(500, "InternalError"), ClientError(503, "SlowDown"), ClientError(400, "RequestTimeout"),
+    ClientError(429, "TooManyRequests"), ClientError(400, "BadDigest"), translated(503, "ServiceUnavailable"),
+])
+def test_transient_failures(exc: BaseException) -> None:
+    assert transient(exc)
+
+
+@pytest.mark.parametrize("exc", [
+    FileNotFoundError(), PermissionError(), ValueError(), ClientError(403, "AccessDenied"),
+    ClientError(404, "NoSuchBucket"), translated(403, "InvalidAccessKeyId"), translated(400, "InvalidArgument"),
+])
+def test_permanent_failures(exc: BaseException) -> None:
+    assert not transient(exc)
+
+
+def test_answer_reads_the_status_behind_a_translated_error() -> None:
+    assert answer(translated(503, "SlowDown")) == (503, "SlowDown")
+    assert answer(ConnectionResetError()) == (None, None)
+
+
+def test_pauses_grow_and_are_bounded() -> None:
+    p = RetryPolicy(attempts=6, base=0.25, cap=8.0)
+    for k in range(1, 10):
+        full = min(8.0, 0.25 * 2 ** (k - 1))
+        assert all(full / 2 <= p.pause(k) <= full for _ in range(20))
+    assert p.longest() == 0.25 + 0.5 + 1 + 2 + 4
+
+
+def test_retrying_tries_again_then_succeeds() -> None:
+    calls, pauses = [], []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) < 3:
+            raise ConnectionResetError("reset by peer")
+        return "ok"
+
+    p = RetryPolicy(attempts=5, base=0.1, cap=1.0)
+    assert retrying(flaky, p, "writing", "s3://b/k", hint="h", sleep=pauses.append) == "ok"
+    assert len(calls) == 3
+    assert len(pauses) == 2 and 0.05 <= pauses[0] <= 0.1 and 0.1 <= pauses[1] <= 0.2
+
+
+def test_retrying_gives_up_with_a_storage_error_that_says_what_failed() -> None:
+    calls = []
+
+    def down() -> None:
+        calls.append(1)
+        raise translated(503, "ServiceUnavailable")
+
+    with pytest.raises(StorageError) as err:
+        retrying(down, FAST, "writing", "s3://b/chunks/ab/abc", hint="check the store", sleep=lambda _: None)
+    assert len(calls) == 4
+    e = err.value
+    assert "writing s3://b/chunks/ab/abc" in e.message and "ServiceUnavailable" in e.message
+    assert "tried 4 times" in e.message and e.hint == "check the store"
+    assert e.fields == {"object": "s3://b/chunks/ab/abc", "reason": "unavailable", "attempts": 4}
+    assert isinstance(e.__cause__, OSError)
+
+
+def test_retrying_does_not_retry_what_cannot_succeed() -> None:
+    calls = []
+
+    def denied() -> None:
+        calls.append(1)
+        raise PermissionError("Access Denied")
+
+    with pytest.raises(PermissionError):
+        retrying(denied, FAST, "writing", "k", hint="h", sleep=lambda _: None)
+    assert len(calls) == 1
+
+
+class FlakyFileSystem(MemoryFileSystem):
+    """A memory filesystem whose requests fail on the way: the first ``fail_first`` of each kind, or every
+    one while ``down``."""
+
+    protocol = "flaky"
+    fail_first = 0
+    down = False
+    failures: dict[str, int] = {}  # noqa: RUF012 - shared by the instances of one test
+
+    def _fault(self, op: str) -> None:
+        n = self.failures.get(op, 0)
+        if self.down or n < self.fail_first:
+            self.failures[op] = n + 1
+            raise ConnectionResetError(f"{op}: connection reset by peer")
+
+    def pipe_file(self, path: str, value: Any, *args: Any, **kwargs: Any) -> Any:
+        self._fault("put")
+        return super().pipe_file(path, value, *args, **kwargs)
+
+    def cat_file(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._fault("get")
+        return super().cat_file(path, *args, **kwargs)
+
+    def ls(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._fault("ls")
+        return super().ls(path, *args, **kwargs)
+
+
+@pytest.fixture
+def flaky() -> Iterator[type[FlakyFileSystem]]:
+    fsspec.register_implementation("flaky", FlakyFileSystem, clobber=True)
+    FlakyFileSystem.failures = {}
+    FlakyFileSystem.fail_first, FlakyFileSystem.down = 0, False
+    yield FlakyFileSystem
+    FlakyFileSystem.fail_first, FlakyFileSystem.down = 0, False
+
+
+def test_store_rides_out_dropped_requests(flaky: type[FlakyFileSystem]) -> None:
+    flaky.fail_first = 2  # every kind of request fails twice, then works
+    store = CheckpointStore(f"flaky://t-{uuid.uuid4().hex}", chunk_size=4096, retry=FAST)
+    data = bytes(range(256)) * 100
+    w = store.writer("job")
+    w.add_bytes("f", data)
+    info = w.commit({})
+    assert store.reader("job", info.id).read_bytes("f") == data
+    assert flaky.failures == {"put": 2, "get": 2, "ls": 2}
+    store.close()
+
+
+def test_store_down_fails_with_storage_error_and_commits_nothing(flaky: type[FlakyFileSystem]) -> None:
+    store = CheckpointStore(f"flaky://t-{uuid.uuid4().hex}", chunk_size=4096, retry=FAST)
+    w = store.writer("job")
+    w.add_bytes("f", b"first")
+    good = w.commit({})
+    w = store.writer("job")
+    flaky.down = True
+    with pytest.raises(StorageError) as err:
+        w.add_bytes("f", b"x" * 10000)
+    assert "tried 4 times" in err.value.message and "connection reset" in err.value.message
+    assert err.value.fields["reason"] == "unavailable"
+    flaky.down = False
+    w.abort()
+    assert store.list("job") == [good]
+    assert store.reader("job", good.id).read_bytes("f") == b"first"
+    store.close()
