@@ -7,12 +7,12 @@ token is used up. ``tidal up`` gives its agents the cluster credential in a file
 
 from __future__ import annotations
 
-import os
 import ssl
 from pathlib import Path
 
 from tidal.agent.client import ControlClient
 from tidal.core import protocol
+from tidal.mechanisms.permissions import write_private
 
 FILE = "agent.token"
 
@@ -34,18 +34,7 @@ def store(root: Path, token: str) -> Path:
     """Keep the credential where only root (the agent's account) may read it; atomically."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     p = path(root)
-    tmp = p.with_name(f".{FILE}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, p)
+    write_private(p, (token + "\n").encode())
     return p
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import os
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tidal.errors import ConfigError
+from tidal.mechanisms.permissions import write_private
 from tidal.tls import fingerprint
 
 CA_DAYS = 3650
@@ -140,22 +140,6 @@ def cert_fingerprint(cert: x509.Certificate) -> str:
     return fingerprint(cert.public_bytes(serialization.Encoding.DER))
 
 
-def _write_private(path: Path, data: bytes) -> None:
-    """Write a file only its owner may read, atomically (a crash leaves the old one or the new one)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-
-
 def _key_pem(key: PrivateKey) -> bytes:
     return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
@@ -194,8 +178,8 @@ def ensure_auto(home: Path, names: Sequence[str]) -> ServerTLS:
                 p.chmod(0o600)
     else:
         ca_key, ca_cert = new_ca(f"Tidal CA {socket.gethostname()}"[:64])
-        _write_private(ca_key_pem, _key_pem(ca_key))
-        _write_private(ca_pem, _cert_pem(ca_cert))
+        write_private(ca_key_pem, _key_pem(ca_key))
+        write_private(ca_pem, _cert_pem(ca_cert))
         ca_pem.chmod(0o644)  # public: clients are given it
         srv_pem.unlink(missing_ok=True)
     current = None
@@ -206,8 +190,8 @@ def ensure_auto(home: Path, names: Sequence[str]) -> ServerTLS:
             current = None
     if current is None:
         key, current = issue_server(ca_key, ca_cert, names)
-        _write_private(srv_key_pem, _key_pem(key))
-        _write_private(srv_pem, _cert_pem(current, ca_cert))
+        write_private(srv_key_pem, _key_pem(key))
+        write_private(srv_pem, _cert_pem(current, ca_cert))
     return ServerTLS(srv_pem, srv_key_pem, ca_pem, cert_fingerprint(ca_cert), tuple(sorted(_cert_names(current))))
 
 
