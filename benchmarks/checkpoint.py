@@ -109,7 +109,7 @@ def open_case_store(where: str | None, base: Path, case: Case, seaweed: Any) -> 
         return CheckpointStore(str(base / case.name / "store"))
     prefix = f"bench-{case.name}-{uuid.uuid4().hex[:8]}"
     if seaweed is not None:
-        return CheckpointStore(f"s3://{seaweed.bucket}/{prefix}", **seaweed.storage_options())
+        return CheckpointStore(seaweed.url(prefix), **seaweed.store_options())
     settings = load_settings().model_copy(update={"checkpoint_store": f"{where.rstrip('/')}/{prefix}"})
     return CheckpointStore(settings.store_url, workers=settings.store_concurrency, **store_options(settings))
 
@@ -287,10 +287,10 @@ def main() -> int:
                            "store": args.store or "local directory"}
     seaweed = None
     if args.store == "seaweedfs":
-        from tidal.testing.seaweed import SeaweedServer
+        from tidal.testing.seaweedfs import SeaweedFS
 
         say("starting SeaweedFS on loopback")
-        seaweed = SeaweedServer(volume_mb=1024, volumes=64)
+        seaweed = SeaweedFS(volume_size_mb=1024, volumes=64)
     elif args.store is not None and not args.store.startswith(("s3://", "s3a://")):
         print(f"error: --store takes s3://BUCKET/PREFIX or seaweedfs, not {args.store!r}", file=sys.stderr)
         return 2
@@ -302,7 +302,7 @@ def main() -> int:
             out["cases"][name] = run_case(CASES[name], args.dir, args.quick, args.store, seaweed)
     finally:
         if seaweed is not None:
-            seaweed.close()
+            seaweed.stop()
     head = out["cases"].get("1GB") or next(iter(out["cases"].values()))
     out.update({
         "image_bytes": {n: c["image_bytes"] for n, c in out["cases"].items()},

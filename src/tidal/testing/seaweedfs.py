@@ -4,11 +4,21 @@
 ::
 
     s3 = SeaweedFS()                              # or SeaweedFS(host=net["s3"]): on that host, port 8333
+    store = CheckpointStore(s3.url("prefix"), **s3.store_options())   # Tidal's checkpoint store on it
+    subprocess.run([...], env={**os.environ, **s3.store_env()})      # TIDAL_STORE_* for a Tidal process
     fs = s3fs.S3FileSystem(**s3.storage_options())
     fs.pipe(s3.url("a/b"), b"data")               # s3://tidal/a/b
     subprocess.run([...], env={**os.environ, **s3.env()})   # AWS_* variables for another process
     s3.shutdown(); s3.start()                     # the same data, the same ports: "S3 went away"
     s3.stop()                                     # ends it and removes its files
+
+Who reaches it, and how: :meth:`~SeaweedFS.store_options` (keyword arguments of Tidal's
+:class:`~tidal.mechanisms.storage.CheckpointStore` on ``s3://``), :meth:`~SeaweedFS.store_env` (the same
+as ``TIDAL_STORE_*`` settings), :meth:`~SeaweedFS.storage_options` (s3fs's keyword arguments),
+:meth:`~SeaweedFS.env` (an AWS SDK's ``AWS_*`` variables), :meth:`~SeaweedFS.client` (a botocore client).
+Its life: :meth:`~SeaweedFS.shutdown` stops the server and keeps its ports and data (``kill=True``: as a
+crash), :meth:`~SeaweedFS.start` starts it on them again (from any thread), :meth:`~SeaweedFS.restart` does
+both, and :meth:`~SeaweedFS.stop` ends it for good and removes its files.
 
 One process holds a master, a volume server, a filer and the S3 gateway, with the small volumes of a test
 (``volume_size_mb``, at most ``volumes`` of them), no telemetry, no Iceberg or Lance endpoints, and
@@ -32,6 +42,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,8 +94,9 @@ class SeaweedFS:
 
     ``host``: run on that test host, on its address, with the default ports and the files under its
     directory; it stops when the net closes. Otherwise on 127.0.0.1, free ports, a temporary directory, and
-    the server is killed if the thread that started it ends (a test process killed outright leaves no
-    server behind).
+    the server is killed if this process ends (a test process killed outright leaves no server behind):
+    a thread of its own starts it, until :meth:`stop`, so that :meth:`start` may be called from a thread
+    that ends before the server should.
     """
 
     def __init__(self, *, host: Host | None = None, bucket: str = "tidal", access_key: str = "tidal",
@@ -128,6 +140,8 @@ class SeaweedFS:
         ]
         self.proc: subprocess.Popen[bytes] | None = None
         self._removed = False
+        # The server dies with the thread that started it (``setpriv --pdeathsig``): this one, not the caller's.
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="seaweedfs") if host is None else None
         if host is not None:
             host.net.on_close(self.stop)
         try:
@@ -152,6 +166,17 @@ class SeaweedFS:
         return {"key": self.access_key, "secret": self.secret_key,
                 "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": REGION},
                 "config_kwargs": {"s3": {"addressing_style": "path"}}}
+
+    def store_options(self) -> dict[str, Any]:
+        """Keyword arguments of Tidal's :class:`~tidal.mechanisms.storage.CheckpointStore` (its S3 backend)
+        that reach this server, besides the ``s3://`` URL (:meth:`url`)."""
+        return {"endpoint_url": self.endpoint_url, "key": self.access_key, "secret": self.secret_key,
+                "addressing_style": "path"}
+
+    def store_env(self) -> dict[str, str]:
+        """:meth:`store_options` as Tidal's ``TIDAL_STORE_*`` settings, for processes that read them."""
+        return {"TIDAL_STORE_ENDPOINT_URL": self.endpoint_url, "TIDAL_STORE_ACCESS_KEY_ID": self.access_key,
+                "TIDAL_STORE_SECRET_ACCESS_KEY": self.secret_key, "TIDAL_STORE_ADDRESSING_STYLE": "path"}
 
     def env(self) -> dict[str, str]:
         """The AWS variables that point an AWS SDK (botocore, s3fs) of another process at this server."""
@@ -201,14 +226,19 @@ class SeaweedFS:
     # running
 
     def start(self) -> None:
-        """Start the server on its data (again); return once S3 answers."""
+        """Start the server on its data and ports (again), from any thread; return once S3 answers. A
+        server that runs already is left as it is."""
+        if self.proc is not None and self.proc.poll() is None:
+            return
         with open(self.dir / "weed.log", "ab") as log:
-            if self.host is not None:
+            if self._spawner is None:
+                assert self.host is not None
                 self.proc = self.host.popen(self.argv, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
-            else:  # on loopback, nothing else ends it if this process is killed: it dies with this thread
-                self.proc = subprocess.Popen(["setpriv", "--pdeathsig", "KILL", "--", *self.argv], stdout=log,
-                                             stderr=subprocess.STDOUT, cwd=self.dir, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+            else:  # on loopback, nothing else ends it if this process is killed: it dies with the spawner thread
+                self.proc = self._spawner.submit(
+                    subprocess.Popen, ["setpriv", "--pdeathsig", "KILL", "--", *self.argv], stdout=log,
+                    stderr=subprocess.STDOUT, cwd=self.dir, stdin=subprocess.DEVNULL, start_new_session=True,
+                ).result()
 
         def answers() -> str | None:
             assert self.proc is not None
@@ -250,12 +280,15 @@ class SeaweedFS:
             proc.wait(10)
 
     def restart(self, kill: bool = False) -> None:
+        """:meth:`shutdown` (``kill``: as a crash), then :meth:`start`: the same data, the same ports."""
         self.shutdown(kill)
         self.start()
 
     def stop(self) -> None:
-        """Stop the server and remove its files (again: nothing)."""
+        """Stop the server for good and remove its files (again: nothing)."""
         self.shutdown()
+        if self._spawner is not None:
+            self._spawner.shutdown()
         if not self._removed:
             self._removed = True
             shutil.rmtree(self.dir, ignore_errors=True)

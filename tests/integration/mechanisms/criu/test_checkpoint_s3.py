@@ -13,7 +13,7 @@ from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.retry import RetryPolicy
 from tidal.testing import wait_for_line
-from tidal.testing.seaweed import SeaweedServer
+from tidal.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.s3
 
@@ -23,14 +23,14 @@ LOOP = ["sh", "-c", 'i=0; while [ $i -lt 50 ]; do i=$((i+1)); echo "tick $i"; ec
 
 
 @pytest.fixture
-def s3_store(seaweed: SeaweedServer, s3_url: str) -> Iterator[CheckpointStore]:
-    store = CheckpointStore(s3_url, gc_grace=0, **seaweed.storage_options())
+def s3_store(seaweedfs: SeaweedFS, s3_url: str) -> Iterator[CheckpointStore]:
+    store = CheckpointStore(s3_url, gc_grace=0, **seaweedfs.store_options())
     yield store
     store.backend.delete_tree("")
     store.close()
 
 
-def test_checkpoint_committed_to_s3_and_restored_from_it(cluster: Cluster, seaweed: SeaweedServer, s3_url: str,
+def test_checkpoint_committed_to_s3_and_restored_from_it(cluster: Cluster, seaweedfs: SeaweedFS, s3_url: str,
                                                          s3_store: CheckpointStore) -> None:
     spec = cluster.spec(LOOP)
     ref = reference_run(LOOP, cluster.root / "ref", spec.launch_env())
@@ -43,7 +43,7 @@ def test_checkpoint_committed_to_s3_and_restored_from_it(cluster: Cluster, seawe
     assert second.stored_bytes < second.logical_bytes  # the unchanged pages of `first` are not stored again
     assert first.id != second.id
     # Another node reaches the store with a client of its own.
-    there = CheckpointStore(s3_url, **seaweed.storage_options())
+    there = CheckpointStore(s3_url, **seaweedfs.store_options())
     there.verify("job", second.id)
     job = Job.restore(there, "job", [(spec, cluster.nodes[1])])
     assert [s.code for s in job.wait(60)] == [0]
@@ -57,10 +57,10 @@ def test_server_stopped_during_a_checkpoint(cluster: Cluster) -> None:
     gate = cluster.root / "gate"
     loop = [LOOP[0], LOOP[1], LOOP[2].replace(
         "sleep 0.02;", f"if [ $i -eq 20 ]; then while [ ! -e {gate} ]; do sleep 0.05; done; fi; sleep 0.02;")]
-    server = SeaweedServer()  # its own: this test stops it
+    server = SeaweedFS()  # its own: this test stops it
     try:
         store = CheckpointStore(f"s3://{server.bucket}/t", gc_grace=0, retry=RetryPolicy(attempts=3, base=0.1, cap=0.2),
-                                **server.storage_options())
+                                **server.store_options())
         spec = cluster.spec(loop)
         gate.touch()
         ref = reference_run(loop, cluster.root / "ref", spec.launch_env())
@@ -78,7 +78,7 @@ def test_server_stopped_during_a_checkpoint(cluster: Cluster) -> None:
         def stop_first(key: str, tag: bytes, payload: bytes | memoryview) -> int:
             if not stopped:
                 stopped.append(key)
-                server.stop()  # the S3 server goes away in the middle of the checkpoint's uploads
+                server.shutdown()  # the S3 server goes away in the middle of the checkpoint's uploads
             return put_chunk(key, tag, payload)
 
         store.backend.put_chunk = stop_first  # type: ignore[method-assign]
@@ -106,4 +106,4 @@ def test_server_stopped_during_a_checkpoint(cluster: Cluster) -> None:
         assert cluster.nodes[2].log_path(spec).read_bytes() == ref
         store.close()
     finally:
-        server.close()
+        server.stop()

@@ -1,5 +1,5 @@
 """The checkpoint store's contract suite (tests/unit/mechanisms/storage/test_contract.py), every test of it,
-against a real S3 server: SeaweedFS on loopback (the session's ``seaweed`` fixture), through s3fs."""
+against a real S3 server: SeaweedFS on loopback (the session's ``seaweedfs`` fixture), through s3fs."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import pytest
 from tests.unit.mechanisms.storage.test_contract import *  # noqa: F403 - the suite's tests, collected here again
 from tests.unit.mechanisms.storage.test_contract import CHUNK
 from tidal.mechanisms.storage import CheckpointStore
-from tidal.testing.seaweed import SeaweedServer
+from tidal.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def store(seaweed: SeaweedServer, s3_url: str) -> Iterator[CheckpointStore]:
+def store(seaweedfs: SeaweedFS, s3_url: str) -> Iterator[CheckpointStore]:
     # gc_grace=0: the suite checks that garbage collection removes chunks at once (test_s3.py checks the grace).
-    s = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweed.storage_options())
+    s = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweedfs.store_options())
     yield s
     s.backend.delete_tree("")
     s.close()

@@ -22,7 +22,7 @@ from tidal.mechanisms.storage import CheckpointStore, open_store
 from tidal.mechanisms.storage.chunks import chunk_key
 from tidal.mechanisms.storage.retry import RetryPolicy
 from tidal.mechanisms.storage.s3 import MiB, S3Backend
-from tidal.testing.seaweed import SeaweedServer
+from tidal.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.s3
 
@@ -39,22 +39,22 @@ def s3(store: CheckpointStore) -> S3Backend:
 
 
 @pytest.fixture
-def relay(seaweed: SeaweedServer) -> Iterator[Relay]:
-    r = Relay((seaweed.ip, seaweed.ports["s3"]))
+def relay(seaweedfs: SeaweedFS) -> Iterator[Relay]:
+    r = Relay((seaweedfs.addr, seaweedfs.ports["s3"]))
     yield r
     r.close()
 
 
-def through(relay: Relay, seaweed: SeaweedServer, url: str, **kw: Any) -> CheckpointStore:
+def through(relay: Relay, seaweedfs: SeaweedFS, url: str, **kw: Any) -> CheckpointStore:
     """A store that reaches SeaweedFS through the relay."""
-    opts = {**seaweed.storage_options(), "endpoint_url": relay.url, "gc_grace": 0, **kw}
+    opts = {**seaweedfs.store_options(), "endpoint_url": relay.url, "gc_grace": 0, **kw}
     return CheckpointStore(url, chunk_size=CHUNK, **opts)
 
 
-def test_multipart_object_round_trips(seaweed: SeaweedServer, s3_url: str, tmp_path: Any) -> None:
+def test_multipart_object_round_trips(seaweedfs: SeaweedFS, s3_url: str, tmp_path: Any) -> None:
     # 12 MiB chunks of random bytes (stored raw, 12 MiB + the tag byte) go up in three parts of 5 MiB.
     store = CheckpointStore(s3_url, chunk_size=12 * MiB, part_size=5 * MiB, multipart_threshold=10 * MiB,
-                            gc_grace=0, **seaweed.storage_options())
+                            gc_grace=0, **seaweedfs.store_options())
     data = rand(24 * MiB + 12345, 1)
     (tmp_path / "pages.img").write_bytes(data)
     w = store.writer("job")
@@ -75,8 +75,8 @@ def test_multipart_object_round_trips(seaweed: SeaweedServer, s3_url: str, tmp_p
     store.close()
 
 
-def test_reset_connections_are_retried(seaweed: SeaweedServer, s3_url: str, relay: Relay) -> None:
-    store = through(relay, seaweed, s3_url)
+def test_reset_connections_are_retried(seaweedfs: SeaweedFS, s3_url: str, relay: Relay) -> None:
+    store = through(relay, seaweedfs, s3_url)
     data = rand(8 * CHUNK, 2)
     w = store.writer("job")
     relay.cut()  # the connections the client holds are reset, and the next three new ones too
@@ -91,8 +91,8 @@ def test_reset_connections_are_retried(seaweed: SeaweedServer, s3_url: str, rela
     store.close()
 
 
-def test_server_errors_are_retried(seaweed: SeaweedServer, s3_url: str, relay: Relay) -> None:
-    store = through(relay, seaweed, s3_url)
+def test_server_errors_are_retried(seaweedfs: SeaweedFS, s3_url: str, relay: Relay) -> None:
+    store = through(relay, seaweedfs, s3_url)
     w = store.writer("job")
     w.add_bytes("f", b"kept")
     info = w.commit({})
@@ -103,9 +103,9 @@ def test_server_errors_are_retried(seaweed: SeaweedServer, s3_url: str, relay: R
     store.close()
 
 
-def test_a_store_that_stays_down_fails_with_a_storage_error(seaweed: SeaweedServer, s3_url: str,
+def test_a_store_that_stays_down_fails_with_a_storage_error(seaweedfs: SeaweedFS, s3_url: str,
                                                             relay: Relay) -> None:
-    store = through(relay, seaweed, s3_url, retry=RetryPolicy(attempts=3, base=0.05, cap=0.1))
+    store = through(relay, seaweedfs, s3_url, retry=RetryPolicy(attempts=3, base=0.05, cap=0.1))
     w = store.writer("job")
     w.add_bytes("f", b"first")
     good = w.commit({})
@@ -121,14 +121,14 @@ def test_a_store_that_stays_down_fails_with_a_storage_error(seaweed: SeaweedServ
     assert "ServiceUnavailable" in e.message and "tried 3 times" in e.message and s3_url in e.message
     assert "reachable" in (e.hint or "")
     relay.clear()
-    store = through(relay, seaweed, s3_url)
+    store = through(relay, seaweedfs, s3_url)
     assert store.list("job") == [good]
     assert store.reader("job", good.id).read_bytes("f") == b"first"
     store.close()
 
 
-def test_corrupted_uploads_never_land(seaweed: SeaweedServer, s3_url: str, relay: Relay) -> None:
-    store = through(relay, seaweed, s3_url, retry=RetryPolicy(attempts=3, base=0.05, cap=0.1))
+def test_corrupted_uploads_never_land(seaweedfs: SeaweedFS, s3_url: str, relay: Relay) -> None:
+    store = through(relay, seaweedfs, s3_url, retry=RetryPolicy(attempts=3, base=0.05, cap=0.1))
     b = s3(store)
     data = rand(3 * MiB, 4)
     relay.corrupt_next(3)  # every try has one byte of its body flipped on the way
@@ -152,14 +152,14 @@ def test_corrupted_uploads_never_land(seaweed: SeaweedServer, s3_url: str, relay
 
 
 def test_server_stopped_and_started_during_an_upload_is_ridden_out(tmp_path: Any) -> None:
-    server = SeaweedServer()
+    server = SeaweedFS()
     try:
         store = CheckpointStore(f"s3://{server.bucket}/t", chunk_size=CHUNK, gc_grace=0,
-                                retry=RetryPolicy(attempts=12, base=0.25, cap=4.0), **server.storage_options())
+                                retry=RetryPolicy(attempts=12, base=0.25, cap=4.0), **server.store_options())
         b = s3(store)
         put_chunk = b.put_chunk
         puts = []
-        outage = threading.Thread(target=lambda: (server.stop(), time.sleep(1.0), server.start()))
+        outage = threading.Thread(target=lambda: (server.shutdown(), time.sleep(1.0), server.start()))
 
         def stop_after_first(key: str, tag: bytes, payload: bytes | memoryview) -> int:
             puts.append(key)
@@ -178,12 +178,12 @@ def test_server_stopped_and_started_during_an_upload_is_ridden_out(tmp_path: Any
         assert store.reader("job", info.id).read_bytes("f") == data
         store.close()
     finally:
-        server.close()
+        server.stop()
 
 
-def test_a_reader_never_sees_a_checkpoint_before_its_commit(seaweed: SeaweedServer, s3_url: str) -> None:
-    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweed.storage_options())
-    other = CheckpointStore(s3_url, chunk_size=CHUNK, **seaweed.storage_options())  # another client, as another node
+def test_a_reader_never_sees_a_checkpoint_before_its_commit(seaweedfs: SeaweedFS, s3_url: str) -> None:
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweedfs.store_options())
+    other = CheckpointStore(s3_url, chunk_size=CHUNK, **seaweedfs.store_options())  # another client, as another node
     seen: list[str] = []
     stop = threading.Event()
 
@@ -212,9 +212,9 @@ def test_a_reader_never_sees_a_checkpoint_before_its_commit(seaweed: SeaweedServ
     other.close()
 
 
-def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweed: SeaweedServer, s3_url: str,
+def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweedfs: SeaweedFS, s3_url: str,
                                                                           tmp_path: Any) -> None:
-    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweed.storage_options())
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=0, **seaweedfs.store_options())
     data = rand(16 * CHUNK, 7)
     img = tmp_path / "pages.img"
     img.write_bytes(data)
@@ -242,9 +242,9 @@ def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweed
     store.close()
 
 
-def test_gc_spares_young_chunks(seaweed: SeaweedServer, s3_url: str) -> None:
-    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=5, **seaweed.storage_options())
-    default = CheckpointStore(s3_url, **seaweed.storage_options())
+def test_gc_spares_young_chunks(seaweedfs: SeaweedFS, s3_url: str) -> None:
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=5, **seaweedfs.store_options())
+    default = CheckpointStore(s3_url, **seaweedfs.store_options())
     assert default.gc_grace == 900  # the default on S3
     default.close()
     w = store.writer("job")
@@ -261,14 +261,14 @@ def test_gc_spares_young_chunks(seaweed: SeaweedServer, s3_url: str) -> None:
     store.close()
 
 
-def test_objects_are_not_public(seaweed: SeaweedServer, s3_url: str) -> None:
-    store = CheckpointStore(s3_url, chunk_size=CHUNK, **seaweed.storage_options())
+def test_objects_are_not_public(seaweedfs: SeaweedFS, s3_url: str) -> None:
+    store = CheckpointStore(s3_url, chunk_size=CHUNK, **seaweedfs.store_options())
     w = store.writer("job")
     w.add_bytes("f", b"process memory")
     info = w.commit({})
     b = s3(store)
-    manifest = f"{seaweed.endpoint_url}/{b.bucket}/{b._key(f'jobs/job/{info.id}/manifest.json')}"
-    listing = f"{seaweed.endpoint_url}/{b.bucket}?list-type=2&prefix={b.prefix}/"
+    manifest = f"{seaweedfs.endpoint_url}/{b.bucket}/{b._key(f'jobs/job/{info.id}/manifest.json')}"
+    listing = f"{seaweedfs.endpoint_url}/{b.bucket}?list-type=2&prefix={b.prefix}/"
     for url in (manifest, listing):
         with pytest.raises(urllib.error.HTTPError) as err:
             urllib.request.urlopen(url, timeout=10)  # no credentials
@@ -277,15 +277,15 @@ def test_objects_are_not_public(seaweed: SeaweedServer, s3_url: str) -> None:
     store.close()
 
 
-def test_wrong_credentials_and_missing_bucket_fail_at_once(seaweed: SeaweedServer, s3_url: str) -> None:
+def test_wrong_credentials_and_missing_bucket_fail_at_once(seaweedfs: SeaweedFS, s3_url: str) -> None:
     t = time.monotonic()
-    wrong = CheckpointStore(s3_url, **{**seaweed.storage_options(), "secret": "wrong"})
+    wrong = CheckpointStore(s3_url, **{**seaweedfs.store_options(), "secret": "wrong"})
     with pytest.raises(StorageError) as err:
         wrong.writer("job")
     assert err.value.fields["reason"] == "access denied" and "credentials" in (err.value.hint or "")
     wrong.close()
-    missing = CheckpointStore(s3_url.replace(f"s3://{seaweed.bucket}/", "s3://no-such-bucket/"),
-                              **seaweed.storage_options())
+    missing = CheckpointStore(s3_url.replace(f"s3://{seaweedfs.bucket}/", "s3://no-such-bucket/"),
+                              **seaweedfs.store_options())
     with pytest.raises(StorageError, match="bucket no-such-bucket does not exist"):
         w = missing.writer("job")
         w.add_bytes("f", b"x")
@@ -293,30 +293,30 @@ def test_wrong_credentials_and_missing_bucket_fail_at_once(seaweed: SeaweedServe
     assert time.monotonic() - t < 5  # neither is retried
 
 
-def test_settings_and_the_aws_environment(seaweed: SeaweedServer, s3_url: str,
+def test_settings_and_the_aws_environment(seaweedfs: SeaweedFS, s3_url: str,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(k, raising=False)
     settings = Settings(checkpoint_store=f"{s3_url}/tidal", **{  # type: ignore[arg-type]
-        "store_endpoint_url": seaweed.endpoint_url, "store_access_key_id": seaweed.access_key,
-        "store_secret_access_key": seaweed.secret_key, "store_retries": 2, "store_timeout": 5})
+        "store_endpoint_url": seaweedfs.endpoint_url, "store_access_key_id": seaweedfs.access_key,
+        "store_secret_access_key": seaweedfs.secret_key, "store_retries": 2, "store_timeout": 5})
     store = open_store(settings)
     assert s3(store).retry.attempts == 2 and store.workers == 16
     w = store.writer("job")
     w.add_bytes("f", b"from the settings")
     info = w.commit({})
-    for k, v in seaweed.env().items():
+    for k, v in seaweedfs.store_env().items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("TIDAL_CHECKPOINT_STORE", f"{s3_url}/tidal")
     env = open_store()
     assert env.reader("job", info.id).read_bytes("f") == b"from the settings"
     env.close()
     # AWS's own variables, no Tidal setting: the path-style addressing follows from the endpoint.
-    for k in seaweed.env():
+    for k in seaweedfs.store_env():
         monkeypatch.delenv(k)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweed.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweed.secret_key)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweed.endpoint_url)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", seaweedfs.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", seaweedfs.secret_key)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", seaweedfs.endpoint_url)
     aws = CheckpointStore(f"{s3_url}/tidal")
     assert aws.reader("job", info.id).read_bytes("f") == b"from the settings"
     aws.backend.delete_tree("")
