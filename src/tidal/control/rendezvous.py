@@ -29,6 +29,9 @@ class RendezvousHost:
         self.advertise = advertise
         self._addr: str | None = None
         self._mu = threading.Lock()
+        # The database's generation when no store was found needed (or none could be started): nothing to
+        # look at again until something commits.
+        self._idle_at: int | None = None
 
     def prepare(self, db: Database) -> None:
         with self._mu:
@@ -36,10 +39,14 @@ class RendezvousHost:
 
             if self._addr is not None and storeserver.shared_alive():
                 return
+            if self._addr is None and self._idle_at == db.generation:
+                return
+            self._idle_at = db.generation
             if self._addr is None and not _distributed_jobs(db):
                 return
             try:
                 self._addr = f"{self.advertise}:{storeserver.shared().port}"
+                self._idle_at = None
             except (TidalError, OSError, ImportError) as exc:
                 # No torch here: only scripts that use torch.distributed will miss it.
                 log.warning("no rendezvous store for distributed jobs: %s", exc)

@@ -1,0 +1,42 @@
+"""The rendezvous host looks for distributed jobs, and tries to start the store, at most once per database
+commit: a reconcile pass that finds nothing new costs no query and starts no process."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tidal.control import rendezvous
+from tidal.errors import MechanismError
+from tidal.mechanisms.interpose import storeserver
+
+
+def test_no_store_is_looked_for_again_until_something_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+    looks: list[int] = []
+    starts: list[int] = []
+    db = SimpleNamespace(generation=1)
+    monkeypatch.setattr(rendezvous, "_distributed_jobs", lambda d: looks.append(d.generation) or True)
+
+    def fail() -> object:
+        starts.append(db.generation)
+        raise MechanismError("the rendezvous store did not start: no torch")
+
+    monkeypatch.setattr(storeserver, "shared", fail)
+    host = rendezvous.RendezvousHost()
+    for _ in range(3):
+        host.prepare(db)  # type: ignore[arg-type]
+    assert host.addr() is None and looks == [1] and starts == [1]
+    db.generation = 2
+    host.prepare(db)  # type: ignore[arg-type]
+    assert looks == [1, 2] and starts == [1, 2]
+
+
+def test_a_started_store_is_given_at_the_advertised_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    db = SimpleNamespace(generation=1)
+    monkeypatch.setattr(rendezvous, "_distributed_jobs", lambda d: True)
+    monkeypatch.setattr(storeserver, "shared", lambda: SimpleNamespace(port=4321))
+    monkeypatch.setattr(storeserver, "shared_alive", lambda: True)
+    host = rendezvous.RendezvousHost(advertise="198.18.0.1")
+    host.prepare(db)  # type: ignore[arg-type]
+    assert host.addr() == "198.18.0.1:4321"
