@@ -55,17 +55,21 @@ def lookup(s: Session, token: str) -> User | None:
 
 
 # -- join tokens and node credentials ---------------------------------------------------------------------
-def _node_may_join(s: Session, node: str) -> None:
-    """A node's own credential is the agent user named after it: the name must not be another kind of user's,
-    nor the cluster credential's."""
+def _node_user(s: Session, node: str, *, hint: str) -> User | None:
+    """The agent user that is ``node``'s own credential, if it has one. A node's name must not be another kind
+    of user's, nor the cluster credential's (``hint``: what to do instead)."""
     _check_name(node, "node")
     if node == CLUSTER_AGENT:
         raise ValidationError(f"{CLUSTER_AGENT!r} is the cluster credential's name, not a node's", field="node",
-                              hint="give the node another name")
+                              hint=hint)
     u = s.get(User, node)
     if u is not None and u.role != "agent":
-        raise Conflict(f"{node} is the name of a user ({u.role}), so it cannot be a node's", field="node", node=node,
-                       hint="give the node another name")
+        raise Conflict(f"{node} is the name of a user ({u.role}), not a node's", field="node", node=node, hint=hint)
+    return u
+
+
+def _node_may_join(s: Session, node: str) -> None:
+    _node_user(s, node, hint="give the node another name")
 
 
 def create_join(s: Session, node: str, ttl_s: float, created_by: str) -> tuple[JoinToken, str]:
@@ -150,13 +154,7 @@ def revoke_join(s: Session, token_id: str) -> JoinToken:
 def revoke_node(s: Session, node: str) -> dict[str, object]:
     """Revoke ``node``'s own credential and its join tokens not yet used. What was revoked: whether it had a
     credential, and the join tokens' ids."""
-    _check_name(node, "node")
-    if node == CLUSTER_AGENT:
-        raise ValidationError(f"{CLUSTER_AGENT!r} is the cluster credential, not a node", field="node",
-                              hint="the cluster credential is `tidal up`'s: stop the local cluster with `tidal down`")
-    u = s.get(User, node)
-    if u is not None and u.role != "agent":
-        raise Conflict(f"{node} is a user ({u.role}), not a node", field="node", node=node)
+    u = _node_user(s, node, hint="a node's name is the one its agent joined with: `tidal nodes` lists them")
     t = now(s)
     pending = [j for j in s.scalars(select(JoinToken).where(JoinToken.node == node))
                if join_state(j, t) == "active"]
