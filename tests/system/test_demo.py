@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,26 @@ def test_distributed_demo_story(tmp_path: Path) -> None:
         assert line in text, text
     assert "Every rank's per-step output vs plain torchrun: identical; final parameters: identical" in text
     assert not any((tmp_path / "home").glob("demo-ddp-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.criu
+def test_hosts_demo_story(tmp_path: Path) -> None:
+    """`tidal demo --hosts`: the story on 3 test hosts, the control plane on PostgreSQL, checkpoints in S3."""
+    tidal = Path(sys.executable).with_name("tidal")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
+    env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="250")
+    out = subprocess.run([str(tidal), "demo", "--hosts"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = " ".join(out.stdout.split())
+    assert re.search(r"agents joined on node1 \(198\.18\.\d+\.13\), node2 \(198\.18\.\d+\.14\), node3 "
+                     r"\(198\.18\.\d+\.15\)", text), text
+    assert re.search(r"preempts the basic job: checkpoint \S+ \(\d+ MiB to s3://tidal/checkpoints", text), text
+    moved = re.search(r"we migrate the basic job from (node\d) \(\S+\) to (node\d) \(\S+\) \d+\.\d+s \d+\. Basic job "
+                      r"runs on (node\d)", text)
+    assert moved and moved.group(1) != moved.group(2) == moved.group(3), text
+    assert "Basic job succeeded" in text
+    assert "Per-step output vs the uninterrupted run: identical" in text and "final parameters: identical" in text
+    # Nothing is left: no hosts (namespaces), no state.
+    assert not any((tmp_path / "home").glob("demo-hosts-*"))
+    assert "demo-" not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

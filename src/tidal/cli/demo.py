@@ -1,7 +1,9 @@
 """``tidal demo``: on a 2-node local cluster, a basic training job is preempted by a premium job, resumes
 on the other node, is migrated once more and finishes with exactly the output of an uninterrupted run.
 ``tidal demo --mechanism`` shows the checkpoint mechanism alone, without the cluster; ``tidal demo
---distributed`` a 4-rank DDP job resized and moved rank by rank, identical to plain ``torchrun``."""
+--distributed`` a 4-rank DDP job resized and moved rank by rank, identical to plain ``torchrun``; ``tidal demo
+--hosts`` the first story on 3 test hosts (network namespaces on a private bridge), with the control plane
+on PostgreSQL, checkpoints in S3 (SeaweedFS) and the job moving from host to host."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -93,32 +96,95 @@ class _Story:
         console.print(f"[dim]{time.monotonic() - self.t0:6.1f}s[/] {self.n:2d}. {text}", highlight=False)
 
 
-def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
-    """Preemption by a premium job, resume on another node, migration, identical output."""
+@dataclass
+class _Stage:
+    """Where the cluster demo's story plays: a client of its control plane, its nodes (and their hosts'
+    addresses, where they are hosts of their own), the job's working directory, what to say of it."""
+
+    api: Client
+    nodes: list[str]
+    workdir: Path
+    addr: dict[str, str]
+    opening: str
+    store: str | None
+
+
+@contextlib.contextmanager
+def _hosts_beside(reference: subprocess.Popen[bytes], settings: Settings) -> Iterator[_Stage]:
+    """The demo's cluster on test hosts: network namespaces on a private bridge of this machine, with the
+    control plane (`tidal server --tls auto`) on host cp, PostgreSQL on db, SeaweedFS (the S3 checkpoint
+    store) on s3, and an agent joined on each of node1..node3. The job's working directory is on the
+    directory every host sees at the same path. All of it is removed after, the reference's processes
+    killed."""
+    # The test hosts' builders: what `tidal demo --hosts` shows is exactly what the multi-host tests run on.
+    from tidal.testing.hostcluster import HostCluster
+    from tidal.testing.hosts import TestNet
+
+    nodes = ["node1", "node2", "node3"]
+    try:
+        with TestNet(names=["cp", "db", "s3", *nodes], name_prefix="demo") as net:
+            cluster = HostCluster(net, nodes=nodes, lease=10)
+            workdir = net.shared / "work"
+            workdir.mkdir()
+            os.environ.update(TIDAL_URL=cluster.url, TIDAL_TOKEN=cluster.user_token, TIDAL_CA=str(cluster.ca))
+            addr = {n: net[n].addr for n in nodes}
+            yield _Stage(Client(), nodes, workdir, addr,
+                         f"Hosts up: control plane on cp ({cluster.server_host.addr}, TLS), PostgreSQL on db "
+                         f"({net['db'].addr}), SeaweedFS (S3) on s3 ({net['s3'].addr}); agents joined on "
+                         + ", ".join(f"{n} ({a})" for n, a in addr.items()),
+                         f"{cluster.store_url} (SeaweedFS on host s3)")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(reference.pid, signal.SIGKILL)
+        reference.wait()
+        shutil.rmtree(settings.home, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _local_beside(reference: subprocess.Popen[bytes], settings: Settings, workdir: Path,
+                  keep: bool) -> Iterator[_Stage]:
+    with _cluster_beside(reference, settings, 1, keep) as api:
+        yield _Stage(api, ["node-1", "node-2"], workdir, {},
+                     "Cluster up: control plane and agents node-1, node-2 (an uninterrupted reference run of the "
+                     "same training script goes on in the background)", None)
+
+
+def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False) -> bool:
+    """Preemption by a premium job, resume on another node, migration, identical output; ``hosts``: on 3
+    test hosts with PostgreSQL and S3, the job moving from host to host."""
     script = example_script("train.py")
-    settings, workdir, refdir = _own_home("demo-cluster-")
+    settings, workdir, refdir = _own_home("demo-hosts-" if hosts else "demo-cluster-")
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     job_env = {**jobenv.passed(env), "PYTHONUNBUFFERED": "1"}  # what `tidal submit` would send
     story = _Story()
-    console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in {settings.home}")
+    if hosts:
+        console.print("[bold]Tidal demo: hosts[/] — 3 node hosts with 1 device each, and hosts for the control "
+                      "plane, PostgreSQL and S3 (network namespaces of this machine on a private network)")
+    else:
+        console.print(f"[bold]Tidal demo[/] — a local cluster of 2 nodes with 1 device each, state in "
+                      f"{settings.home}")
     reference = subprocess.Popen(train, cwd=refdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  start_new_session=True)
-    with _cluster_beside(reference, settings, 1, keep) as api:
-        story.say("Cluster up: control plane and agents node-1, node-2 (an uninterrupted reference run of the "
-                  "same training script goes on in the background)")
+    stage = _hosts_beside(reference, settings) if hosts else _local_beside(reference, settings, workdir, keep)
+    with stage as st:
+        api = st.api
+        story.say(st.opening)
 
         def submit(name: str, tier: str, argv: list[str]) -> str:
             job = api.post("/v1/jobs", json={"name": name, "tier": tier, "command": argv,
-                                             "workdir": str(workdir), "env": job_env})
+                                             "workdir": str(st.workdir), "env": job_env})
             return str(job["id"])
 
         def job(jid: str) -> dict[str, Any]:
             return dict(api.get(f"/v1/jobs/{jid}"))
 
+        def at(node: str) -> str:
+            return f"{node} ({st.addr[node]})" if node in st.addr else node
+
         def where(jid: str) -> str:
             j = job(jid)
-            return ", ".join(f"{p['node']} (pid {p['pid']})" for p in j["placement"]) or "-"
+            return ", ".join(f"{at(p['node'])}, pid {p['pid']}" for p in j["placement"]) or "-"
 
         def running_on(jid: str, node: str | None = None) -> bool:
             j = job(jid)
@@ -132,25 +198,29 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
         until("the basic job to run", lambda: running_on(basic))
         story.say(f"Basic job [bold]{basic}[/] (train.py, {steps} steps) runs on {where(basic)}")
         until("the basic job's step 20", lambda: b"\nstep 20 " in log(basic))
-        other = submit("eval", "standard", ["sh", "-c", "for i in $(seq 1 12); do echo eval $i; sleep 0.5; done"])
-        until("the standard job to run", lambda: running_on(other))
-        story.say(f"Standard job [bold]{other}[/] takes the other device: {where(other)}")
+        # Every other device gets a standard job, so that the premium job finds none free.
+        others = [submit("eval", "standard", ["sh", "-c", "for i in $(seq 1 12); do echo eval $i; sleep 0.5; done"])
+                  for _ in st.nodes[1:]]
+        until("the standard jobs to run", lambda: all(running_on(o) for o in others))
+        story.say(f"Standard job{'s' if len(others) > 1 else ''} "
+                  + "; ".join(f"[bold]{o}[/] on {where(o)}" for o in others)
+                  + f" take{'' if len(others) > 1 else 's'} the other device{'s' if len(others) > 1 else ''}")
         premium = submit("urgent", "premium", ["sh", "-c", "for i in $(seq 1 24); do echo urgent $i; sleep 0.5; done"])
         story.say(f"Premium job [bold]{premium}[/] arrives: no device is free")
         until("the basic job to be preempted", lambda: job(basic)["state"] in ("preempted", "restoring"))
         ck = job(basic)["checkpoints"]
         story.say(f"The scheduler preempts the basic job: checkpoint {ck[-1]['id']} "
-                  f"({ck[-1]['bytes'] / 2**20:.0f} MiB), devices released")
+                  f"({ck[-1]['bytes'] / 2**20:.0f} MiB{' to ' + st.store if st.store else ''}), devices released")
         until("the premium job to run", lambda: running_on(premium))
         story.say(f"Premium job runs on {where(premium)}")
-        until("the standard job to finish", lambda: job(other)["state"] == "succeeded")
+        until("the standard jobs to finish", lambda: all(job(o)["state"] == "succeeded" for o in others))
         until("the basic job to resume", lambda: running_on(basic))
-        story.say(f"The standard job is done; the basic job resumes where there is room, from its checkpoint: "
-                  f"{where(basic)}")
+        story.say(f"The standard job{'s are' if len(others) > 1 else ' is'} done; the basic job resumes where there "
+                  f"is room, from its checkpoint: {where(basic)}")
         until("the premium job to finish", lambda: job(premium)["state"] == "succeeded", timeout=180)
         here = job(basic)["placement"][0]["node"]
-        there = "node-1" if here == "node-2" else "node-2"
-        story.say(f"The premium job is done; we migrate the basic job from {here} to {there}")
+        there = st.nodes[(st.nodes.index(here) + 1) % len(st.nodes)]
+        story.say(f"The premium job is done; we migrate the basic job from {at(here)} to {at(there)}")
         api.post(f"/v1/jobs/{basic}/migrate", json={"to": there})
         until("the basic job to run on the target", lambda: running_on(basic, there))
         story.say(f"Basic job runs on {where(basic)}")
@@ -158,14 +228,14 @@ def run_cluster_demo(steps: int = 300, keep: bool = False) -> bool:
         ref_out, _ = reference.communicate(timeout=300)
         out = log(basic)
         same_log = out == ref_out and reference.returncode == 0
-        same_params = (workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
+        same_params = (st.workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
         story.say(f"Basic job {final['state']}")
         table = Table(title=f"Basic job {basic}: what happened")
         for col in ("time", "event", "node", "cause"):
             table.add_column(col)
         t0 = final["events"][0]["time"]
         for e in final["events"]:
-            table.add_row(f"{e['time'] - t0:6.1f}s", e["kind"], e["node"] or "", e["cause"] or "")
+            table.add_row(f"{e['time'] - t0:6.1f}s", e["kind"], at(e["node"]) if e["node"] else "", e["cause"] or "")
         console.print(table)
         console.print(f"Checkpoints: {len(final['checkpoints'])}; restarts: {final['restarts']}")
         console.print(f"Per-step output vs the uninterrupted run: {_verdict(same_log)} ({len(out.splitlines())} "
@@ -251,15 +321,20 @@ def register(app: typer.Typer) -> None:
         distributed: bool = typer.Option(False, "--distributed",
                                          help="a DDP job resized and moved rank by rank (needs torch)"),
         steps: int = typer.Option(None, help="training steps of the demo job"),
-        keep: bool = typer.Option(False, help="keep the demo's state directory"),
+        hosts: bool = typer.Option(False, "--hosts",
+                                   help="the story on 3 test hosts (network namespaces of this machine) with the "
+                                        "control plane on PostgreSQL and checkpoints in S3 (SeaweedFS)"),
+        keep: bool = typer.Option(False, help="keep the demo's state directory (not with --hosts: the hosts and "
+                                              "all on them are removed)"),
     ) -> None:
         """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically
-        (--distributed: a 4-rank DDP job resized and moved, identical to torchrun)."""
+        (--distributed: a 4-rank DDP job resized and moved, identical to torchrun; --hosts: the story across
+        test hosts, with PostgreSQL and S3)."""
         if mechanism:
             ok = _mechanism_demo(steps or 60, keep)
         elif distributed:
             ok = run_distributed_demo(steps or 150, keep)
         else:
-            ok = run_cluster_demo(steps or 300, keep)
+            ok = run_cluster_demo(steps or 300, keep, hosts=hosts)
         if not ok:
             raise typer.Exit(1)
