@@ -65,6 +65,10 @@ def register(app: typer.Typer) -> None:
                                            help="the address nodes reach this host at: the rendezvous store of "
                                                 "distributed jobs, the URL printed for nodes (default: the first "
                                                 "--tls-san, else the listen address)"),
+        rendezvous_port: int = typer.Option(0, "--rendezvous-port", min=0, max=65535,
+                                            help="the port nodes reach the rendezvous store of distributed jobs "
+                                                 "on, for firewall rules (default: a free one at the first start, "
+                                                 "then kept)"),
         lease: float = typer.Option(10.0, help="seconds an agent's lease lasts (fencing)"),
         policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
     ) -> None:
@@ -86,6 +90,8 @@ def register(app: typer.Typer) -> None:
             args += ["--store", store]
         if advertise_addr:
             args += ["--advertise-addr", advertise_addr]
+        if rendezvous_port:
+            args += ["--rendezvous-port", str(rendezvous_port)]
         _exec("tidal.control.server", args, {"TIDAL_DATABASE_URL": database} if database else {})
 
     @app.command()

@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--advertise-addr", metavar="ADDR",
                     help="the address nodes reach this host at (the rendezvous store of distributed jobs, the URL "
                          "printed for nodes); default: the first --tls-san, else the listen address")
+    ap.add_argument("--rendezvous-port", type=int, default=0, metavar="PORT",
+                    help="the port of the rendezvous store of distributed jobs (default: a free one at its first "
+                         "start, then kept in TIDAL_HOME/rendezvous.json)")
     ap.add_argument("--bootstrap", action="store_true",
                     help="create the admin token if there is none, and print how nodes join (`tidal server`)")
     args = ap.parse_args(argv)
@@ -192,7 +195,7 @@ def serve(args: argparse.Namespace) -> None:
     if args.bootstrap:
         bootstrap(settings, ("admin",))
     # Distributed jobs' rendezvous store: the one a killed predecessor left running, if there is one.
-    storeserver.hold(home)
+    storeserver.hold(home, args.rendezvous_port)
     db = Database(settings.db_url)
     db.migrate()
     recover(db, args.lease)

@@ -40,6 +40,8 @@ from tidal.waiting import WaitTimeout, wait_until
 
 #: The control plane's port on its host (each host has its own network: no other run can hold it).
 SERVER_PORT = 8470
+#: The rendezvous store's port on the control plane's host (``--rendezvous-port``, as docs/deploy.md sets it).
+RENDEZVOUS_PORT = 8471
 #: Where checkpoints go in the store's bucket.
 STORE_PREFIX = "checkpoints"
 #: How much of each log :meth:`HostCluster.diagnostics` shows.
@@ -122,7 +124,7 @@ class HostCluster:
         host = self.server_host
         argv = [sys.executable, "-m", "tidal.cli.main", "server", "--listen", f"{host.addr}:{SERVER_PORT}",
                 "--database", self.database_url, "--store", self.store_url, "--tls", "auto",
-                "--tls-san", host.addr, "--lease", f"{self.lease:g}",
+                "--tls-san", host.addr, "--lease", f"{self.lease:g}", "--rendezvous-port", str(RENDEZVOUS_PORT),
                 *(["--policy", self.policy] if self.policy else []), *self.server_args]
         with self.server_log.open("ab") as out:
             self.server_proc = host.popen(argv, stdout=out, stderr=subprocess.STDOUT,

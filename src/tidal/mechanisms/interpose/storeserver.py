@@ -110,12 +110,17 @@ def _answers(port: int) -> bool:
 _lock = threading.Lock()
 _server: RendezvousServer | None = None
 _state: tuple[Path, int] | None = None  # the state file this process holds (locked shared), and its fd
+_fixed_port = 0  # the port the store must listen on (an operator's firewall rules name it); 0: any, then kept
 
 
-def hold(home: Path) -> None:
+def hold(home: Path, port: int = 0) -> None:
     """Make this process an owner of the store server recorded under ``home`` (the control plane calls it
-    at start): it keeps a shared lock on the state file until it exits, however it exits."""
-    global _state
+    at start): it keeps a shared lock on the state file until it exits, however it exits. ``port``: the
+    port a store it starts must listen on (0: a free one the first time, then the same one again)."""
+    global _state, _fixed_port
+    if not 0 <= port <= 65535:
+        raise MechanismError(f"rendezvous store port {port}: from 1 to 65535 (0: any free port)")
+    _fixed_port = port
     path = home / STATE
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(fd, fcntl.LOCK_SH)
@@ -140,7 +145,14 @@ def _start_held() -> RendezvousServer:
     log = path.parent / "logs" / "rendezvous.log"
     log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     server = None
-    if before:
+    if _fixed_port:
+        try:
+            server = RendezvousServer(port=_fixed_port, lifeline=path, log=log)
+        except MechanismError as exc:
+            raise MechanismError(f"the rendezvous store cannot listen on port {_fixed_port}: {exc.message}",
+                                 hint="free the port, or give the control plane another --rendezvous-port "
+                                      "(and open it to the nodes)") from None
+    elif before:
         # The same address as before, where it is free: a rank that is still trying to reach the store it
         # was given then finds one (the keys written to the old one are gone, though).
         with contextlib.suppress(MechanismError):
