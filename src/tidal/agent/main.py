@@ -222,16 +222,40 @@ class Agent:
                     "may requeue their jobs; they will be restored elsewhere from their last checkpoint. "
                     "Registering again once the control plane answers", self.name, silent, self.lease.lease_s,
                     time.monotonic() - t0, fence_margin(self.lease.lease_s))
-        self.rejoin()
+        self.rejoin(give_back=agent_id)
 
-    def rejoin(self) -> None:
-        """After a fence: register again as a new agent (the old one's lease must run out first)."""
+    def rejoin(self, give_back: str | None = None) -> None:
+        """After a fence: register again as a new agent (the old one's lease must run out first, unless it
+        is given back: ``give_back``, the old agent id)."""
         self.agent_id = uuid.uuid4().hex[:12]
         self.executor.agent_id = self.executor.outbox.agent_id = self.agent_id
         try:
+            if give_back is not None:
+                self.give_back(give_back)
             self.register()
         except (Stop, Untrusted) as exc:
             self.refused(exc)
+
+    def give_back(self, agent_id: str) -> None:
+        """After a fence of its own: tell the control plane, once it answers, that ``agent_id``'s ranks are
+        gone, so that it requeues the node's jobs now rather than when the lease it counts runs out (after
+        a restart of the control plane, a whole fresh lease). Nothing to do when it has expired the lease."""
+        while True:
+            try:
+                self.client.send(f"/v1/agent/{self.name}/leave", protocol.Leave(agent_id=agent_id), retry=False,
+                                 timeout=REGISTER_TIMEOUT_S)
+                log.info("node %s given back by agent %s: its jobs are requeued now", self.name, agent_id)
+                return
+            except Unreachable as exc:
+                log.debug("give back: %s", exc)
+            except Refused as exc:
+                status = exc.fields.get("status")
+                if not (isinstance(status, int) and status >= 500):
+                    return  # unknown node, or a refused credential (the agent stops)
+                log.debug("give back: %s", exc)
+            except (LeaseLost, ProtocolMismatch):
+                return  # already expired; or left to registration, which says why it cannot go on
+            time.sleep(0.5)
 
     def watchdog(self) -> None:
         """Fence when the lease can no longer be assumed held. Its own thread: a heartbeat can hang for as

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import threading
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from tidal.agent.client import Refused, Unreachable
 from tidal.agent.lease import MIN_MARGIN_S, LeaseClock, fence_margin, request_timeout
 from tidal.agent.main import Agent
-from tidal.errors import ValidationError
+from tidal.core import protocol
+from tidal.errors import LeaseLost, ValidationError
 from tidal.testing import FakeClock
 
 LEASE = 4.0  # margin 1 s: the agent fences 3 s after sending its last acknowledged heartbeat
@@ -192,9 +195,25 @@ class FakeExecutor:
         self.go_on.wait(10)  # killing ranks takes a while: the other paths find the lease gone meanwhile
 
 
-def agent(clock: FakeClock, executor: FakeExecutor) -> tuple[Agent, list[str]]:
+class FakeClient:
+    """Answers the agent's requests with ``answers`` in turn (an exception is raised), then with {}."""
+
+    def __init__(self, *answers: Exception) -> None:
+        self.answers = list(answers)
+        self.sent: list[tuple[str, protocol.Message]] = []
+
+    def send(self, path: str, msg: protocol.Message, **kw: Any) -> Any:
+        assert not kw.get("retry", True) and 0 < kw["timeout"] <= 10  # one try at a time, bounded
+        self.sent.append((path, msg))
+        if self.answers:
+            raise self.answers.pop(0)
+        return {}
+
+
+def agent(clock: FakeClock, executor: FakeExecutor, client: FakeClient | None = None) -> tuple[Agent, list[str]]:
     """An agent with only what fencing and registering again touch: no process, no control plane."""
     a = object.__new__(Agent)
+    a.client = client or FakeClient()  # type: ignore[assignment]
     a.name, a.agent_id = "node-1", "A1"
     a.lease = LeaseClock(clock.monotonic)
     a.lease.held("A1", a.lease.attempt(), LEASE)
@@ -236,6 +255,8 @@ def test_the_watchdog_and_lease_lost_answers_fence_and_register_again_once(clock
     assert a.registered.is_set()
     a.lease_lost("A1")  # a late answer to a request made as A1: the new lease stays
     assert ex.fences == 1 and a.lease.holder == registered[0]
+    # A1's lease was given back before registering again: the control plane need not wait for it to run out.
+    assert a.client.sent == [("/v1/agent/node-1/leave", protocol.Leave(agent_id="A1"))]  # type: ignore[attr-defined]
 
 
 def test_a_lease_lost_answer_fences_and_registers_again(clock: FakeClock) -> None:
@@ -244,5 +265,23 @@ def test_a_lease_lost_answer_fences_and_registers_again(clock: FakeClock) -> Non
     a, registered = agent(clock, ex)
     a.lease_lost("A1")
     assert ex.fences == 1 and len(registered) == 1 and a.lease.holder == registered[0] != "A1"
+    assert a.client.sent == []  # type: ignore[attr-defined]  # the control plane said it holds nothing
     clock.advance(10.0)  # the old deadline means nothing now: the new lease runs from its registration
     assert a.lease.expire() == registered[0]
+
+
+@pytest.mark.parametrize("end", [LeaseLost("agent A1 does not hold node node-1"),
+                                 Refused("no node node-1", status=404)], ids=["expired", "forgotten"])
+def test_after_its_own_fence_the_agent_gives_the_lease_back_once_the_control_plane_answers(
+        clock: FakeClock, monkeypatch: pytest.MonkeyPatch, end: Exception) -> None:
+    monkeypatch.setattr("tidal.agent.main.time.sleep", lambda s: None)
+    ex = FakeExecutor()
+    ex.go_on.set()
+    client = FakeClient(Unreachable("the control plane at ... is unreachable"), Refused("busy", status=503), end)
+    a, registered = agent(clock, ex, client)
+    clock.advance(3.0)
+    a.expired(a.lease.expire() or "")
+    # Tried until answered; an answer that there is nothing to give back (it expired the lease already, or
+    # forgot the node) ends it too. Then the agent registers again.
+    assert client.sent == [("/v1/agent/node-1/leave", protocol.Leave(agent_id="A1"))] * 3
+    assert ex.fences == 1 and len(registered) == 1
