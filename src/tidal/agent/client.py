@@ -79,9 +79,9 @@ class ControlClient:
                 raise err
             return r.json()
 
-    def send(self, path: str, msg: protocol.Message) -> Any:
-        """POST a protocol message."""
-        return self.call("POST", path, json=protocol.encode(msg))
+    def send(self, path: str, msg: protocol.Message, **kw: Any) -> Any:
+        """POST a protocol message (``kw``: as for :meth:`call`, e.g. ``retry``, ``timeout``)."""
+        return self.call("POST", path, json=protocol.encode(msg), **kw)
 
 
 def refusal(r: httpx.Response) -> TidalError:

@@ -143,9 +143,10 @@ Report = protocol.ActionResult | protocol.ExitReport
 
 class Outbox:
     """Results and exit reports, delivered in order, retried until the control plane has them. Each goes
-    under the agent's id at the time it is sent (a new one once the lease was lost and taken again)."""
+    under the agent's id at the time it is sent (a new one once the lease was lost and taken again);
+    ``on_lease_lost`` is told the id the control plane refused."""
 
-    def __init__(self, client: ControlClient, agent_id: str, on_lease_lost: Callable[[], None]) -> None:
+    def __init__(self, client: ControlClient, agent_id: str, on_lease_lost: Callable[[str], None]) -> None:
         self.client = client
         self.agent_id = agent_id
         self.q: queue.Queue[tuple[str, Report]] = queue.Queue()
@@ -164,7 +165,7 @@ class Outbox:
         try:
             self.client.send(f"/v1/agent/{self.client.node}/{path}", msg)
         except LeaseLost:
-            self.on_lease_lost()
+            self.on_lease_lost(msg.agent_id)
         except ProtocolMismatch as exc:
             log.error("report %s dropped: %s", path, exc)
         except Refused as exc:
@@ -181,18 +182,27 @@ class Outbox:
 
 
 class Executor:
+    """Runs the actions of the lease this agent holds.
+
+    An action belongs to the lease (the agent id) it was fetched under, and runs only while the agent
+    still holds that lease: once :meth:`fence` ends it, actions of that lease still queued are dropped,
+    and ranks that a launch or restore under way starts are killed at once, until :meth:`hold` names the
+    agent's next lease."""
+
     def __init__(self, client: ControlClient, node: NodeRoot, store: CheckpointStore, agent_id: str,
-                 on_lease_lost: Callable[[], None], quota: CpuQuota | None = None) -> None:
+                 on_lease_lost: Callable[[str], None], quota: CpuQuota | None = None) -> None:
         self.client = client
         self.quota = quota
         self.node = node
         self.store = store
         self.agent_id = agent_id
+        self.lease: str | None = agent_id  # the lease actions run for; None once fenced, until held again
+        self._acting = threading.local()  # the lease of the action this (job's) thread runs
         self.outbox = Outbox(client, agent_id, on_lease_lost)
         self.jobs: dict[str, Running] = {}
         self.results: dict[str, protocol.ActionResult] = {}  # action id → its result (idempotency)
         self.inflight: set[str] = set()
-        self.queues: dict[str, list[protocol.Action]] = {}
+        self.queues: dict[str, list[tuple[str, protocol.Action]]] = {}  # job → (lease, action), in order
         self.ended: dict[str, tuple[int, list[protocol.RankExit]]] = {}  # job → (attempt, how its ranks ended)
         self.cut_timeout = load_settings().cut_timeout
         self.mu = threading.Lock()
@@ -204,19 +214,25 @@ class Executor:
         }
 
     # -- actions --------------------------------------------------------------------------------------------
-    def submit(self, data: Any) -> None:
-        """Take an action as it came from the control plane, to run in its job's turn."""
+    def submit(self, data: Any, lease: str | None = None) -> None:
+        """Take an action as it came from the control plane, to run in its job's turn. ``lease``: the agent
+        id it was fetched under (default: the lease held now)."""
         try:
             action = protocol.decode_action(data)
         except ValidationError as exc:  # a ProtocolMismatch too
             self._refuse(data, exc)
             return
         with self.mu:
+            lease = lease or self.lease
+            if lease is None or lease != self.lease:
+                log.info("action %s (%s of job %s) dropped: it came under a lease this agent no longer holds",
+                         action.id, action.kind, action.job_id)
+                return
             if self._seen(action.id):
                 return
             self.inflight.add(action.id)
             q = self.queues.setdefault(action.job_id, [])
-            q.append(action)
+            q.append((lease, action))
             if len(q) == 1:
                 threading.Thread(target=self._drain, args=(action.job_id,), daemon=True,
                                  name=f"tidal-job-{action.job_id}").start()
@@ -254,12 +270,19 @@ class Executor:
                 if not q:
                     del self.queues[job_id]
                     return
-                action = q[0]
-            self._run(action)
+                lease, action = q[0]
+            self._run(action, lease)
             with self.mu:
                 q.pop(0)
 
-    def _run(self, action: protocol.Action) -> None:
+    def _run(self, action: protocol.Action, lease: str) -> None:
+        with self.mu:
+            if lease != self.lease:  # fenced since it came: the control plane will not await its result
+                self.inflight.discard(action.id)
+                log.info("action %s (%s of job %s) dropped: the lease it came under is over", action.id,
+                         action.kind, action.job_id)
+                return
+        self._acting.lease = lease
         handler = self.handlers[type(action.order)]
         try:
             res = protocol.ActionResult(agent_id=self.agent_id, action_id=action.id, ok=True,
@@ -316,8 +339,16 @@ class Executor:
             for rp in job.ranks:
                 self.quota.place(device[rp.spec.rank], rp)
         run = Running(order.job_id, order.attempt, job, specs)
-        with self.mu:
-            self.jobs[run.job_id] = run
+        lease = getattr(self._acting, "lease", None)
+        with self.mu:  # with fence(): either it sees this run and kills it, or this sees the fence
+            current = lease is not None and lease == self.lease
+            if current:
+                self.jobs[run.job_id] = run
+        if not current:
+            job.kill()
+            raise Conflict(f"job {order.job_id}'s ranks on {self.client.node} were killed as they started: the "
+                           "agent fenced them meanwhile (its lease is over)", job=order.job_id,
+                           node=self.client.node, hint="the control plane requeues the job")
         threading.Thread(target=self._watch, args=(run,), daemon=True,
                          name=f"tidal-watch-{run.job_id}").start()
         return _pids(job)
@@ -411,10 +442,27 @@ class Executor:
             return list(self.jobs.values())
 
     def fence(self) -> None:
-        """The lease is lost: another agent may get this node's jobs. Kill every rank now."""
-        for run in self._runs():
+        """The lease is lost: another agent may get this node's jobs. Kill every rank now, and run no more
+        actions of that lease."""
+        with self.mu:
+            self.lease = None
+            runs = list(self.jobs.values())
+        # SIGKILL every rank before waiting for any: each must stop running its code before the control
+        # plane requeues its job, however long the others take to be reaped.
+        for run in runs:
+            run.stopping = True
+            for rp in run.job.ranks:
+                with contextlib.suppress(Exception):
+                    rp.kill(wait=False)
+        for run in runs:
             with contextlib.suppress(Exception):
                 self._stop(run)
+
+    def hold(self, agent_id: str) -> None:
+        """The agent holds a lease again, as ``agent_id``: actions fetched under it run, and what is
+        reported goes under that id."""
+        with self.mu:
+            self.agent_id = self.outbox.agent_id = self.lease = agent_id
 
     # -- exits and logs ---------------------------------------------------------------------------------
     def _watch(self, run: Running) -> None:

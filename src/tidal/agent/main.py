@@ -11,6 +11,15 @@ control plane whose certificate is not the trusted one.
 
 It must be a child subreaper (restored ranks are re-parented to it), and it is the lifeline of its ranks:
 when it dies, they die (the rank's init watches it), so a node's jobs are never run twice.
+
+Nor when it lives on but cannot reach the control plane (a network partition): the control plane then lets
+the node's lease run out and requeues its jobs, to be restored elsewhere from their last checkpoints. So
+the agent fences itself first (:mod:`tidal.agent.lease`): a watchdog thread kills every rank once the lease
+can no longer be assumed held (``max(0.5 s, lease / 4)`` before it runs out, counted from when the last
+acknowledged heartbeat was *sent*), and the agent keeps trying to reach the control plane, where it
+registers again as a new agent. An agent cannot tell a partition from a control plane that is down: a
+control-plane outage longer than three quarters of the lease fences every job too (each resumes from its
+last checkpoint), so the lease (``tidal server --lease``) should outlast a control-plane restart.
 """
 
 from __future__ import annotations
@@ -30,10 +39,11 @@ from typing import NoReturn
 import httpx
 
 from tidal.agent import credential
-from tidal.agent.client import ControlClient, Refused, Untrusted
+from tidal.agent.client import ControlClient, Refused, Unreachable, Untrusted
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
+from tidal.agent.lease import WATCH_INTERVAL_S, LeaseClock, fence_margin, request_timeout
 from tidal.config import load_settings
 from tidal.core import limits, protocol
 from tidal.errors import ConfigError, LeaseLost, ProtocolMismatch, TidalError, ValidationError
@@ -48,6 +58,10 @@ log = logging.getLogger("tidal.agent")
 #: The agent's exit status when it cannot act for its node: its credential was refused or revoked, or the
 #: control plane's certificate is not the trusted one (EX_CONFIG: restarting it would not help).
 EXIT_REFUSED = 78
+
+#: How long a registration may take: it is not pressed for time (no lease is held meanwhile), and a
+#: control plane busy starting up should not be sent the same registration again and again.
+REGISTER_TIMEOUT_S = 10.0
 
 
 class Stop(TidalError):
@@ -67,10 +81,12 @@ class Agent:
         self.key = self.node.name
         self.token, self.token_from = self.credential()
         self.client = ControlClient(args.server, self.token, self.name, self.verify)
+        # Whether this agent holds the node's lease (set and cleared with the lease clock's transitions):
+        # the threads that talk to the control plane wait for it.
         self.registered = threading.Event()
+        self.lease = LeaseClock()
         self._executor: Executor | None = None  # from the first registration, which names the store
         self.store_url: str | None = None
-        self.lease_s = 5.0
         self.stopping = threading.Lock()
 
     def credential(self) -> tuple[str, str]:
@@ -104,14 +120,18 @@ class Agent:
             "registration")
 
     def register(self) -> None:
+        """Take the node's lease as ``agent_id``, trying until the control plane grants it."""
         while True:
+            # Each try on its own (no retries inside the call): the lease runs from when the one that
+            # succeeded was sent.
+            attempt = self.lease.attempt()
             try:
-                r = self.client.send("/v1/agent/register", self.hello())
-                self.lease_s = float(r["lease_s"])
-                self.use_store(r.get("store"))
-                self.registered.set()
-                log.info("registered %s as agent %s (lease %.1fs)", self.name, self.agent_id, self.lease_s)
-                return
+                r = self.client.send("/v1/agent/register", self.hello(), retry=False, timeout=REGISTER_TIMEOUT_S)
+                lease_s = float(r["lease_s"])
+            except Unreachable as exc:
+                log.debug("register: %s", exc)
+                time.sleep(0.5)
+                continue
             except ProtocolMismatch as exc:
                 # Nothing works until one side is upgraded: say so, and try again now and then.
                 log.error("register: %s", exc)
@@ -126,9 +146,18 @@ class Agent:
                     continue
                 if status in (401, 403):
                     raise Stop(exc.message, hint=exc.hint) from None
-                # Another agent's lease on this node has not expired yet: wait it out.
-                log.info("register: %s", exc)
+                if isinstance(status, int) and status >= 500:  # the control plane is not ready: try again
+                    log.debug("register: %s", exc)
+                else:  # another agent's lease on this node has not expired yet: wait it out
+                    log.info("register: %s", exc)
                 time.sleep(0.5)
+                continue
+            self.lease.held(self.agent_id, attempt, lease_s)
+            self.use_store(r.get("store"))
+            self.executor.hold(self.agent_id)
+            self.registered.set()
+            log.info("registered %s as agent %s (lease %gs)", self.name, self.agent_id, lease_s)
+            return
 
     def use_store(self, offered: str | None) -> None:
         """The checkpoint store: this node's own setting where it has one (TIDAL_CHECKPOINT_STORE), else the
@@ -171,50 +200,120 @@ class Agent:
 
         threading.Thread(target=stop, name="tidal-refused").start()
 
-    def lease_lost(self) -> None:
-        if not self.registered.is_set():
+    def lease_lost(self, agent_id: str) -> None:
+        """The control plane answered that ``agent_id`` does not hold the node's lease. If that is still this
+        agent's lease (not one it already gave up), fence and register again."""
+        if not self.lease.lose(agent_id):
             return
         self.registered.clear()
         log.warning("lease lost: fencing every rank and registering again")
         self.executor.fence()
+        self.rejoin()
+
+    def expired(self, agent_id: str) -> None:
+        """The watchdog found ``agent_id``'s lease past its deadline: the control plane may requeue the
+        node's jobs soon. Fence, then register again once the control plane answers."""
+        self.registered.clear()
+        silent = self.lease.since_acknowledged()
+        t0 = time.monotonic()
+        self.executor.fence()
+        log.warning("cannot renew node %s's lease for %.1fs (the last acknowledged heartbeat was sent then, none "
+                    "since; the lease lasts %gs): fenced its ranks in %.2fs, at least %gs before the control plane "
+                    "may requeue their jobs; they will be restored elsewhere from their last checkpoint. "
+                    "Registering again once the control plane answers", self.name, silent, self.lease.lease_s,
+                    time.monotonic() - t0, fence_margin(self.lease.lease_s))
+        self.rejoin(give_back=agent_id)
+
+    def rejoin(self, give_back: str | None = None) -> None:
+        """After a fence: register again as a new agent (the old one's lease must run out first, unless it
+        is given back: ``give_back``, the old agent id)."""
         self.agent_id = uuid.uuid4().hex[:12]
         self.executor.agent_id = self.executor.outbox.agent_id = self.agent_id
         try:
+            if give_back is not None:
+                self.give_back(give_back)
             self.register()
         except (Stop, Untrusted) as exc:
             self.refused(exc)
 
-    def heartbeats(self) -> None:
+    def give_back(self, agent_id: str) -> None:
+        """After a fence of its own: tell the control plane, once it answers, that ``agent_id``'s ranks are
+        gone, so that it requeues the node's jobs now rather than when the lease it counts runs out (after
+        a restart of the control plane, a whole fresh lease). Nothing to do when it has expired the lease."""
+        while True:
+            try:
+                self.client.send(f"/v1/agent/{self.name}/leave", protocol.Leave(agent_id=agent_id), retry=False,
+                                 timeout=REGISTER_TIMEOUT_S)
+                log.info("node %s given back by agent %s: its jobs are requeued now", self.name, agent_id)
+                return
+            except Unreachable as exc:
+                log.debug("give back: %s", exc)
+            except Refused as exc:
+                status = exc.fields.get("status")
+                if not (isinstance(status, int) and status >= 500):
+                    return  # unknown node, or a refused credential (the agent stops)
+                log.debug("give back: %s", exc)
+            except (LeaseLost, ProtocolMismatch):
+                return  # already expired; or left to registration, which says why it cannot go on
+            time.sleep(0.5)
+
+    def watchdog(self) -> None:
+        """Fence when the lease can no longer be assumed held. Its own thread: a heartbeat can hang for as
+        long as its timeout, and the deadline must not wait for it."""
         while True:
             self.registered.wait()
+            left = self.lease.remaining()
+            if left is None or left > 0:  # None: between a fence and the registration.clear() that follows
+                time.sleep(WATCH_INTERVAL_S if left is None else min(left, WATCH_INTERVAL_S))
+                continue
+            lost = self.lease.expire()
+            if lost is not None:  # else a renewal came just now, or lease_lost() won
+                self.expired(lost)
+
+    def heartbeats(self) -> None:
+        """Renew the lease every fifth of it, one heartbeat at a time (none piles up behind a slow one):
+        each gives up after a quarter of the lease, and a failed one is tried again soon, so that the lease
+        is renewed if the control plane answers at all before the watchdog's deadline."""
+        while True:
+            self.registered.wait()
+            agent_id, lease_s = self.agent_id, self.lease.lease_s
+            t0 = time.monotonic()
+            pause = lease_s / 5
             try:
-                self.client.send(f"/v1/agent/{self.name}/heartbeat",
-                                 protocol.Heartbeat(agent_id=self.agent_id, jobs=self.executor.progress()))
+                beat = protocol.Heartbeat(agent_id=agent_id, jobs=self.executor.progress())
+                attempt = self.lease.attempt()
+                r = self.client.send(f"/v1/agent/{self.name}/heartbeat", beat, retry=False,
+                                     timeout=request_timeout(lease_s))
+                self.lease.renewed(agent_id, attempt, float(r["lease_s"]))
             except LeaseLost:
-                self.lease_lost()
+                self.lease_lost(agent_id)
+                continue
             except ProtocolMismatch as exc:
                 log.error("heartbeat: %s", exc)
             except Exception as exc:
                 log.debug("heartbeat: %s", exc)
-            time.sleep(self.lease_s / 5)
+                pause = lease_s / 20
+            time.sleep(max(0.0, pause - (time.monotonic() - t0)))
 
     def logs(self) -> None:
         while True:
             self.registered.wait()
+            agent_id = self.agent_id
             try:
                 self.executor.ship_all()
             except LeaseLost:
-                self.lease_lost()
+                self.lease_lost(agent_id)
             time.sleep(0.2)
 
     def poll(self) -> None:
         while True:
             self.registered.wait()
+            agent_id = self.agent_id  # the lease the actions come under
             try:
                 actions = self.client.call("GET", f"/v1/agent/{self.name}/actions",
-                                           params={"agent_id": self.agent_id, "wait": 10})
+                                           params={"agent_id": agent_id, "wait": 10})
             except LeaseLost:
-                self.lease_lost()
+                self.lease_lost(agent_id)
                 continue
             except Exception as exc:
                 log.debug("poll: %s", exc)
@@ -225,16 +324,18 @@ class Agent:
                 time.sleep(1)
                 continue
             for a in actions:
-                self.executor.submit(a)
+                self.executor.submit(a, agent_id)
 
     def run(self) -> None:
         self.register()
         self.client.on_unauthorized = self.refused
+        # The lease is kept (or the agent fences itself) from now on, however long the clean-up below takes.
+        for target in (self.heartbeats, self.watchdog):
+            threading.Thread(target=target, daemon=True, name=f"tidal-{target.__name__}").start()
         # Only now that this process holds the node's lease: whatever an earlier agent left is fenced.
         reap_leftovers(self.key)
         self.node.clear_staging()  # and what it kept in memory for them
-        for target in (self.heartbeats, self.logs):
-            threading.Thread(target=target, daemon=True, name=f"tidal-{target.__name__}").start()
+        threading.Thread(target=self.logs, daemon=True, name="tidal-logs").start()
         self.poll()
 
 

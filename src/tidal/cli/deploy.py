@@ -69,7 +69,10 @@ def register(app: typer.Typer) -> None:
                                             help="the port nodes reach the rendezvous store of distributed jobs "
                                                  "on, for firewall rules (default: a free one at the first start, "
                                                  "then kept)"),
-        lease: float = typer.Option(10.0, help="seconds an agent's lease lasts (fencing)"),
+        # Agents fence their ranks after three quarters of the lease without the control plane: 22.5 s, time
+        # for a restart (an upgrade's migration included) that must not cost every job its latest work.
+        lease: float = typer.Option(30.0, help="seconds an agent's lease lasts (fencing): agents kill their ranks if "
+                                               "the control plane is unreachable for three quarters of it"),
         policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
     ) -> None:
         """Run the control plane of a deployment (in the foreground; e.g. under systemd, deploy/)."""

@@ -5,6 +5,18 @@ Fencing: a node's lease belongs to one agent process (``agent_id``). Another pro
 over only once that lease has expired, and the node's jobs are requeued at that moment, never before; an
 agent whose lease was lost is told so at its next heartbeat and kills its ranks itself.
 
+An agent that cannot reach the control plane (a partition) would hear nothing, so it fences itself
+(:mod:`tidal.agent.lease`): it kills its ranks at ``sent + lease - margin``, where ``sent`` is when it sent
+its last acknowledged heartbeat or registration and ``margin = max(0.5 s, lease / 4)``. A request is
+received after it is sent, and the lease here runs ``lease`` from when it was received (``lease_until``),
+so the agent has fenced at least ``margin`` before ``lease_until``, and the reconcile loop requeues only
+after ``lease_until``: there is no extra grace here, the margin is that grace, kept on the agent's side,
+which knows how long killing its ranks takes. This holds while both clocks run at the same rate (the agent
+counts monotonic time; ``lease_until`` is wall time here: a jump of this host's clock forward by more than the
+margin would shorten a lease, as it would without self-fencing). :func:`tidal.control.server.recover` gives
+every node a fresh lease after a restart: that only lengthens leases, so an agent that fenced during the
+outage has simply fenced early; it registers as a new agent once the lease it held runs out.
+
 What crosses the network is :mod:`tidal.core.protocol`: actions are handed out as protocol actions, an
 agent's result data is checked against the order's result model before it is applied, and exit reports
 are typed rank exits. Time is read through the session (:mod:`tidal.control.clock`).

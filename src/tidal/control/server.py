@@ -35,6 +35,10 @@ from tidal.policy.registry import DEFAULT_LIVE_POLICY, LIVE_POLICIES, make_live_
 
 DEFAULT_PORT = 8470
 
+#: The shortest lease: an agent renews its lease every fifth of it and fences itself max(0.5 s, lease / 4)
+#: before it runs out (tidal.agent.lease), which a shorter lease leaves too little room for.
+MIN_LEASE_S = 2.0
+
 
 def recover(db: Database, lease_s: float) -> None:
     """After a (re)start: agents kept running while we were away, so give every node a fresh lease rather
@@ -90,6 +94,14 @@ def _quotas(text: str | None) -> Quotas | None:
         raise ConfigError(f"TIDAL_QUOTAS: {exc.message}", field="TIDAL_QUOTAS",
                           hint="set TIDAL_QUOTAS to 'project=share,...' with shares between 0 and 1, or unset "
                                "it") from None
+
+
+def check_lease(lease_s: float) -> None:
+    """``--lease``: at least :data:`MIN_LEASE_S` (NaN is refused too)."""
+    if not lease_s >= MIN_LEASE_S:
+        raise ConfigError(f"--lease {lease_s:g}: an agent's lease lasts at least {MIN_LEASE_S:g}s", field="lease",
+                          hint="agents fence themselves up to a quarter of the lease before it runs out; give "
+                               "one that outlasts a restart of the control plane, e.g. 30")
 
 
 def listen_address(args: argparse.Namespace) -> tuple[str, int]:
@@ -183,6 +195,7 @@ def serve(args: argparse.Namespace) -> None:
     os.umask(0o077)  # logs and the SQLite file are the owner's only
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
+    check_lease(args.lease)
     settings = load_settings()
     if args.database:
         settings = settings.model_copy(update={"database_url": args.database})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import typing
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +18,7 @@ from tidal.agent.client import Refused
 from tidal.agent.executor import Executor, Running, failure
 from tidal.core import protocol
 from tidal.errors import CheckpointCorrupt, LeaseLost, MechanismError
+from tidal.testing import wait_until
 
 
 class FakeClient:
@@ -44,14 +46,14 @@ def client() -> FakeClient:
 
 
 @pytest.fixture
-def lost() -> list[bool]:
+def lost() -> list[str]:
     return []
 
 
 @pytest.fixture
-def ex(client: FakeClient, lost: list[bool]) -> Executor:
+def ex(client: FakeClient, lost: list[str]) -> Executor:
     # No node root nor store: these tests run no ranks.
-    return Executor(client, SimpleNamespace(), SimpleNamespace(), "A1", lambda: lost.append(True))  # type: ignore[arg-type]
+    return Executor(client, SimpleNamespace(), SimpleNamespace(), "A1", lost.append)  # type: ignore[arg-type]
 
 
 def order_types() -> tuple[type[protocol.Message], ...]:
@@ -169,12 +171,12 @@ def test_a_result_the_control_plane_cannot_take_becomes_the_actions_failure(ex: 
     assert client.next()[1].action_id == "a-10"
 
 
-def test_a_lost_lease_on_a_report_fences_the_agent(ex: Executor, client: FakeClient, lost: list[bool]) -> None:
+def test_a_lost_lease_on_a_report_fences_the_agent(ex: Executor, client: FakeClient, lost: list[str]) -> None:
     client.refuse = [LeaseLost("agent A1 does not hold node node-1")]
     ex.submit({"id": "a-11", "order": kill()})
     ex.submit({"id": "a-12", "order": kill()})
     assert client.next()[1].action_id == "a-12"
-    assert lost == [True]
+    assert lost == ["A1"]  # the agent id the control plane refused
 
 
 @pytest.mark.parametrize(("master", "want"), [("198.18.0.10", "198.18.0.10"), (None, "127.0.0.1")])
@@ -189,3 +191,76 @@ def test_ranks_get_torchruns_variables_with_the_master_the_order_names(ex: Execu
     for s in specs:
         assert s.env["MASTER_ADDR"] == want and s.env["WORLD_SIZE"] == "4" and s.env["LOCAL_WORLD_SIZE"] == "2"
         assert s.env["A"] == "1"
+
+
+# -- fencing: actions belong to the lease they came under ---------------------------------------------------
+def test_after_a_fence_no_action_runs_until_a_new_lease_is_held(ex: Executor, client: FakeClient,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    ran: list[str] = []
+    ex.handlers[protocol.Kill] = lambda order: ran.append(order.job_id) or protocol.Killed(ranks=[])
+    ex.fence()
+    with caplog.at_level(logging.INFO, "tidal.agent.executor"):
+        ex.submit({"id": "a-20", "order": kill("j-now")})  # no lease is held now
+        ex.submit({"id": "a-21", "order": kill("j-old")}, "A1")  # fetched before the fence, taken after it
+    assert sum("it came under a lease this agent no longer holds" in r.message for r in caplog.records) == 2
+    ex.hold("B2")
+    ex.submit({"id": "a-22", "order": kill("j-old")}, "A1")  # still A1's: dropped
+    ex.submit({"id": "a-23", "order": kill("j-new")}, "B2")
+    _, res = client.next()
+    assert (res.action_id, res.agent_id, res.ok) == ("a-23", "B2", True)
+    assert ran == ["j-new"]
+    assert (ex.agent_id, ex.outbox.agent_id, ex.lease) == ("B2", "B2", "B2")
+
+
+def test_an_action_queued_when_the_fence_comes_is_not_run(ex: Executor, client: FakeClient) -> None:
+    ran: list[str] = []
+    entered, go_on = threading.Event(), threading.Event()
+
+    def slow(order: protocol.Kill) -> protocol.Killed:
+        ran.append(str(order.attempt))
+        entered.set()
+        go_on.wait(10)
+        return protocol.Killed(ranks=[])
+
+    ex.handlers[protocol.Kill] = slow
+    ex.submit({"id": "a-30", "order": kill(attempt=1)})
+    assert entered.wait(10)
+    ex.submit({"id": "a-31", "order": kill(attempt=2)})  # queued behind a-30 (the same job's)
+    ex.fence()
+    go_on.set()
+    wait_until(lambda: "j1" not in ex.queues, timeout=10, what="j1's queue to drain")
+    assert ran == ["1"]
+    assert "a-31" not in ex.inflight and "a-31" not in ex.results  # sent again under a new lease, it would run
+
+
+def test_ranks_started_as_the_fence_comes_are_killed_at_once(ex: Executor, client: FakeClient) -> None:
+    killed: list[str] = []
+
+    def make(placement: object) -> Any:
+        ex.fence()  # while the launch (or a restore) was starting the ranks
+        return SimpleNamespace(kill=lambda: killed.append("j1"), ranks=[])
+
+    order = protocol.Launch(job_id="j1", attempt=1, argv=["sleep", "60"], workdir="/w", env={}, world_size=1,
+                            local_world_size=1, ranks=[protocol.RankSlot(rank=0, local_rank=0, device=0)])
+    ex.handlers[protocol.Launch] = lambda o: ex._start(o, make)
+    ex.submit({"id": "a-40", "order": protocol.encode(order)})
+    _, res = client.next()
+    assert (res.action_id, res.ok) == ("a-40", False)
+    assert "were killed as they started: the agent fenced them meanwhile" in res.error
+    assert killed == ["j1"] and ex.jobs == {}
+
+
+def test_a_fence_kills_every_rank_before_waiting_for_any(ex: Executor) -> None:
+    events: list[str] = []
+
+    def rank(name: str) -> SimpleNamespace:
+        return SimpleNamespace(kill=lambda wait=True: events.append(f"kill {name}" + ("" if wait else " now")))
+
+    for job in ("j1", "j2"):
+        ranks = [rank(f"{job}/0"), rank(f"{job}/1")]
+        job_ = SimpleNamespace(ranks=ranks, kill=lambda ranks=ranks: [r.kill(wait=True) for r in ranks])
+        ex.jobs[job] = Running(job, 1, job_, [])  # type: ignore[arg-type]
+    ex.fence()
+    assert events[:4] == ["kill j1/0 now", "kill j1/1 now", "kill j2/0 now", "kill j2/1 now"]
+    assert events[4:] == ["kill j1/0", "kill j1/1", "kill j2/0", "kill j2/1"]
+    assert ex.jobs == {} and ex.lease is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidal.control import pki
-from tidal.control.server import banner, listen_address, public_host, public_url, tls_of
+from tidal.control.server import MIN_LEASE_S, banner, check_lease, listen_address, public_host, public_url, tls_of
 from tidal.errors import ConfigError
 
 
@@ -27,6 +27,15 @@ def test_listen_address() -> None:
     for bad in ("0.0.0.0", "host:", "host:http", "host:70000"):
         with pytest.raises(ConfigError, match="give ADDR:PORT"):
             listen_address(_args(listen=bad))
+
+
+def test_a_lease_leaves_room_for_agents_to_fence_themselves() -> None:
+    check_lease(MIN_LEASE_S)
+    check_lease(30.0)
+    for bad in (1.9, 0.0, -5.0, float("nan")):
+        with pytest.raises(ConfigError, match="an agent's lease lasts at least 2s") as err:
+            check_lease(bad)
+        assert err.value.hint and "fence themselves" in err.value.hint
 
 
 def test_plain_http_is_for_loopback_or_asked_for(tmp_path: Path) -> None:
