@@ -72,6 +72,14 @@ class Forbidden(TidalError):
     status_code = 403
 
 
+class Unavailable(TidalError):
+    """Something the control plane needs (its database) cannot be reached just now: the request was not
+    carried out and may be tried again, unless ``in_doubt`` says that the connection was lost while the
+    change was being committed (it may have been made: look before trying again)."""
+
+    status_code = 503
+
+
 class Unsupported(TidalError):
     """The kernel, CRIU build or platform lacks a feature that was asked for."""
 

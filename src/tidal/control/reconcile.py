@@ -20,7 +20,7 @@ from tidal.control.checkpointing import checkpoint
 from tidal.control.launch import start
 from tidal.control.rendezvous import RendezvousHost
 from tidal.control.requests import resize_to
-from tidal.control.store.db import Database
+from tidal.control.store.db import Database, lost_connection
 from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import (
     ActionKind,
@@ -35,7 +35,7 @@ from tidal.core import (
     Topology,
 )
 from tidal.core.clock import SYSTEM, Clock
-from tidal.errors import TidalError
+from tidal.errors import TidalError, Unavailable
 from tidal.policy.base import Policy
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,13 @@ class Reconciler:
             t0 = self.clock.monotonic()
             try:
                 self.once()
-            except Exception:
-                log.exception("reconcile pass failed")
+            except Unavailable:
+                pass  # the database is away (logged where found): the next pass tries again
+            except Exception as exc:
+                if lost_connection(exc):  # found outside a transaction (the look before one)
+                    log.warning("reconcile pass skipped: the database is unavailable")
+                else:
+                    log.exception("reconcile pass failed")
             # Coalesce bursts (a thousand submissions): a pass reads every live job, so running one per
             # commit would make a burst quadratic.
             self._stop.wait(max(0.0, self.min_gap - (self.clock.monotonic() - t0)))

@@ -22,7 +22,8 @@ def error_response(exc: TidalError, headers: Mapping[str, str] | None = None) ->
 def install(app: FastAPI) -> None:
     @app.exception_handler(TidalError)
     async def _tidal_error(_: Request, exc: TidalError) -> JSONResponse:
-        return error_response(exc)
+        # 503 (the database is away a moment): when to try again.
+        return error_response(exc, {"Retry-After": "1"} if exc.status_code == 503 else None)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_request(_: Request, exc: RequestValidationError) -> JSONResponse:

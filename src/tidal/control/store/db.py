@@ -3,10 +3,15 @@
 The control plane is one process; every change runs in :meth:`Database.tx` under one lock, so SQLite
 never sees two writers and the reconcile loop and the API never interleave half-made decisions. The
 lock's condition wakes long-polling agents and the reconcile loop after each commit.
+
+A database server that restarts or cannot be reached fails the transactions of the meanwhile with
+:class:`tidal.errors.Unavailable` (the API answers 503 with its message, and the request may be tried
+again); the next transaction connects again (the pool tests a connection before handing it out).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 import threading
@@ -18,9 +23,13 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tidal.core.clock import SYSTEM, Clock
+from tidal.errors import Unavailable
+
+log = logging.getLogger(__name__)
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 # SQLite's companions of a database file: they hold the same rows.
@@ -90,12 +99,17 @@ class Database:
 
     @contextmanager
     def tx(self, *, notify: bool = True) -> Iterator[Session]:
-        """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on."""
+        """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on.
+        Raises :class:`Unavailable` where the database cannot be reached (``in_doubt`` where the connection
+        was lost at the commit itself)."""
+        committing = [False]
         with self.lock:
-            with self.sessions() as s, s.begin():
+            with _unavailable(committing), self.sessions() as s, s.begin():
                 s.info.update(self.info)
                 yield s
+                s.flush()  # what fails here was not made; only the COMMIT itself leaves it in doubt
                 new_actions = bool(s.info.get("new_actions"))
+                committing[0] = True
             if new_actions:
                 self.action_generation += 1
             if notify or new_actions:
@@ -104,9 +118,38 @@ class Database:
 
     @contextmanager
     def read(self) -> Iterator[Session]:
-        with self.lock, self.sessions() as s:
+        with self.lock, _unavailable([False]), self.sessions() as s:
             s.info.update(self.info)
             yield s
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether a database error is one of the database's state rather than of the statement: a driver's
+    operational or interface error (the server could not be reached or went away: a restart, a network
+    fault; PostgreSQL shutting down or starting up; a serialisation failure; SQLite's lock timeout), or one
+    SQLAlchemy found to have broken the connection. Each may pass on trying again."""
+    return isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated)
+
+
+@contextmanager
+def _unavailable(committing: list[bool]) -> Iterator[None]:
+    """Turn a lost connection into :class:`Unavailable`. Its message does not quote the driver's (which
+    names the database's host): the control plane's log does."""
+    try:
+        yield
+    except DBAPIError as exc:
+        if not lost_connection(exc):
+            raise
+        why = str(exc.orig if exc.orig is not None else exc).strip().splitlines()
+        log.warning("database unavailable%s: %s", " at a commit" if committing[0] else "",
+                    why[0] if why else type(exc).__name__)
+        if committing[0]:
+            raise Unavailable("the control plane lost its database while committing the change: it may or may "
+                              "not have been made", hint="look (e.g. `tidal ls`) before trying again",
+                              in_doubt=True) from exc
+        raise Unavailable("the control plane's database is unavailable: the request was not carried out",
+                          hint="try again in a moment", in_doubt=False) from exc
