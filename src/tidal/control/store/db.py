@@ -69,7 +69,22 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    return create_engine(url, pool_pre_ping=True, connect_args=network_timeouts(url))
+
+
+#: libpq settings that bound how long the control plane waits for a database it cannot reach: connecting,
+#: and any request on a connection whose packets are dropped (without them the kernel's TCP retransmission
+#: timeout, about 15 minutes, would hold every transaction, agents' heartbeats included, behind one lock).
+PG_TIMEOUTS = {"connect_timeout": 5, "keepalives": 1, "keepalives_idle": 5, "keepalives_interval": 2,
+               "keepalives_count": 3, "tcp_user_timeout": 10_000}
+
+
+def network_timeouts(url: str) -> dict[str, Any]:
+    """:data:`PG_TIMEOUTS` for a PostgreSQL URL, but where the URL sets one itself (``?connect_timeout=20``)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        return {}
+    return {k: v for k, v in PG_TIMEOUTS.items() if k not in parsed.query}
 
 
 def migrate(engine: Engine) -> None:
