@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
 from tidal.control.dispatch import new_action
-from tidal.control.history import new_id
+from tidal.control.history import new_id, record
 from tidal.control.jobs import (
     busy,
     checkpoints,
@@ -211,5 +211,17 @@ def _after_commit(s: Session, job: JobRow, cause: str) -> None:
         if purpose == "resize":
             where += f" on {len(set(target))} device(s) (was {before})"
         eid = transition(s, job, S.MIGRATING, cause, detail + where)
+        if purpose == "migrate":
+            _keep_pin(s, job, len(set(target)), eid)
         start(s, job, target, eid)
+
+
+def _keep_pin(s: Session, job: JobRow, devices: int, cause: str) -> None:
+    """A job pinned to D devices (``tidal resize``) that a migration moved onto another number of devices (one
+    of ranks sharing a device moved away) stays pinned, to the devices it runs on now: a pin it no longer
+    keeps would be undone, unasked, by its next restore."""
+    if job.pinned_devices and job.pinned_devices != devices:
+        before, job.pinned_devices = job.pinned_devices, devices
+        record(s, "resize_pinned", job_id=job.id, cause=cause,
+               detail=f"stays on {devices} device(s), pinned (was {before}): a rank moved to a device of its own")
 
