@@ -161,11 +161,11 @@ def register(app: typer.Typer) -> None:
     @app.command("ls")
     def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)")) -> None:
         """List your jobs."""
-        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted")
+        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted", "reason")
         for j in Api().get("/v1/jobs", params={"all": all_users}):
             state = j["state"] + (" (held)" if j["held"] and j["state"] != "held" else "")
             t.add_row(j["id"], j["name"], j["tier"], str(j["ranks"]), state, ",".join(j["nodes"]) or "-",
-                      str(j["restarts"]), _when(j["submitted_at"]))
+                      str(j["restarts"]), _when(j["submitted_at"]), escape(j.get("reason") or "-"))
         console.print(t)
 
     @app.command()
@@ -179,6 +179,8 @@ def register(app: typer.Typer) -> None:
                       + ("  (held)" if job["held"] else "")
                       + (f"  exit code {job['exit_code']}" if job["exit_code"] is not None else ""))
         console.print(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}")
+        if job.get("reason"):
+            console.print(f"[yellow]waiting:[/] {escape(job['reason'])}", highlight=False)
         if job["error"]:
             console.print(f"[red]error:[/] {job['error']}")
         prog = job.get("progress")

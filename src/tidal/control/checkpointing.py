@@ -35,11 +35,13 @@ from tidal.control.jobs import (
     transition,
 )
 from tidal.control.launch import start
+from tidal.control.reasons import set_reason
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
 from tidal.core.operations import Phase
 from tidal.errors import Conflict
+from tidal.policy import reasons
 
 S = JobState
 
@@ -198,7 +200,9 @@ def _after_commit(s: Session, job: JobRow, cause: str) -> None:
     elif purpose in ("hold", "preempt"):
         job.placement = []
         job.held = purpose == "hold"
-        transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+        eid = transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+        if job.held:
+            set_reason(s, job, reasons.held(), eid)
     elif not job.target:  # a migration whose destination was lost meanwhile: requeue it, not held
         job.placement = []
         job.target = None

@@ -11,9 +11,11 @@ from tidal.control.checkpointing import checkpoint
 from tidal.control.dispatch import kill
 from tidal.control.history import record
 from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_of, spec_of, state, transition
+from tidal.control.reasons import clear, set_reason
 from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
+from tidal.policy import reasons
 
 S = JobState
 
@@ -25,11 +27,13 @@ def preempt(s: Session, job: JobRow, cause: str) -> None:
         raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
     if st is S.PENDING:
         transition(s, job, S.HELD, cause, "held before it started")
+        set_reason(s, job, reasons.held(), cause)
     elif st is S.HELD or (st is S.PREEMPTED and job.held):
         return
     elif st is S.PREEMPTED:
         job.held = True
         record(s, "held", job_id=job.id, cause=cause)
+        set_reason(s, job, reasons.held(), cause)
     else:
         checkpoint(s, job, "hold", cause)
 
@@ -61,6 +65,7 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
     elif job.held:
         job.held = False
         record(s, "released", job_id=job.id, cause=cause)
+        clear(job)
 
 
 def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | None = None) -> str:
