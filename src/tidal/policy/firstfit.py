@@ -1,7 +1,8 @@
 """First-fit: the live cluster's first scheduling policy, behind the same ``decide`` interface as the
 full policy (DESIGN.md §4), so that it is replaced rather than rewritten.
 
-Stateless: every call reads the whole view. Waiting jobs (pending, or preempted and not held) are taken by
+Stateless: every call reads the whole view (the last view and decision are kept only to say why jobs
+wait, :meth:`FirstFitPolicy.reasons`). Waiting jobs (pending, or preempted and not held) are taken by
 tier (premium first) then submission order and placed, all ranks on one node, on the node with the
 fewest free devices that still fits them (best fit keeps whole nodes for large gangs); a job larger than
 any node fills the emptiest nodes one after the other. A premium or
