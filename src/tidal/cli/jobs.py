@@ -17,7 +17,7 @@ import yaml
 from rich.markup import escape
 from rich.table import Table
 
-from tidal.cli import jobenv
+from tidal.cli import jobcheck, jobenv
 from tidal.cli.api import Api
 from tidal.cli.output import console, fail
 from tidal.core import JobSpec
@@ -65,6 +65,7 @@ def load_job_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValidationError(f"job file {path} must hold a mapping of job fields", field="file",
                               hint="e.g. `command: python train.py` on a line of its own")
+    jobcheck.check_file_keys(data, str(path))
     return _as_submitted(data)
 
 
@@ -72,13 +73,20 @@ def _submission(file: Path | None, options: dict[str, Any], env: list[str]) -> d
     """The body of `tidal submit`'s request: job.yaml's fields, then the options given (by field name)
     over them, then the job's environment (see :mod:`tidal.cli.jobenv`)."""
     assert set(options) <= SUBMITTED, set(options) - SUBMITTED
-    body: dict[str, Any] = load_job_file(file) if file else {}
-    body.update(_as_submitted({k: v for k, v in options.items() if v is not None and v != []}))
-    if not body.get("command"):
-        raise ValidationError("command: give the command after --, e.g. `tidal submit -- python train.py`",
-                              field="command", hint="or give `command:` in the job file (-f)")
-    body["workdir"] = str(Path(body.get("workdir") or os.getcwd()).absolute())
-    body["env"] = jobenv.job_env(os.environ, body.pop("env", None), env)
+    given = {k: v for k, v in options.items() if v is not None and v != []}
+    from_file: set[str] = set()
+    try:
+        body: dict[str, Any] = load_job_file(file) if file else {}
+        from_file = set(body) - set(given)
+        body.update(_as_submitted(given))
+        if not body.get("command"):
+            raise ValidationError("command: give the command after --, e.g. `tidal submit -- python train.py`",
+                                  field="command", hint="or give `command:` in the job file (-f)")
+        body["workdir"] = str(Path(body.get("workdir") or os.getcwd()).absolute())
+        body["env"] = jobenv.job_env(os.environ, body.pop("env", None), env)
+        jobcheck.check(body)
+    except ValidationError as exc:  # in the user's terms: the flag or the job file's key they gave
+        raise jobcheck.in_user_terms(exc, from_file, str(file) if file else None) from None
     return body
 
 
@@ -153,11 +161,11 @@ def register(app: typer.Typer) -> None:
     @app.command("ls")
     def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)")) -> None:
         """List your jobs."""
-        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted")
+        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted", "reason")
         for j in Api().get("/v1/jobs", params={"all": all_users}):
             state = j["state"] + (" (held)" if j["held"] and j["state"] != "held" else "")
             t.add_row(j["id"], j["name"], j["tier"], str(j["ranks"]), state, ",".join(j["nodes"]) or "-",
-                      str(j["restarts"]), _when(j["submitted_at"]))
+                      str(j["restarts"]), _when(j["submitted_at"]), escape(j.get("reason") or "-"))
         console.print(t)
 
     @app.command()
@@ -171,6 +179,8 @@ def register(app: typer.Typer) -> None:
                       + ("  (held)" if job["held"] else "")
                       + (f"  exit code {job['exit_code']}" if job["exit_code"] is not None else ""))
         console.print(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}")
+        if job.get("reason"):
+            console.print(f"[yellow]waiting:[/] {escape(job['reason'])}", highlight=False)
         if job["error"]:
             console.print(f"[red]error:[/] {job['error']}")
         prog = job.get("progress")

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
 from tidal.control.dispatch import new_action
-from tidal.control.history import new_id
+from tidal.control.history import new_id, record
 from tidal.control.jobs import (
     busy,
     checkpoints,
@@ -35,11 +35,13 @@ from tidal.control.jobs import (
     transition,
 )
 from tidal.control.launch import start
+from tidal.control.reasons import set_reason
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
 from tidal.core.operations import Phase
 from tidal.errors import Conflict
+from tidal.policy import reasons
 
 S = JobState
 
@@ -198,7 +200,9 @@ def _after_commit(s: Session, job: JobRow, cause: str) -> None:
     elif purpose in ("hold", "preempt"):
         job.placement = []
         job.held = purpose == "hold"
-        transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+        eid = transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
+        if job.held:
+            set_reason(s, job, reasons.held(), eid)
     elif not job.target:  # a migration whose destination was lost meanwhile: requeue it, not held
         job.placement = []
         job.target = None
@@ -211,5 +215,17 @@ def _after_commit(s: Session, job: JobRow, cause: str) -> None:
         if purpose == "resize":
             where += f" on {len(set(target))} device(s) (was {before})"
         eid = transition(s, job, S.MIGRATING, cause, detail + where)
+        if purpose == "migrate":
+            _keep_pin(s, job, len(set(target)), eid)
         start(s, job, target, eid)
+
+
+def _keep_pin(s: Session, job: JobRow, devices: int, cause: str) -> None:
+    """A job pinned to D devices (``tidal resize``) that a migration moved onto another number of devices (one
+    of ranks sharing a device moved away) stays pinned, to the devices it runs on now: a pin it no longer
+    keeps would be undone, unasked, by its next restore."""
+    if job.pinned_devices and job.pinned_devices != devices:
+        before, job.pinned_devices = job.pinned_devices, devices
+        record(s, "resize_pinned", job_id=job.id, cause=cause,
+               detail=f"stays on {devices} device(s), pinned (was {before}): a rank moved to a device of its own")
 

@@ -19,6 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tidal.control import reasons
 from tidal.control.clock import now
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
@@ -43,6 +44,7 @@ def spec_of(job: JobRow) -> JobSpec:
 def transition(s: Session, job: JobRow, new: JobState, cause: str | None, detail: str = "") -> str:
     advance(state(job), new, job=job.id)
     job.state = new.value
+    reasons.clear(job)  # it no longer waits, or waits anew: the scheduler's next pass says why
     if new in TERMINAL:
         job.finished_at = now(s)
         job.placement = []

@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 from tidal.control import agents, jobs
 from tidal.control.checkpointing import checkpoint
 from tidal.control.launch import start
+from tidal.control.reasons import set_reason
 from tidal.control.rendezvous import RendezvousHost
 from tidal.control.requests import resize_to
 from tidal.control.store.db import Database, lost_connection
@@ -36,6 +37,7 @@ from tidal.core import (
 )
 from tidal.core.clock import SYSTEM, Clock
 from tidal.errors import TidalError, Unavailable
+from tidal.policy import reasons as policy_reasons
 from tidal.policy.base import Policy
 
 log = logging.getLogger(__name__)
@@ -113,7 +115,8 @@ class Reconciler:
 
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
-        return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s))
+        return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
+                or _unexplained(s))
 
     def _due(self, s: Session, now: float) -> list[JobRow]:
         """Running jobs whose periodic checkpoint is due."""
@@ -126,13 +129,14 @@ class Reconciler:
         return out
 
     def _schedule(self, s: Session, now: float) -> None:
-        if not self._worth_deciding(s):
+        if not self._worth_deciding(s) and not _unexplained(s):
             return
         # A new generation every pass: the live loop hands the policy no event stream, so a stateful
         # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
         self._passes += 1
         view, rows = snapshot(s, generation=self._passes)
         free = jobs.free_devices(s)
+        freeing: dict[str, int] = {}  # job → devices of its placement that preemptions have yet to free
         for a in self.policy.decide(view, [], now):
             job = rows.get(a.job_id)
             if job is None:
@@ -145,6 +149,7 @@ class Reconciler:
                 # A policy may count on devices that a preemption it just asked for will free (as in the
                 # simulator, where preemption is instant). Here they are free only once the checkpoint is
                 # committed: a later pass places the job then.
+                freeing[a.job_id] = sum(1 for d in new if d.index not in free.get(d.node, ()))
                 continue
             for d in new:
                 free[d.node].remove(d.index)
@@ -167,7 +172,23 @@ class Reconciler:
                 # Time-slicing of different jobs on one device is simulator-only (not LIVE_EXECUTABLE).
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
+        self._explain(s, rows, freeing)
 
+    def _explain(self, s: Session, rows: dict[str, JobRow], freeing: dict[str, int]) -> None:
+        """Store why each job still waits: the policy's reason, or the devices it waits to be freed."""
+        why = self.policy.reasons()
+        cause = f"reconcile-{self._run}"
+        for job in rows.values():
+            st = jobs.state(job)
+            if st not in (S.PENDING, S.PREEMPTED):
+                continue
+            if job.held:
+                reason = policy_reasons.held()
+            elif job.id in freeing:
+                reason = policy_reasons.making_room(freeing[job.id])
+            else:
+                reason = why.get(job.id) or policy_reasons.queued()
+            set_reason(s, job, reason, cause)
 
     def _worth_deciding(self, s: Session) -> bool:
         """Cheap pre-check (it reads only the jobs holding devices): the policy can only act when a job
@@ -182,6 +203,12 @@ class Reconciler:
             return True
         urgent = waiting & (JobRow.tier != Tier.BASIC.value)
         return s.scalar(select(JobRow.id).where(urgent).limit(1)) is not None
+
+
+def _unexplained(s: Session) -> bool:
+    """Whether a waiting job has no reason yet (new, requeued or released): a pass must say why it waits."""
+    waiting = JobRow.state.in_((S.PENDING.value, S.PREEMPTED.value)) & JobRow.reason_code.is_(None)
+    return s.scalar(select(JobRow.id).where(waiting).limit(1)) is not None
 
 
 def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, JobRow]]:
@@ -207,9 +234,11 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
         lo, hi = spec.min_devices or 1, spec.max_devices or j.ranks
         if j.pinned_devices:  # resized by hand: the scheduler keeps that size
             lo = hi = j.pinned_devices
-        views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=Tier.parse(j.tier), submitted_at=j.submitted_at,
+        tier = Tier.parse(j.tier)
+        views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=tier, submitted_at=j.submitted_at,
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
-                              started_at=j.started_at, project=spec.project or "default")
+                              started_at=j.started_at, project=spec.project or "default",
+                              requested_tier=spec.tier if spec.tier > tier else None)
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,

@@ -11,9 +11,11 @@ from tidal.control.checkpointing import checkpoint
 from tidal.control.dispatch import kill
 from tidal.control.history import record
 from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_of, spec_of, state, transition
+from tidal.control.reasons import clear, set_reason
 from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
 from tidal.errors import Conflict, NotFound, ValidationError
+from tidal.policy import reasons
 
 S = JobState
 
@@ -25,11 +27,13 @@ def preempt(s: Session, job: JobRow, cause: str) -> None:
         raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
     if st is S.PENDING:
         transition(s, job, S.HELD, cause, "held before it started")
+        set_reason(s, job, reasons.held(), cause)
     elif st is S.HELD or (st is S.PREEMPTED and job.held):
         return
     elif st is S.PREEMPTED:
         job.held = True
         record(s, "held", job_id=job.id, cause=cause)
+        set_reason(s, job, reasons.held(), cause)
     else:
         checkpoint(s, job, "hold", cause)
 
@@ -61,11 +65,14 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
     elif job.held:
         job.held = False
         record(s, "released", job_id=job.id, cause=cause)
+        clear(job)
 
 
 def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | None = None) -> str:
     """Checkpoint the job, stop it and restore it elsewhere: every rank on ``to`` (default: other nodes
-    with room, as few as possible), or only rank ``rank`` onto ``to`` (the others stay where they are)."""
+    with room, as few as possible), or only rank ``rank`` onto ``to`` (the others stay where they are). A job
+    pinned to D devices stays pinned: moved whole onto D devices, or, when one rank of a shared device moved
+    away, pinned to the devices it then runs on (see :mod:`~tidal.control.checkpointing`)."""
     st = state(job)
     if st is not S.RUNNING or job.op is not None:
         if st in TERMINAL or st in (S.PENDING, S.HELD, S.PREEMPTED):
@@ -92,7 +99,8 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
         job.target = moved
         checkpoint(s, job, "migrate", cause)
         return to
-    need = job.ranks
+    # A job pinned to D devices (``tidal resize``) moves onto D devices, its ranks packed as they were.
+    need = job.pinned_devices or job.ranks
     here = set(nodes_of(job.placement))
     if to is not None:
         own = [int(p["device"]) for p in current if p["node"] == to]
@@ -102,22 +110,22 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
         if len(room) < need:
             raise Conflict(f"node {to} has {len(room)} free device(s); job {job.id} needs {need}",
                            field="to", node=to)
-        job.target = [[to, i] for i in room[:need]]
+        devices = [DeviceRef(to, i) for i in room[:need]]
     else:
         # Every rank onto a device the job does not hold: other nodes first; one node if one fits (the
         # fullest, so whole nodes stay free for large gangs), else as few nodes as possible.
         others = {n: idx for n, idx in free.items() if n not in here}
         fits = sorted((len(idx), n) for n, idx in others.items() if len(idx) >= need)
         if fits:
-            job.target = [[fits[0][1], i] for i in others[fits[0][1]][:need]]
+            devices = [DeviceRef(fits[0][1], i) for i in others[fits[0][1]][:need]]
         else:
-            spread: list[list[Any]] = []
+            devices = []
             for n, idx in sorted(free.items(), key=lambda kv: (kv[0] in here, -len(kv[1]), kv[0])):
-                spread += [[n, i] for i in idx[: need - len(spread)]]
-            if len(spread) < need:
+                devices += [DeviceRef(n, i) for i in idx[: need - len(devices)]]
+            if len(devices) < need:
                 raise Conflict(f"no other node has room for job {job.id}: it needs {need} device(s) it does "
-                               f"not hold, {len(spread)} are free", hint="free some devices or add a node")
-            job.target = spread
+                               f"not hold, {len(devices)} are free", hint="free some devices or add a node")
+    job.target = [[d.node, d.index] for d in rank_map(tuple(devices), job.ranks)]
     checkpoint(s, job, "migrate", cause)
     return ", ".join(dict.fromkeys(n for n, _ in job.target))
 

@@ -12,11 +12,11 @@ import dataclasses
 import enum
 import typing
 from collections.abc import Callable, Mapping
-from pathlib import PurePosixPath
 from types import MappingProxyType
 from typing import Any
 
 from tidal.core import limits
+from tidal.core.jobname import default_name
 from tidal.core.tiers import Tier
 from tidal.errors import ValidationError
 
@@ -55,7 +55,7 @@ class JobSpec:
 
     command: tuple[str, ...] = dataclasses.field(metadata=_submitted_as(list[str]))
     workdir: str
-    # Empty: the program's name (the command's first word, without its directory).
+    # Empty: named for what it runs (tidal.core.jobname: ``python train.py`` is ``train``).
     name: str = dataclasses.field(default="", metadata=_submitted_as(str | None, None))
     tier: Tier = dataclasses.field(default=Tier.BASIC, metadata=_submitted_as(str, Tier.BASIC.value))
     ranks: int = 1
@@ -79,8 +79,8 @@ class JobSpec:
         if isinstance(self.tier, str):
             set_(self, "tier", Tier.parse(self.tier))
         if not self.name:
-            first = self.command[0] if self.command else None
-            set_(self, "name", PurePosixPath(first).name if isinstance(first, str) and first else "job")
+            argv = self.command if all(isinstance(a, str) for a in self.command) else ()
+            set_(self, "name", default_name(argv, limits.MAX_NAME_CHARS))
         if self.min_devices is None:
             set_(self, "min_devices", 1)
         if self.max_devices is None:

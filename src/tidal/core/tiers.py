@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from tidal.core.suggest import did_you_mean
 from tidal.errors import ValidationError
 
 
@@ -28,10 +29,11 @@ class Tier(enum.Enum):
             return value
         try:
             return cls(value.strip().lower())
-        except ValueError:
-            raise ValidationError(
-                f"unknown tier {value!r}", field="tier", hint="one of premium, standard, basic"
-            ) from None
+        except (ValueError, AttributeError):
+            names = [t.value for t in reversed(TIERS_BY_RANK)]
+            typo = did_you_mean(value.strip(), names) if isinstance(value, str) else ""
+            raise ValidationError(f"unknown tier {value!r}{typo}", field="tier",
+                                  hint="valid tiers: " + ", ".join(names)) from None
 
     def __lt__(self, other: object) -> bool:
         if not isinstance(other, Tier):

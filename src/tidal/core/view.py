@@ -38,6 +38,7 @@ class JobView:
     last_cluster: str | None = None  # where its checkpoint lies, for the cost of moving it
     duration_hint: float | None = None  # oracle run time at full size (simulator only: SJF/SRTF)
     remaining_hint: float | None = None  # oracle remaining run time at full size at ``started_at``
+    requested_tier: Tier | None = None  # the tier asked for, where admission gave a lower one (``tier``)
 
     @property
     def devices(self) -> tuple[DeviceRef, ...]:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import abc
 import contextlib
 import gc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Protocol
 
-from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, EventKind, rank_map
+from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, EventKind, JobView, rank_map
+from tidal.policy.reasons import Need, Reason, explain, whole
 from tidal.policy.state import JobRec, SchedState
 
 _GONE = frozenset({EventKind.JOB_FINISHED, EventKind.JOB_FAILED, EventKind.JOB_CANCELLED, EventKind.JOB_HELD})
@@ -48,6 +49,11 @@ class Policy(Protocol):
         """When the policy wants to be called again without an event (e.g. a queue demotion)."""
         ...
 
+    def reasons(self) -> Mapping[str, Reason]:
+        """Why each job that the last ``decide`` left waiting waits (computed when asked: the simulator
+        never asks)."""
+        ...
+
 
 class BasePolicy(abc.ABC):
     name = "base"
@@ -60,12 +66,14 @@ class BasePolicy(abc.ABC):
         self._cause: str | None = None
         self._out: list[Action] = []
         self._wakeup: float | None = None
+        self._view: ClusterView | None = None
 
     # ---- the interface ----------------------------------------------------------------------------
     def decide(self, view: ClusterView, events: Sequence[Event], now: float) -> list[Action]:
         self._cause = events[-1].id if events else None
         self._out = []
         self._wakeup = None
+        self._view = view
         if (
             self.st is None
             or view.generation != self._generation
@@ -88,6 +96,20 @@ class BasePolicy(abc.ABC):
     @property
     def grows(self) -> bool:
         return False
+
+    def reasons(self) -> Mapping[str, Reason]:
+        if self._view is None:
+            return {}
+        return explain(self._view, self._out, self.start_size, over_quota=self.over_quota)
+
+    # ---- why a job waits: how few devices it starts on, its project's quota -------------------------
+    def start_size(self, job: JobView) -> Need:
+        """The fewest devices the policy starts ``job`` on: by default all of them."""
+        return whole(job)
+
+    def over_quota(self, job: JobView) -> Reason | None:
+        """Why ``job``'s project's quota keeps it waiting, if it does (by default no policy has quotas)."""
+        return None
 
     # ---- hooks for the concrete policies (all but schedule optional: by default they do nothing) -----
     def on_rebuild(self, now: float) -> None:  # noqa: B027

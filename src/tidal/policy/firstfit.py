@@ -1,7 +1,8 @@
 """First-fit: the live cluster's first scheduling policy, behind the same ``decide`` interface as the
 full policy (DESIGN.md §4), so that it is replaced rather than rewritten.
 
-Stateless: every call reads the whole view. Waiting jobs (pending, or preempted and not held) are taken by
+Stateless: every call reads the whole view (the last view and decision are kept only to say why jobs
+wait, :meth:`FirstFitPolicy.reasons`). Waiting jobs (pending, or preempted and not held) are taken by
 tier (premium first) then submission order and placed, all ranks on one node, on the node with the
 fewest free devices that still fits them (best fit keeps whole nodes for large gangs); a job larger than
 any node fills the emptiest nodes one after the other. A premium or
@@ -12,9 +13,10 @@ for them, so nothing else takes them and no more jobs are preempted than needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, rank_map
+from tidal.policy.reasons import Need, Reason, explain
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 
@@ -25,11 +27,30 @@ class FirstFitPolicy:
 
     def __init__(self) -> None:
         self._n = 0
+        self._view: ClusterView | None = None
+        self._out: list[Action] = []
+        self._room_for: set[str] = set()  # jobs for which basic jobs are being (or were just) preempted
 
     def next_wakeup(self, now: float) -> float | None:
         return None
 
+    def reasons(self) -> Mapping[str, Reason]:
+        if self._view is None:
+            return {}
+        biggest = max((n.devices for n in self._view.topology.nodes()), default=0)
+
+        def need(j: JobView) -> Need:
+            return Need(j.max_d, ("all of them, on one node" if j.max_d > 1 else "") if j.max_d <= biggest
+                        else "all of them")
+
+        return explain(self._view, self._out, need, room_for=self._room_for)
+
     def decide(self, view: ClusterView, events: Sequence[Event], now: float) -> list[Action]:
+        self._view, self._room_for = view, set()
+        self._out = self._decide(view, events)
+        return self._out
+
+    def _decide(self, view: ClusterView, events: Sequence[Event]) -> list[Action]:
         cause = events[-1].id if events else None
         free: dict[str, list[int]] = {n.name: list(range(n.devices)) for n in view.topology.nodes()}
         draining: dict[str, list[int]] = {n: [] for n in free}  # held by basic jobs being checkpointed
@@ -67,11 +88,13 @@ class FirstFitPolicy:
             if soon is not None:
                 free[soon] = []
                 draining[soon] = []
+                self._room_for.add(j.id)
                 continue
             victims_at = _cheapest_victims(free, running_basic, need)
             if victims_at is None:
                 continue
             node, victims = victims_at
+            self._room_for.add(j.id)
             for v in victims:
                 why = f"make room for {j.tier.value} job {j.id}"
                 out.append(self._action(ActionKind.PREEMPT, v, [], cause, why))

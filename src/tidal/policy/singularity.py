@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from tidal.core import ActionKind
+from tidal.core import ActionKind, JobView
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
 from tidal.policy.global_level import candidate_clusters, place
@@ -30,8 +30,9 @@ from tidal.policy.placement import useful_sizes
 from tidal.policy.preemption import make_room
 from tidal.policy.queue_order import PendingQueue, TieredFairQueue
 from tidal.policy.quota import within_quota
+from tidal.policy.reasons import Need, Reason, quota, whole
 from tidal.policy.reservation import Reservations
-from tidal.policy.state import JobRec
+from tidal.policy.state import RUNNING_STATES, JobRec
 from tidal.policy.timeslice import find_host, unshare
 
 
@@ -95,6 +96,31 @@ class Singularity(BasePolicy):
     @property
     def grows(self) -> bool:
         return self.cfg.grow
+
+    # ---- why a job waits ----------------------------------------------------------------------------
+    def start_size(self, job: JobView) -> Need:
+        """Work of an elastic-start tier starts on ``elastic_start_fraction`` of its devices or more (never
+        below its minimum); other work whole, unless it is larger than any cluster."""
+        cfg = self.cfg
+        biggest = max(self._cluster_devices.values(), default=job.max_d)
+        if job.tier.rank in cfg.elastic_start_tiers or job.max_d > biggest:
+            n = _smallest(job.ranks, job.min_devices, job.max_d, cfg.elastic_start_fraction)
+            if n < job.max_d:
+                floor = math.ceil(job.ranks * cfg.elastic_start_fraction)
+                why = (f"an elastic job starts on at least {cfg.elastic_start_fraction:.0%} of its {job.ranks}"
+                       if job.min_devices <= floor else f"its minimum of {job.min_devices}")
+                return Need(n, why)
+        return whole(job)
+
+    def over_quota(self, job: JobView) -> Reason | None:
+        share = self.cfg.quotas.get(job.project)
+        if share is None or job.tier.rank == 0 or self._view is None:
+            return None
+        view = self._view
+        used = sum(len(j.devices) for j in view.jobs.values()
+                   if j.project == job.project and j.tier.rank > 0 and j.state in RUNNING_STATES)
+        limit = share * sum(n.devices for n in view.topology.nodes())
+        return quota(job.project, used, limit) if used + job.ranks > limit else None
 
     # ---- indexes ------------------------------------------------------------------------------------
     def on_rebuild(self, now: float) -> None:

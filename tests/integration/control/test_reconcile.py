@@ -4,7 +4,7 @@ only through its clock, and it runs each live policy the same whatever the polic
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from tidal.control.reconcile import Reconciler
 from tidal.core import Action, ClusterView, Event
 from tidal.policy.base import Policy
+from tidal.policy.reasons import Reason
 from tidal.policy.registry import LIVE_POLICIES, make_live_policy
 from tidal.testing.control import FakeAgent, Plane, start
 
@@ -46,6 +47,9 @@ class Disguised:
 
     def next_wakeup(self, now: float) -> float | None:
         return self.inner.next_wakeup(now)
+
+    def reasons(self) -> Mapping[str, Reason]:
+        return self.inner.reasons()
 
 
 def test_leases_run_out_by_the_reconcilers_clock(tmp_path: Path) -> None:

@@ -57,8 +57,8 @@ def test_from_json_reads_what_older_versions_stored() -> None:
     assert e.value.fields["field"] == "command"
 
 
-def test_a_job_is_named_for_its_program_by_default() -> None:
-    assert JobSpec(command=["/usr/bin/python3", "x.py"], workdir="/w").name == "python3"
+def test_a_job_is_named_for_what_it_runs_by_default() -> None:
+    assert JobSpec(command=["/usr/bin/python3", "x.py"], workdir="/w").name == "x"
     assert JobSpec(command=["train"], workdir="/w", name="").name == "train"
     with pytest.raises(ValidationError) as e:
         JobSpec(command=["train"], workdir="/w", name=" ")

@@ -1,16 +1,13 @@
 """Request and response bodies of the API.
 
 Every field is bounded (see :mod:`tidal.core.limits`): a request over a bound is a 422 naming the field,
-never an allocation without end. A job's specification is checked by :class:`tidal.core.JobSpec`.
+never an allocation without end. A job's specification is checked by :class:`tidal.core.JobSpec`; its
+submission's body is :mod:`tidal.core.submission_body`'s.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-from pydantic import BaseModel, Field, create_model
-
-from tidal.core import JobSpec
+from pydantic import BaseModel, Field
 
 # The agents' request bodies are the protocol's messages (one of another protocol version is a 426).
 from tidal.core.protocol import ActionResult as ActionResult
@@ -26,31 +23,8 @@ from tidal.core.protocol import RankExit as RankExit
 from tidal.core.protocol import Register as Register
 from tidal.core.protocol import UnixName as UnixName
 
-
-class _Submission(BaseModel):
-    """A job's submission. Its fields are :class:`tidal.core.JobSpec`'s, made by :func:`_submission_model`;
-    each is checked, bounds included, by JobSpec: its messages name the field and the bound."""
-
-    def to_spec(self, owner: str) -> JobSpec:
-        return JobSpec.submitted(dict(self), owner=owner)
-
-
-def _submission_model() -> type[_Submission]:
-    fields: dict[str, Any] = {}
-    for f in JobSpec.submission_fields():
-        if f.required:
-            fields[f.name] = (f.type, ...)
-        elif f.default_factory is not None:
-            fields[f.name] = (f.type, Field(default_factory=f.default_factory))
-        else:
-            fields[f.name] = (f.type, f.default)
-    return create_model("JobSubmit", __base__=_Submission, __module__=__name__, **fields)
-
-
-if TYPE_CHECKING:
-    JobSubmit = _Submission
-else:
-    JobSubmit = _submission_model()
+# A job's submission: JobSpec's fields, strict about its keys (the CLI checks a job file with it too).
+from tidal.core.submission_body import JobSubmit as JobSubmit
 
 
 class MigrateRequest(BaseModel):

@@ -15,7 +15,9 @@ from tidal.core import TERMINAL, JobSpec, JobState, limits
 def summary(j: JobRow) -> dict[str, Any]:
     return {"id": j.id, "name": j.name, "owner": j.owner, "tier": j.tier, "ranks": j.ranks, "state": j.state,
             "held": j.held, "submitted_at": j.submitted_at, "exit_code": j.exit_code, "restarts": j.restarts,
-            "nodes": sorted({p["node"] for p in j.placement})}
+            "nodes": sorted({p["node"] for p in j.placement}),
+            # Why it waits (tidal.policy.reasons), while it waits; else null.
+            "reason": j.reason, "reason_code": j.reason_code}
 
 
 def checkpoint(c: CheckpointRow) -> dict[str, Any]:

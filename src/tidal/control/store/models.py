@@ -103,6 +103,10 @@ class JobRow(Base):
     # The checkpoint the job resumes from next (``tidal resume --from``, or the one it fell back to from a
     # damaged one) instead of its newest; cleared once it commits a newer one.
     resume_from: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    # Why the job waits (the policy's reason, tidal.policy.reasons: its code and its text), while it waits;
+    # None while it runs or is done, and until the scheduler's next pass has looked at it.
+    reason_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ActionRow(Base):

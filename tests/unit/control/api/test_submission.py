@@ -9,6 +9,7 @@ import pytest
 
 from tidal.control.api.schemas import JobSubmit
 from tidal.core import JobSpec
+from tidal.errors import ValidationError
 
 
 def test_the_body_has_jobspecs_submitted_fields() -> None:
@@ -36,4 +37,15 @@ def test_type_errors_read_as_before() -> None:
     assert first_error({**ok, "env": []}) == (("env",), "Input should be a valid dictionary")
     assert first_error({**ok, "ranks": "many"})[0] == ("ranks",)
     assert first_error({"workdir": 5}) == (("command",), "Field required")
-    assert JobSubmit.model_validate({**ok, "name": None, "extra": 1}).to_spec("u").name == "train"
+    assert JobSubmit.model_validate({**ok, "name": None}).to_spec("u").name == "train"
+
+
+def test_unknown_keys_are_refused_with_the_closest_valid_one() -> None:
+    ok = {"command": ["train"], "workdir": "/w"}
+    with pytest.raises(ValidationError) as e:
+        JobSubmit.model_validate({**ok, "rankz": 4})
+    assert e.value.message == "unknown key 'rankz' in the job's submission: did you mean 'ranks'?"
+    assert e.value.fields["field"] == "rankz" and e.value.hint is not None and "min_devices" in e.value.hint
+    with pytest.raises(ValidationError) as e:
+        JobSubmit.model_validate({**ok, "extra": 1})
+    assert e.value.message == "unknown key 'extra' in the job's submission"

@@ -1,0 +1,136 @@
+"""Why a job waits: the policy's reason for every job a decision left waiting, in words a user reads.
+
+Each policy says how few devices it would start a waiting job on (:data:`StartSize`); :func:`explain` reads
+the view and the decision's actions and gives each job still waiting one :class:`Reason`, the first that
+holds of: larger than the cluster; devices being freed for it (preemptions in flight); its project at its
+quota; waiting behind higher-tier jobs; not enough free devices; free devices too scattered. A job admitted
+at a lower tier than it asked for says so first. The live control plane stores the reason with the job and
+shows it; the simulator has no use for it and never asks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+from tidal.core import Action, ActionKind, ClusterView, JobState, JobView
+
+WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
+_STARTS = frozenset({ActionKind.PLACE, ActionKind.RESUME, ActionKind.TIME_SLICE})
+
+
+class Why(enum.Enum):
+    """What keeps a job waiting (a stable code; the reason's text says it in full)."""
+
+    HELD = "held"  # its owner holds it (`tidal preempt`)
+    TOO_LARGE = "too_large"  # it needs more devices than the cluster has
+    NO_NODES = "no_nodes"  # no node is up
+    MAKING_ROOM = "making_room"  # jobs are being preempted for it: it starts once their devices are free
+    QUOTA = "quota"  # its project is at its quota: it may not take devices from lower tiers
+    ADMISSION = "admission"  # admitted at a lower tier than asked for (its project's quota), so it waits longer
+    BEHIND = "behind"  # higher-tier jobs wait before it
+    NO_DEVICES = "no_devices"  # not enough free devices for the fewest it starts on
+    SCATTERED = "scattered"  # enough free devices, but not on few enough nodes
+    QUEUED = "queued"  # waiting for the scheduler's next decision
+
+
+@dataclasses.dataclass(frozen=True)
+class Reason:
+    why: Why
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """The fewest devices a policy would start a job on, and why that many (``"all of them"``, ...)."""
+
+    devices: int
+    because: str
+
+
+#: How a policy sizes a waiting job's start (its elastic start, or the whole job).
+StartSize = Callable[[JobView], Need]
+
+
+def held() -> Reason:
+    return Reason(Why.HELD, "held by its owner: `tidal resume` releases it")
+
+
+def queued() -> Reason:
+    return Reason(Why.QUEUED, "waiting for the scheduler")
+
+
+def making_room(busy: int) -> Reason:
+    return Reason(Why.MAKING_ROOM, f"waiting for {busy} device(s) being freed for it (preempted jobs are "
+                                   "checkpointing)")
+
+
+def quota(project: str, used: int, limit: float) -> Reason:
+    return Reason(Why.QUOTA, f"project {project!r} is at its quota ({used} of {limit:g} guaranteed devices in "
+                             "use): it waits for idle devices")
+
+
+def whole(job: JobView) -> Need:
+    """The whole job: every device it may use."""
+    return Need(job.max_d, "all of them" if job.max_d > 1 else "")
+
+
+def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize, *,
+            room_for: Collection[str] = (),
+            over_quota: Callable[[JobView], Reason | None] | None = None) -> dict[str, Reason]:
+    """The reason of every job of ``view`` left waiting by ``actions``. ``room_for``: jobs for which devices
+    are being freed (preemptions asked for or in flight); ``over_quota``: the quota reason of a job, if any."""
+    free: dict[str, int] = {n.name: n.devices for n in view.topology.nodes()}
+    capacity = sum(free.values())
+    taken: set[tuple[str, int]] = set()
+    started = {a.job_id for a in actions if a.kind in _STARTS}
+    for j in view.jobs.values():
+        if j.state not in WAITING:
+            taken.update((d.node, d.index) for d in j.devices)
+    for a in actions:
+        if a.kind in _STARTS or a.kind in (ActionKind.MIGRATE, ActionKind.RESIZE):
+            taken.update((d.node, d.index) for d in a.devices)
+    for node, _ in taken:
+        if node in free:
+            free[node] -= 1
+    free_total = sum(free.values())
+    largest = max(free.values(), default=0)
+    waiting = sorted((j for j in view.jobs.values() if j.state in WAITING and j.id not in started),
+                     key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
+    by_tier: Mapping[int, int] = {r: sum(1 for j in waiting if j.tier.rank > r) for r in (0, 1, 2)}
+    out: dict[str, Reason] = {}
+    for j in waiting:
+        out[j.id] = _reason(j, start_size(j), capacity, free_total, largest, by_tier[j.tier.rank],
+                            j.id in room_for, over_quota)
+    return out
+
+
+def _reason(j: JobView, need: Need, capacity: int, free: int, largest: int, ahead: int, room: bool,
+            over_quota: Callable[[JobView], Reason | None] | None) -> Reason:
+    n = need.devices
+    because = f" ({need.because})" if need.because else ""
+    if capacity == 0:
+        return Reason(Why.NO_NODES, "no node is up")
+    if n > capacity:
+        return Reason(Why.TOO_LARGE, f"needs {n} device(s){because}; the cluster has {capacity}")
+    if room:
+        return Reason(Why.MAKING_ROOM, "waiting for devices being freed for it (preempted jobs are checkpointing)")
+    q = over_quota(j) if over_quota is not None else None
+    if q is not None:
+        return q
+    if ahead:
+        base = Reason(Why.BEHIND, f"waiting behind {ahead} higher-tier job(s); needs {n} free device(s){because}, "
+                                  f"{free} free")
+    elif free < n:
+        base = Reason(Why.NO_DEVICES, f"needs {n} free device(s){because}, {free} free")
+    else:
+        base = Reason(Why.SCATTERED, f"needs {n} device(s){because} on as few nodes as they fit; {free} free, at "
+                                     f"most {largest} on one node")
+    if j.requested_tier is not None and j.requested_tier > j.tier:
+        return Reason(Why.ADMISSION, f"admitted as {j.tier.value}, not {j.requested_tier.value} (its project's "
+                                     f"quota was full): {base.text}")
+    return base
