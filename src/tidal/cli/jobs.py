@@ -19,6 +19,7 @@ from tidal.cli.api import Api, Client
 from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
 from tidal.cli.logs import CANCELLED, TERMINAL, exit_status, outcome
 from tidal.cli.output import console, fail
+from tidal.cli.terms import flag, phrased
 from tidal.core import JobSpec
 from tidal.errors import Conflict, TidalError, ValidationError
 
@@ -74,6 +75,17 @@ def _submission(file: Path | None, options: dict[str, Any], env: list[str]) -> d
     body["workdir"] = str(Path(body.get("workdir") or os.getcwd()).absolute())
     body["env"] = jobenv.job_env(os.environ, body.pop("env", None), env)
     return body
+
+
+def submission_terms(file: Path | None, options: dict[str, Any]) -> dict[str, str]:
+    """What the user calls each field of a submission: the flag, or the job file's key where the file gave it
+    and no flag did (the key is the user's word then: it stays, and the file is named)."""
+    from_file = set(load_job_file(file)) if file else set()
+    names = {f: flag(f) for f in SUBMITTED if f != "command"}
+    for f in from_file & SUBMITTED:
+        if options.get(f) in (None, []):
+            names[f] = f"{f} (in {file})"
+    return names
 
 
 def wait_stable(api: Client, job_id: str, done: Any, timeout: float, what: str) -> dict[str, Any]:
@@ -143,14 +155,18 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Submit a job: `tidal submit [options] -- CMD ...`. Its environment: PATH, HOME, locale, Python
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
+        options = {"command": command, "name": name, "tier": tier, "project": project, "ranks": ranks,
+                   "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
+                   "max_restarts": max_restarts, "workdir": workdir}
+        names = {f: flag(f) for f in SUBMITTED if f != "command"}
         try:
-            body = _submission(file, {"command": command, "name": name, "tier": tier, "project": project,
-                                      "ranks": ranks, "min_devices": min_devices, "max_devices": max_devices,
-                                      "checkpoint_every": checkpoint_every, "max_restarts": max_restarts,
-                                      "workdir": workdir}, env or [])
+            names = submission_terms(file, options)
+            with phrased(names, hint="see `tidal submit --help`"):
+                body = _submission(file, options, env or [])
         except ValidationError as exc:
             fail(exc, code=2)  # a usage error, found before anything was sent
-        job = Api().post("/v1/jobs", json=body)
+        with phrased(names, hint="see `tidal submit --help`"):
+            job = Api().post("/v1/jobs", json=body)
         if quiet:
             print(job["id"])
         else:
@@ -323,9 +339,12 @@ def _show(job: dict[str, Any], wide: bool) -> None:
         pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
         console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "
                       f"allowed {job['min_devices']}..{job['max_devices']}", highlight=False)
+        console.print()
         print_table(job["placement"], listings.PLACEMENT.columns, wide)
     if job["checkpoints"]:
+        console.print()
         _checkpoints_table(job["checkpoints"], job.get("resume_from"), wide)
+    console.print()
     _events_table(job["events"], wide)
 
 

@@ -16,6 +16,7 @@ import typer
 
 from tidal.cli.api import Api, Client
 from tidal.cli.output import err_console
+from tidal.cli.terms import phrased
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 CANCELLED = 130  # as a shell reports a program stopped by Ctrl-C
@@ -93,28 +94,32 @@ def register(app: typer.Typer) -> None:
         """Print a job's output: every rank's, each line prefixed with `[rank N] ` (rank 0's lines first, then
         rank 1's, …; with -f, as they come); a job of one rank, or --rank N: the output exactly as the program
         wrote it, across all its restores."""
-        api = Api()
-        job = api.get(f"/v1/jobs/{job_id}")
-        ranks = [rank] if rank is not None else list(range(job["ranks"]))
-        merged = rank is None and job["ranks"] > 1
-        streams = [RankLog(r, merged) for r in ranks]
-        out = sys.stdout.buffer
-        while True:
-            # Done once a round that began with the job ended read nothing more: its logs were complete.
-            got, first = False, ""
-            for s in streams:
-                more, state = s.read(api, job_id, out)
-                got, first = got or more, first or state
-            if not follow or (first in TERMINAL and not got):
-                break
-            time.sleep(0.2)
+        with phrased({"rank": "--rank"}, hint=f"`tidal show {job_id}` lists its ranks"):
+            _logs(Api(), job_id, follow, rank)
+
+
+def _logs(api: Client, job_id: str, follow: bool, rank: int | None) -> None:
+    job = api.get(f"/v1/jobs/{job_id}")
+    ranks = [rank] if rank is not None else list(range(job["ranks"]))
+    merged = rank is None and job["ranks"] > 1
+    streams = [RankLog(r, merged) for r in ranks]
+    out = sys.stdout.buffer
+    while True:
+        # Done once a round that began with the job ended read nothing more: its logs were complete.
+        got, first = False, ""
         for s in streams:
-            out.write(s.rest())
-        out.flush()
-        if follow:
-            job = api.get(f"/v1/jobs/{job_id}")
-            code = exit_status(job)
-            if code:
-                err_console.print(outcome(job), style="yellow" if code == CANCELLED else "red", highlight=False,
-                                  markup=False)
-            raise typer.Exit(code)
+            more, state = s.read(api, job_id, out)
+            got, first = got or more, first or state
+        if not follow or (first in TERMINAL and not got):
+            break
+        time.sleep(0.2)
+    for s in streams:
+        out.write(s.rest())
+    out.flush()
+    if follow:
+        job = api.get(f"/v1/jobs/{job_id}")
+        code = exit_status(job)
+        if code:
+            err_console.print(outcome(job), style="yellow" if code == CANCELLED else "red", highlight=False,
+                              markup=False)
+        raise typer.Exit(code)

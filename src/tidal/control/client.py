@@ -65,7 +65,8 @@ def endpoint(home: Path) -> str:
     state = load(home)
     if state is None:
         raise ConfigError("no control plane is configured",
-                          hint="start a local cluster with `tidal up`, or set TIDAL_URL and TIDAL_TOKEN")
+                          hint="start a local cluster with `tidal up`, or give the control plane's url and your token "
+                                "in ~/.config/tidal/config (or TIDAL_URL and TIDAL_TOKEN)")
     return state.url
 
 
@@ -77,7 +78,8 @@ def user_token(home: Path, who: str = "user") -> str:
     path = token_path(home, who)
     if not path.exists():
         raise Unauthorized(f"no {'admin ' if who == 'admin' else ''}API token",
-                           hint=f"set TIDAL_TOKEN, or run `tidal up` to create {path}")
+                           hint=f"give your token in ~/.config/tidal/config (token = ...) or TIDAL_TOKEN, or run "
+                                f"`tidal up` to create {path}")
     return path.read_text().strip()
 
 
