@@ -62,13 +62,6 @@ class Listing:
     columns: Sequence[Column] = ()
     note: str = ""
 
-    def __post_init__(self) -> None:
-        LISTINGS[self.command] = self
-
-
-LISTINGS: dict[str, Listing] = {}
-"""Every command's listing, by command (``ls``, ``token ls``): what docs/cli.md documents."""
-
 
 def dump(data: Any, fmt: Format) -> None:
     """``data`` as JSON or YAML on stdout, raw."""

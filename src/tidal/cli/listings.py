@@ -184,3 +184,7 @@ CHECKS = Listing("doctor", {
     Column("DETAIL", _text("detail")),
     Column("HOW TO FIX", _text("fix")),
 ), note="This machine's checks, as one object.")
+
+LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, TOKENS, PROCESSES, CHECKS)}
+"""Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
+docs/cli.md documents."""

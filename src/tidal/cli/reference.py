@@ -14,7 +14,7 @@ import typer
 from typer._click.core import Context  # Typer parses with its own copy of click (pinned by requirements.lock)
 from typer.core import TyperGroup
 
-from tidal.cli.formats import LISTINGS
+from tidal.cli.listings import LISTINGS
 
 HEADER = """\
 # The `tidal` command line
