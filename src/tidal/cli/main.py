@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from tidal.cli import completion
 from tidal.cli.config import connection, token_from_file
 from tidal.cli.output import fail
 from tidal.errors import TidalError
@@ -65,7 +66,7 @@ def _root(
 
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import cluster, completion, demo, deploy, doctor, jobs, logs, reference, sim
+    from tidal.cli import cluster, demo, deploy, doctor, jobs, logs, reference, sim
 
     for module in (cluster, deploy, jobs, logs, demo, sim, doctor, completion, reference):
         module.register(app)
@@ -74,7 +75,9 @@ def _register() -> None:
 def main() -> None:
     _register()
     try:
-        app()
+        # Named `tidal` however it was started (`python -m tidal.cli.main` too): in its usage lines, and in the
+        # variable the shell completion scripts set.
+        app(prog_name=completion.PROG, complete_var=completion.COMPLETE_VAR)
     except TidalError as exc:
         fail(exc)
     except KeyboardInterrupt:
