@@ -41,11 +41,12 @@ def size(n: int | float | None) -> str:
     value = float(n)
     if abs(value) < 1024:
         return f"{int(value)} B"
+    unit = _SIZES[0]
     for unit in _SIZES:
         value /= 1024
-        if abs(value) < 1024 or unit == _SIZES[-1]:
-            return f"{value:.1f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
+        if abs(value) < 1024:
+            break
+    return f"{value:.1f} {unit}"
 
 
 def ago(t: float | None, now: float | None = None) -> str:
