@@ -41,12 +41,11 @@ def size(n: int | float | None) -> str:
     value = float(n)
     if abs(value) < 1024:
         return f"{int(value)} B"
-    unit = _SIZES[0]
-    for unit in _SIZES:
+    for unit in _SIZES[:-1]:
         value /= 1024
         if abs(value) < 1024:
-            break
-    return f"{value:.1f} {unit}"
+            return f"{value:.1f} {unit}"
+    return f"{value / 1024:.1f} {_SIZES[-1]}"
 
 
 def ago(t: float | None, now: float | None = None) -> str:
