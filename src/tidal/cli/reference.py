@@ -55,8 +55,8 @@ Every listing and show command takes `-o table|wide|json|yaml`:
   unless `NO_COLOR` is set. Piped or redirected, it is plain text: a header line, then one line per row
   however long, columns padded with spaces (at least two between them), no colour, so `grep` sees whole rows.
 - `json` and `yaml` are for scripts: the API's objects with raw numbers (seconds, bytes, Unix times), under
-  the field names listed below each command. These names are stable: a field may be added, none is renamed
-  or removed without a note in the changelog.
+  the field names listed below each command. These names are stable: new fields may appear, the ones
+  listed keep their names and meanings (a test holds this list to what the API answers).
 
 Exit status: 0 on success; 1 for an error (its message and a hint on stderr); 2 for a usage error found
 before anything was sent. `tidal wait JOB` and `tidal logs -f JOB` exit with the job's exit status: 0 when it
