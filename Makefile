@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-cgroup2 lint typecheck criu venv clean bench
+.PHONY: demo test test-quick test-cgroup2 lint typecheck criu venv clean bench docs
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test-quick: criu lint
 test-cgroup2: criu
 	unshare --mount --propagation private $(PY) -m tests.integration.cgroup2_view --pytest -p no:cacheprovider \
 		tests/integration/mechanisms/criu tests/integration/agent
+
+# docs/cli.md: every command and flag, generated from the parser (tests/unit/cli/test_reference.py checks it).
+docs: $(STAMP)
+	$(VENV)/bin/tidal cli-reference > docs/cli.md
 
 demo: criu
 	$(VENV)/bin/tidal demo

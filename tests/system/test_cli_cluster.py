@@ -33,7 +33,9 @@ def test_up_status_down(tmp_path: Path) -> None:
         state = json.loads((home / "cluster.json").read_text())
         assert sorted(state["agents"]) == ["node-1", "node-2", "node-3"]
         nodes = _tidal(home, "nodes").stdout
-        assert nodes.count("│ 2 ") >= 3 and "node-3" in nodes
+        rows = [line.split() for line in nodes.splitlines()]
+        assert rows[0][:4] == ["NODE", "ADDRESS", "REGION/CLUSTER", "DEVICES"]
+        assert [r[0] for r in rows[1:]] == ["node-1", "node-2", "node-3"] and all(r[3] == "2" for r in rows[1:])
         assert "yes" in _tidal(home, "status").stdout
         assert (home / "tokens" / "user.token").stat().st_mode & 0o077 == 0
 
@@ -41,7 +43,9 @@ def test_up_status_down(tmp_path: Path) -> None:
         victim = state["agents"]["node-2"]["pid"]
         os.kill(victim, signal.SIGKILL)
         wait_until(lambda: not pid_alive(victim), timeout=30, what="the agent to die")
-        assert "no" in _tidal(home, "status").stdout
+        status = json.loads(_tidal(home, "status", "-o", "json").stdout)
+        assert {p["name"]: p["alive"] for p in status["processes"]} == {
+            "control plane": True, "node-1": True, "node-2": False, "node-3": True}
         p = _tidal(home, "up", "--nodes", "3")
         assert p.returncode == 0 and "started node-2" in p.stdout, p.stdout + p.stderr
     finally:

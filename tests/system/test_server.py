@@ -199,7 +199,7 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
     assert d.cli("wait", job, token=user).returncode == 0
     assert d.cli("logs", job, token=user).stdout == "hello over tls\n"
     nodes = d.cli("nodes").stdout
-    assert re.search(r"n1\s+│ 127\.0\.0\.1\s+│ local/local", nodes), nodes
+    assert re.search(r"^n1\s+127\.0\.0\.1\s+local/local\s", nodes, re.M), nodes
 
     # Another node's credential is refused for this node.
     with httpx.Client(base_url=d.url, verify=ssl.create_default_context(cafile=d.ca), timeout=30) as c:

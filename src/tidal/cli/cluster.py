@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import typer
-from rich.table import Table
+from typing import Any
 
+import typer
+
+from tidal.cli import listings
+from tidal.cli.api import Api
+from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
 from tidal.cli.output import console
 from tidal.config import load_settings
-from tidal.control.client import Client
 
 
 def register(app: typer.Typer) -> None:
@@ -32,7 +35,7 @@ def register(app: typer.Typer) -> None:
         console.print(f"state in {settings.home}; user token in {settings.home}/tokens/user.token")
 
     @app.command()
-    def status() -> None:
+    def status(output: Format = output_option()) -> None:
         """Show the local cluster's processes and nodes."""
         from tidal.control.clusterfile import alive, load
 
@@ -41,14 +44,18 @@ def register(app: typer.Typer) -> None:
         if st is None:
             console.print("no local cluster (start one with `tidal up`)")
             raise typer.Exit(1)
-        t = Table("process", "pid", "alive")
-        t.add_row("control plane", str(st.server.pid), "yes" if alive(st.server.pid) else "[red]no[/]")
-        for name, p in st.agents.items():
-            t.add_row(name, str(p.pid), "yes" if alive(p.pid) else "[red]no[/]")
-        console.print(f"control plane at {st.url}")
-        console.print(t)
-        if alive(st.server.pid):
-            _nodes_table(Client())
+        procs = [{"name": "control plane", "pid": st.server.pid, "alive": alive(st.server.pid)},
+                 *({"name": name, "pid": p.pid, "alive": alive(p.pid)} for name, p in st.agents.items())]
+        nodes: list[dict[str, Any]] = Api().get("/v1/nodes") if procs[0]["alive"] else []
+        data = {"url": st.url, "processes": procs, "nodes": nodes}
+
+        def table(wide: bool) -> None:
+            console.print(f"control plane at {st.url}", highlight=False)
+            print_table(procs, listings.PROCESSES.columns, wide)
+            if procs[0]["alive"]:
+                print_table(nodes, listings.NODES.columns, wide)
+
+        emit(data, output, table)
 
     @app.command()
     def down() -> None:
@@ -59,14 +66,6 @@ def register(app: typer.Typer) -> None:
         console.print("stopped " + (", ".join(stopped) if stopped else "nothing (no cluster running)"))
 
     @app.command()
-    def nodes() -> None:
+    def nodes(output: Format = output_option()) -> None:
         """List the nodes, their devices and leases."""
-        _nodes_table(Client())
-
-
-def _nodes_table(api: Client) -> None:
-    t = Table("node", "address", "region/cluster", "devices", "free", "up", "lease left")
-    for n in api.get("/v1/nodes"):
-        t.add_row(n["name"], n.get("address") or "-", f"{n['region']}/{n['cluster']}", str(n["devices"]),
-                  str(n["free"]), "yes" if n["up"] else "[red]no[/]", f"{n['lease_left_s']}s")
-    console.print(t)
+        print_rows(Api().get("/v1/nodes"), listings.NODES, output)

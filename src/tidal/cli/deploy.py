@@ -9,24 +9,23 @@ environment, not on their command line, which every account on the machine may r
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
+from tidal.cli import listings, units
+from tidal.cli.api import Api
+from tidal.cli.formats import Format, output_option, print_rows
 from tidal.cli.jobs import parse_duration
 from tidal.cli.output import console
 from tidal.config import load_settings
-from tidal.control.client import Client
 from tidal.errors import ConfigError, Conflict
 
 JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
@@ -38,10 +37,6 @@ def _exec(module: str, args: list[str], env: dict[str, str]) -> None:
     argv = [sys.executable, "-m", module, *args]
     sys.stdout.flush()
     os.execve(sys.executable, argv, {**os.environ, "PYTHONUNBUFFERED": "1", **env})
-
-
-def _when(t: float | None) -> str:
-    return datetime.fromtimestamp(t).strftime("%Y-%m-%d %H:%M:%S") if t else "-"
 
 
 def register(app: typer.Typer) -> None:
@@ -106,8 +101,8 @@ def register(app: typer.Typer) -> None:
                                             "in the node root); from `tidal token create --node NAME`"),
         name: str = typer.Option(None, "--name", help="the node's name (default: the host name)"),
         devices: int = typer.Option(1, "--devices", help="devices the node offers"),
-        cluster: str = typer.Option("local", "--cluster"),
-        region: str = typer.Option("local", "--region"),
+        cluster: str = typer.Option("local", "--cluster", help="the cluster the node belongs to"),
+        region: str = typer.Option("local", "--region", help="the region the node is in"),
         advertise_addr: str = typer.Option(None, "--advertise-addr", envvar="TIDAL_ADVERTISE_ADDR",
                                            help="the address the other nodes reach this one at"),
         root: Path = typer.Option(None, "--root", help="the node root: the node's private state, its credential "
@@ -139,13 +134,13 @@ def token_create(node: str = typer.Option(..., "--node", help="the node the toke
                  ttl: str = typer.Option("24h", "--ttl", help="how long it is valid: 30m, 24h, 7d ..."),
                  quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the token")) -> None:
     """Create a join token for one node (shown once)."""
-    api = Client(who="admin")
+    api = Api(who="admin")
     r = api.post("/v1/tokens", json={"node": node, "ttl": parse_duration(ttl, "ttl")})
     if quiet:
         print(r["token"])
         return
     trust = f" --ca-fingerprint {r['fingerprint']}" if r.get("fingerprint") else ""
-    console.print(f"join token {r['id']} for node {escape(r['node'])}, valid until {_when(r['expires_at'])} "
+    console.print(f"join token {r['id']} for node {escape(r['node'])}, valid until {units.clock(r['expires_at'])} "
                   "(shown once, used up by the node's first join):", highlight=False)
     print(r["token"])
     console.print("on the node, as root:", highlight=False)
@@ -153,17 +148,9 @@ def token_create(node: str = typer.Option(..., "--node", help="the node the toke
 
 
 @token_app.command("ls")
-def token_ls(output: str = typer.Option("table", "--output", "-o", help="table | json")) -> None:
+def token_ls(output: Format = output_option()) -> None:
     """List join tokens (active, used, expired, revoked) and the agent credentials."""
-    rows = Client(who="admin").get("/v1/tokens")
-    if output == "json":
-        print(json.dumps(rows, indent=1))
-        return
-    t = Table("id", "kind", "node", "state", "created", "expires", "used")
-    for r in rows:
-        t.add_row(escape(r["id"]), r["kind"], escape(r["node"] or "(every node)"), r["state"], _when(r["created_at"]),
-                  _when(r["expires_at"]), _when(r["used_at"]))
-    console.print(t)
+    print_rows(Api(who="admin").get("/v1/tokens"), listings.TOKENS, output)
 
 
 @token_app.command("revoke")
@@ -175,7 +162,7 @@ def token_revoke(target: str = typer.Argument(None, metavar="[ID|NODE]",
     if (target is None) == (node is None):
         raise ConfigError("give a join token's ID, or a node (NODE or --node NODE)", field="token",
                           hint="`tidal token ls` lists them")
-    api = Client(who="admin")
+    api = Api(who="admin")
     if target is not None and JOIN_ID.fullmatch(target):
         r = api.delete(f"/v1/tokens/{target}")
         if r["state"] == "revoked":
@@ -205,7 +192,7 @@ def node_remove(node: str = typer.Argument(..., help="the node"),
                 timeout: float = typer.Option(120.0, help="seconds to wait for the node to go down")) -> None:
     """Remove a node: revoke its credential (its agent stops its ranks and exits at its next call), then
     forget it once its lease has run out (its jobs are requeued)."""
-    api = Client(who="admin")
+    api = Api(who="admin")
     r = api.delete(f"/v1/nodes/{node}")
     _print_revoked(r)
     deadline = time.monotonic() + timeout

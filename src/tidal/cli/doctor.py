@@ -2,20 +2,21 @@
 
 The checks are those of the layers they check: the machine's (kernel, root, CRIU, cgroups, torch, GPUs,
 staging) in :mod:`tidal.mechanisms.checks`, the control plane's (TIDAL_HOME, PostgreSQL) in
-:mod:`tidal.control.checks`. This command only runs them and renders them: a table, or ``--json``. The exit
+:mod:`tidal.control.checks`. This command only runs them and renders them: a table, or ``-o json|yaml``. The exit
 code is 1 when a *required* check is missing; warnings never fail.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
 import typer
-from rich.table import Table
+from rich.text import Text
 
+from tidal.cli import listings
+from tidal.cli.formats import Format, emit, output_option, print_table
 from tidal.cli.output import console
 from tidal.control.checks import control_plane_checks
 from tidal.mechanisms import checks
@@ -35,38 +36,25 @@ def to_json(results: Sequence[Check]) -> dict[str, Any]:
     return {"ok": exit_code(results) == 0, "checks": [asdict(c) for c in results]}
 
 
-_STYLE = {"ok": "[green]OK[/]", "warn": "[yellow]warn[/]", "missing": "[bold red]MISSING[/]"}
-
-
-def render(results: Sequence[Check]) -> None:
-    table = Table(title="tidal doctor", title_justify="left", expand=True)
-    table.add_column("requirement", no_wrap=True)
-    table.add_column("status", no_wrap=True)
-    table.add_column("detail", overflow="fold", ratio=3)
-    table.add_column("how to fix", overflow="fold", ratio=2)
-    for c in results:
-        label = c.name if c.required else f"{c.name} [dim]opt.[/]"
-        table.add_row(label, _STYLE[c.status], c.detail, c.fix)
-    console.print(table, highlight=False)
+def render(results: Sequence[Check], wide: bool = False) -> None:
+    rows = [asdict(c) for c in results]
+    print_table(rows, listings.CHECKS.columns, wide, title="tidal doctor")
     failed = [c.name for c in results if c.failed]
     warns = sum(c.status == "warn" for c in results)
     if failed:
-        console.print(f"[bold red]{len(failed)} required check(s) missing:[/] {', '.join(failed)}",
-                      highlight=False)
+        console.print(Text.assemble((f"{len(failed)} required check(s) missing:", "bold red"), " " + ", ".join(failed)))
     else:
-        console.print(f"[green]Ready:[/] every required check passes; {warns} optional item(s) missing.",
-                      highlight=False)
+        console.print(Text.assemble(("Ready:", "green"),
+                                    f" every required check passes; {warns} optional item(s) missing."))
 
 
 def doctor(
-    as_json: bool = typer.Option(False, "--json", help="print the checks as JSON"),
+    output: Format = output_option(),
+    as_json: bool = typer.Option(False, "--json", help="as -o json"),
 ) -> None:
     """Check this machine: kernel, root, CRIU and its features, cgroups, torch, PostgreSQL, GPUs."""
     results = run_checks()
-    if as_json:
-        typer.echo(json.dumps(to_json(results), indent=2))
-    else:
-        render(results)
+    emit(to_json(results), Format.json if as_json else output, lambda wide: render(results, wide))
     raise typer.Exit(exit_code(results))
 
 

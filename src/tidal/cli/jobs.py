@@ -2,29 +2,28 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import typer
 import yaml
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
-from tidal.cli import jobcheck, jobenv
-from tidal.cli.api import Api
+from tidal.cli import jobcheck, jobenv, listings, units
+from tidal.cli.api import Api, Client
+from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
+from tidal.cli.logs import CANCELLED, TERMINAL, exit_status, outcome
 from tidal.cli.output import console, fail
+from tidal.cli.terms import flag, phrased
 from tidal.core import JobSpec
 from tidal.errors import Conflict, TidalError, ValidationError
 
 STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
-TERMINAL = {"succeeded", "failed", "cancelled"}
 _UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
@@ -33,10 +32,6 @@ def parse_duration(text: str, field: str = "checkpoint_every") -> float:
     if not m:
         raise ValidationError(f"{field}: bad duration {text!r}", field=field, hint="e.g. 30s, 5m, 1h")
     return float(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _when(t: float | None) -> str:
-    return datetime.fromtimestamp(t).strftime("%H:%M:%S") if t else "-"
 
 
 # How the CLI reads a field of a job, in a job file or from an option, where the API takes it otherwise:
@@ -90,7 +85,18 @@ def _submission(file: Path | None, options: dict[str, Any], env: list[str]) -> d
     return body
 
 
-def wait_stable(api: Api, job_id: str, done: Any, timeout: float, what: str) -> dict[str, Any]:
+def submission_terms(file: Path | None, options: dict[str, Any]) -> dict[str, str]:
+    """What the user calls each field of a submission: the flag, or the job file's key where the file gave it
+    and no flag did (the key is the user's word then: it stays, and the file is named)."""
+    from_file = set(load_job_file(file)) if file else set()
+    names = {f: flag(f) for f in SUBMITTED if f != "command"}
+    for f in from_file & SUBMITTED:
+        if options.get(f) in (None, []):
+            names[f] = f"{f} (in {file})"
+    return names
+
+
+def wait_stable(api: Client, job_id: str, done: Any, timeout: float, what: str) -> dict[str, Any]:
     """Poll the job until ``done(job)``; a spinner meanwhile."""
     deadline = time.monotonic() + timeout
     with console.status(f"{what} {job_id}…"):
@@ -104,7 +110,7 @@ def wait_stable(api: Api, job_id: str, done: Any, timeout: float, what: str) -> 
             time.sleep(0.05)
 
 
-def _request(api: Api, job_id: str, verb: str, timeout: float, **kw: Any) -> dict[str, Any]:
+def _request(api: Client, job_id: str, verb: str, timeout: float, **kw: Any) -> dict[str, Any]:
     """POST the request, retrying while the job is busy (another checkpoint or a start in flight)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -116,6 +122,18 @@ def _request(api: Api, job_id: str, verb: str, timeout: float, **kw: Any) -> dic
             time.sleep(0.05)
 
 
+def job_argument() -> Any:
+    return typer.Argument(..., metavar="JOB", help="the job's id (`tidal ls`)")
+
+
+def no_wait_option() -> Any:
+    return typer.Option(False, "--no-wait", help="return once the request is accepted")
+
+
+def timeout_option() -> Any:
+    return typer.Option(300.0, "--timeout", help="seconds to wait for it at most")
+
+
 def _since(job: dict[str, Any], seq: int) -> list[dict[str, Any]]:
     return [e for e in job["events"] if e["seq"] > seq]
 
@@ -125,15 +143,17 @@ def register(app: typer.Typer) -> None:
     @app.command(context_settings={"allow_interspersed_args": False})
     def submit(
         command: list[str] = typer.Argument(None, help="the command, after --"),
-        name: str = typer.Option(None, "--name"),
+        name: str = typer.Option(None, "--name", help="a name to know it by"),
         tier: str = typer.Option(None, "--tier", help="premium | standard | basic (default basic)"),
         project: str = typer.Option(None, "--project",
                                     help="the project whose quota admits premium and standard jobs (default: default)"),
         ranks: int = typer.Option(None, "--ranks", help="world size W"),
-        min_devices: int = typer.Option(None, "--min-devices"),
-        max_devices: int = typer.Option(None, "--max-devices"),
+        min_devices: int = typer.Option(None, "--min-devices",
+                                        help="the fewest devices D it may run on (elastic; default W)"),
+        max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),
         checkpoint_every: str = typer.Option(None, "--checkpoint-every", help="e.g. 30s, 5m"),
-        max_restarts: int = typer.Option(None, "--max-restarts"),
+        max_restarts: int = typer.Option(None, "--max-restarts",
+                                         help="restarts after failures or lost nodes before it fails"),
         workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
         file: Path = typer.Option(None, "-f", "--file", help="a job.yaml"),
         env: list[str] = typer.Option(None, "--env", "-e", metavar="NAME[=VALUE]",
@@ -143,14 +163,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Submit a job: `tidal submit [options] -- CMD ...`. Its environment: PATH, HOME, locale, Python
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
+        options = {"command": command, "name": name, "tier": tier, "project": project, "ranks": ranks,
+                   "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
+                   "max_restarts": max_restarts, "workdir": workdir}
+        names = {f: flag(f) for f in SUBMITTED if f != "command"}
         try:
-            body = _submission(file, {"command": command, "name": name, "tier": tier, "project": project,
-                                      "ranks": ranks, "min_devices": min_devices, "max_devices": max_devices,
-                                      "checkpoint_every": checkpoint_every, "max_restarts": max_restarts,
-                                      "workdir": workdir}, env or [])
-        except ValidationError as exc:
-            fail(exc, code=2)  # a usage error, found before anything was sent
-        job = Api().post("/v1/jobs", json=body)
+            names = submission_terms(file, options)
+            body = _submission(file, options, env or [])  # its errors already name the flag or the key
+        except ValidationError as exc:  # a usage error, found before anything was sent
+            fail(exc if exc.hint else ValidationError(exc.message, hint="see `tidal submit --help`", **exc.fields),
+                 code=2)
+        # The control plane's refusals name its fields: call them what the user typed.
+        with phrased(names, hint="see `tidal submit --help`"):
+            job = Api().post("/v1/jobs", json=body)
         if quiet:
             print(job["id"])
         else:
@@ -159,117 +184,56 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]admitted as {job['admitted_as']}[/]: {job['admission']}", highlight=False)
 
     @app.command("ls")
-    def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)")) -> None:
-        """List your jobs."""
-        t = Table("id", "name", "tier", "ranks", "state", "nodes", "restarts", "submitted", "reason")
-        for j in Api().get("/v1/jobs", params={"all": all_users}):
-            state = j["state"] + (" (held)" if j["held"] and j["state"] != "held" else "")
-            t.add_row(j["id"], j["name"], j["tier"], str(j["ranks"]), state, ",".join(j["nodes"]) or "-",
-                      str(j["restarts"]), _when(j["submitted_at"]), escape(j.get("reason") or "-"))
-        console.print(t)
+    def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)"),
+           output: Format = output_option()) -> None:
+        """List your jobs, newest first."""
+        print_rows(Api().get("/v1/jobs", params={"all": all_users}), listings.JOBS, output)
 
     @app.command()
-    def show(job_id: str, as_json: bool = typer.Option(False, "--json")) -> None:
-        """Show a job: state, placement, checkpoints, events."""
+    def show(job_id: str = job_argument(), output: Format = output_option(),
+             as_json: bool = typer.Option(False, "--json", help="as -o json")) -> None:
+        """Show a job: state, placement, progress, checkpoints, events."""
         job = Api().get(f"/v1/jobs/{job_id}")
-        if as_json:
-            print(json.dumps(job, indent=1))
-            return
-        console.print(f"[bold]{job['id']}[/] {job['name']}  {job['tier']}  [bold]{job['state']}[/]"
-                      + ("  (held)" if job["held"] else "")
-                      + (f"  exit code {job['exit_code']}" if job["exit_code"] is not None else ""))
-        console.print(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}")
-        if job.get("reason"):
-            console.print(f"[yellow]waiting:[/] {escape(job['reason'])}", highlight=False)
-        if job["error"]:
-            console.print(f"[red]error:[/] {job['error']}")
-        prog = job.get("progress")
-        if prog and job["placement"]:
-            steps = ""
-            if "steps" in prog:
-                rate = f" ({prog['steps_per_s']:.2f}/s)" if "steps_per_s" in prog else ""
-                crate = f" ({prog['collectives_per_s']:.1f}/s)" if "collectives_per_s" in prog else ""
-                steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
-            console.print(f"progress: {steps}{prog['cpu_s']:.1f} CPU-s, {prog['rss_bytes'] / 2**20:.0f} MiB "
-                          f"resident, {prog['output_bytes']} bytes of output (at {_when(prog['time'])})")
-        if job["placement"]:
-            pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
-            console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "
-                          f"allowed {job['min_devices']}..{job['max_devices']}")
-            t = Table("rank", "node", "device", "pid")
-            for p in job["placement"]:
-                t.add_row(str(p["rank"]), p["node"], str(p["device"]), str(p["pid"] or "-"))
-            console.print(t)
-        if job["checkpoints"]:
-            _checkpoints_table(job["checkpoints"], job.get("resume_from"))
-        _events_table(job["events"])
-
-    @app.command()
-    def logs(job_id: str, follow: bool = typer.Option(False, "-f", "--follow"),
-             rank: int = typer.Option(0, "--rank", min=0)) -> None:
-        """Print a rank's output exactly as the program wrote it (across all its restores)."""
-        api = Api()
-        offset = 0
-        out = sys.stdout.buffer
-        while True:
-            r = api.request("GET", f"/v1/jobs/{job_id}/logs", params={"rank": rank, "offset": offset})
-            size = int(r.headers["X-Tidal-Log-Size"])
-            out.write(r.content)
-            out.flush()
-            # A reply holds at most a few MiB of the log: ask again from where it ended.
-            offset = offset + len(r.content) if r.content else min(offset, size)
-            if offset < size:
-                continue
-            if not follow:
-                return
-            if r.headers["X-Tidal-Job-State"] in TERMINAL and not r.content:
-                return
-            time.sleep(0.2)
+        emit(job, Format.json if as_json else output, lambda wide: _show(job, wide))
 
     @app.command("wait")
-    def wait_(job_id: str, timeout: float = typer.Option(86400.0, help="seconds")) -> None:
-        """Wait until the job ends; exit with its exit code."""
+    def wait_(job_id: str = job_argument(),
+              timeout: float = typer.Option(86400.0, help="seconds to wait at most")) -> None:
+        """Wait until the job ends; exit with its exit status (0: succeeded; failed: the failing rank's exit
+        code, 1 without one; 130: cancelled)."""
         job = wait_stable(Api(), job_id, lambda j: j["state"] in TERMINAL, timeout, "waiting for")
-        code = job["exit_code"]
-        if job["state"] == "cancelled":
-            console.print(f"job {job_id} was cancelled", style="yellow")
-            raise typer.Exit(130)
-        if code is None:
-            console.print(f"job {job_id} {job['state']}: {job['error'] or ''}", style="red")
-            raise typer.Exit(1)
-        raise typer.Exit(code if code < 256 else 1)
+        code = exit_status(job)
+        if code:
+            console.print(Text(outcome(job), style="yellow" if code == CANCELLED else "red"))
+        raise typer.Exit(code)
 
     @app.command()
-    def cancel(job_id: str) -> None:
+    def cancel(job_id: str = job_argument()) -> None:
         """Cancel a job (its ranks are killed)."""
         job = Api().post(f"/v1/jobs/{job_id}/cancel")
         console.print(f"job {job_id} {job['state']}")
 
     @app.command()
-    def checkpoints(job_id: str,
-                    output: str = typer.Option("table", "-o", "--output", help="table | json")) -> None:
+    def checkpoints(job_id: str = job_argument(), output: Format = output_option()) -> None:
         """List a job's checkpoints, oldest first: committed ones, and bad ones (they failed verification on
         restore; kept for inspection, never restored)."""
-        if output not in ("table", "json"):
-            raise ValidationError(f"--output must be table or json, not {output!r}", field="output",
-                                  hint="-o table or -o json")
-        rows = Api().get(f"/v1/jobs/{job_id}/checkpoints")
-        if output == "json":
-            print(json.dumps(rows, indent=1))
-            return
-        _checkpoints_table(rows, Api().get(f"/v1/jobs/{job_id}").get("resume_from"))
+        api = Api()
+        rows = api.get(f"/v1/jobs/{job_id}/checkpoints")
+        emit(rows, output, lambda wide: _checkpoints_table(rows, api.get(f"/v1/jobs/{job_id}").get("resume_from"),
+                                                           wide))
 
     @app.command()
-    def events(job: str = typer.Option(None, "--job"),
-               last: int = typer.Option(200, "-n", help="the last N events")) -> None:
-        """The event log: every state change with its cause."""
+    def events(job: str = typer.Option(None, "--job", help="only this job's events"),
+               last: int = typer.Option(200, "-n", help="the last N events"),
+               output: Format = output_option()) -> None:
+        """The event log, oldest first: every state change with its cause."""
         params: dict[str, Any] = {"job": job, "last": last} if job else {"last": last}
-        _events_table(Api().get("/v1/events", params=params),
-                      with_job=job is None)
+        rows = Api().get("/v1/events", params=params)
+        emit(rows, output, lambda wide: _events_table(rows, wide, with_job=job is None))
 
     @app.command()
-    def preempt(job_id: str, no_wait: bool = typer.Option(False, "--no-wait"),
-                timeout: float = typer.Option(300.0)) -> None:
+    def preempt(job_id: str = job_argument(), no_wait: bool = no_wait_option(),
+                timeout: float = timeout_option()) -> None:
         """Checkpoint the job, release its devices and hold it until `tidal resume`."""
         api = Api()
         _request(api, job_id, "preempt", timeout)
@@ -283,11 +247,11 @@ def register(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']}" + (" (held)" if job["held"] else ""))
 
     @app.command()
-    def resume(job_id: str,
+    def resume(job_id: str = job_argument(),
                from_: str = typer.Option(None, "--from", help="a checkpoint id (`tidal checkpoints JOB`) to resume "
                                          "from instead of the newest; the job must be stopped"),
-               no_wait: bool = typer.Option(False, "--no-wait"),
-               timeout: float = typer.Option(300.0)) -> None:
+               no_wait: bool = no_wait_option(),
+               timeout: float = timeout_option()) -> None:
         """Release a job's hold; it runs again where there is room."""
         api = Api()
         before = api.get(f"/v1/jobs/{job_id}")
@@ -307,10 +271,11 @@ def register(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']}" + (f" on {where}" if where else ""))
 
     @app.command()
-    def migrate(job_id: str, to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
+    def migrate(job_id: str = job_argument(),
+                to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
                 rank: int = typer.Option(None, "--rank", min=0, help="move only this rank (needs --to)"),
-                no_wait: bool = typer.Option(False, "--no-wait"),
-                timeout: float = typer.Option(300.0)) -> None:
+                no_wait: bool = no_wait_option(),
+                timeout: float = timeout_option()) -> None:
         """Move a running job, or one of its ranks, to other nodes (checkpoint every rank at a consistent
         cut, stop, restore with the new placement)."""
         api = Api()
@@ -330,11 +295,11 @@ def register(app: typer.Typer) -> None:
 
 def _resize_cmd(app: typer.Typer) -> None:
     @app.command()
-    def resize(job_id: str,
+    def resize(job_id: str = job_argument(),
                devices: int = typer.Option(None, "--devices", "-d", help="run the job's W ranks on D devices"),
                auto: bool = typer.Option(False, "--auto", help="let the scheduler choose D again"),
-               no_wait: bool = typer.Option(False, "--no-wait"),
-               timeout: float = typer.Option(300.0)) -> None:
+               no_wait: bool = no_wait_option(),
+               timeout: float = timeout_option()) -> None:
         """Run a job on another number of devices D (its world size W stays): a consistent cut, a
         checkpoint of every rank, a restore with ranks packed onto D devices. D stays pinned until --auto."""
         if (devices is None) == (not auto):
@@ -358,23 +323,50 @@ def _resize_cmd(app: typer.Typer) -> None:
         console.print(f"job {job_id} {job['state']} on {job['devices']} device(s) (rank → device: {where})")
 
 
-def _checkpoints_table(rows: list[dict[str, Any]], resume_from: str | None) -> None:
-    t = Table("checkpoint", "created", "bytes", "stored", "state")
-    for c in rows:
-        note = " (resumes from it)" if c["id"] == resume_from else ""
-        t.add_row(c["id"], _when(c["created_at"]), str(c["bytes"]), str(c["stored_bytes"]), c["state"] + note)
-    console.print(t)
+def _show(job: dict[str, Any], wide: bool) -> None:
+    """A job for people: a few lines, then its placement, checkpoints and events as tables."""
+    head = Text.assemble((job["id"], "bold"), f" {job['name']}  {job['tier']}  ",
+                         (job["state"], listings.STATE_STYLE.get(job["state"], "bold")))
+    if job["held"]:
+        head.append("  (held)")
+    if job["exit_code"] is not None:
+        head.append(f"  exit code {job['exit_code']}")
+    console.print(head)
+    console.print(Text(f"command: {' '.join(job['command'])}\nworkdir: {job['workdir']}"))
+    if job.get("reason"):
+        console.print(Text.assemble(("waiting:", "yellow"), f" {job['reason']}"))
+    if job["error"]:
+        console.print(Text.assemble(("error:", "red"), f" {job['error']}"))
+    prog = job.get("progress")
+    if prog and job["placement"]:
+        steps = ""
+        if "steps" in prog:
+            rate = f" ({units.rate(prog['steps_per_s'])})" if "steps_per_s" in prog else ""
+            crate = f" ({units.rate(prog['collectives_per_s'])})" if "collectives_per_s" in prog else ""
+            steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
+        console.print(Text(f"progress: {steps}{units.duration(prog['cpu_s'])} of CPU, {units.size(prog['rss_bytes'])} "
+                           f"resident, {units.size(prog['output_bytes'])} of output (at {units.clock(prog['time'])})"))
+    if job["placement"]:
+        pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
+        console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "
+                      f"allowed {job['min_devices']}..{job['max_devices']}", highlight=False)
+        console.print()
+        print_table(job["placement"], listings.PLACEMENT.columns, wide)
+    if job["checkpoints"]:
+        console.print()
+        _checkpoints_table(job["checkpoints"], job.get("resume_from"), wide)
+    console.print()
+    _events_table(job["events"], wide)
+
+
+def _checkpoints_table(rows: list[dict[str, Any]], resume_from: str | None, wide: bool) -> None:
+    print_table([{**c, "resumes": c["id"] == resume_from} for c in rows], listings.CHECKPOINTS.columns, wide)
 
 
 def _last_detail(job: dict[str, Any]) -> str:
     return str(job["events"][-1]["detail"]) if job["events"] else "unknown"
 
 
-def _events_table(evs: list[dict[str, Any]], with_job: bool = False) -> None:
-    cols = ["time", *(["job"] if with_job else []), "kind", "node", "cause", "detail"]
-    t = Table(*cols)
-    for e in evs:
-        row = [_when(e["time"]), *([e["job"] or "-"] if with_job else []), e["kind"], e["node"] or "-",
-               e["cause"] or "-", e["detail"]]
-        t.add_row(*row)
-    console.print(t)
+def _events_table(evs: list[dict[str, Any]], wide: bool, with_job: bool = False) -> None:
+    cols = [c for c in listings.EVENTS.columns if with_job or c.header != "JOB"]
+    print_table(evs, cols, wide)

@@ -1,4 +1,7 @@
-"""How the CLI shows results and errors: no tracebacks for errors a user can act on."""
+"""How the CLI shows results and errors: no tracebacks for errors a user can act on.
+
+Colour only on a terminal, and not there either with ``NO_COLOR`` set (rich reads both). Off a terminal, text is
+never wrapped at some assumed width: a pipe gets each line whole."""
 
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ from rich.text import Text
 
 from tidal.errors import TidalError
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=not sys.stdout.isatty())
+err_console = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
 
 
 def fail(exc: TidalError, code: int = 1) -> NoReturn:

@@ -65,7 +65,8 @@ def endpoint(home: Path) -> str:
     state = load(home)
     if state is None:
         raise ConfigError("no control plane is configured",
-                          hint="start a local cluster with `tidal up`, or set TIDAL_URL and TIDAL_TOKEN")
+                          hint="start a local cluster with `tidal up`, or give the control plane's url and your token "
+                                "in ~/.config/tidal/config (or TIDAL_URL and TIDAL_TOKEN)")
     return state.url
 
 
@@ -77,7 +78,8 @@ def user_token(home: Path, who: str = "user") -> str:
     path = token_path(home, who)
     if not path.exists():
         raise Unauthorized(f"no {'admin ' if who == 'admin' else ''}API token",
-                           hint=f"set TIDAL_TOKEN, or run `tidal up` to create {path}")
+                           hint=f"give your token in ~/.config/tidal/config (token = ...) or TIDAL_TOKEN, or run "
+                                f"`tidal up` to create {path}")
     return path.read_text().strip()
 
 
@@ -89,11 +91,12 @@ TRUST_HINT = ("give its CA certificate with TIDAL_CA=FILE (`tidal server --tls a
               "or pin it with TIDAL_CA_FINGERPRINT=SHA256 (the fingerprint `tidal server` printed)")
 
 
-def trust() -> Any:
-    """What the client verifies the control plane's certificate with (``httpx``'s ``verify``): TIDAL_CA or
-    TIDAL_CA_FINGERPRINT, else the system's trust store."""
-    return client_context(ca=os.environ.get("TIDAL_CA") or None, pin=os.environ.get("TIDAL_CA_FINGERPRINT") or None) \
-        or True
+def trust(ca: str | None = None, pin: str | None = None) -> Any:
+    """What the client verifies the control plane's certificate with (``httpx``'s ``verify``): the CA file ``ca``
+    or the fingerprint ``pin`` given, else TIDAL_CA or TIDAL_CA_FINGERPRINT, else the system's trust store."""
+    if ca is None and pin is None:
+        ca, pin = os.environ.get("TIDAL_CA") or None, os.environ.get("TIDAL_CA_FINGERPRINT") or None
+    return client_context(ca=ca, pin=pin) or True
 
 
 class Client:
@@ -101,14 +104,14 @@ class Client:
     an error status raises the matching :class:`TidalError` with the server's message and hint."""
 
     def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 60,
-                 who: str = "user") -> None:
+                 who: str = "user", ca: str | None = None, ca_fingerprint: str | None = None) -> None:
         """``who``: whose token a local cluster's files give where TIDAL_TOKEN is unset (``admin`` for the
-        admin's commands)."""
+        admin's commands). ``ca``/``ca_fingerprint``: how to trust the server, over TIDAL_CA/TIDAL_CA_FINGERPRINT."""
         home = Path(load_settings().home)
         self.url = endpoint(home) if url is None else url
         token = user_token(home, who) if token is None else token
         self.http = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {token}"}, timeout=timeout,
-                                 verify=trust())
+                                 verify=trust(ca, ca_fingerprint))
 
     def request(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:

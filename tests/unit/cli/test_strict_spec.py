@@ -57,7 +57,7 @@ def test_submit_refuses_with_the_users_terms(tmp_path: Path, yaml: str, flags: l
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.splitlines()
     assert lines[0] == f"error: {error}", p.stderr
-    assert lines[1:] == ([f"hint: {hint}"] if hint else []), p.stderr
+    assert lines[1:] == [f"hint: {hint or 'see `tidal submit --help`'}"], p.stderr
 
 
 def test_a_job_files_path_is_named_as_given(tmp_path: Path) -> None:

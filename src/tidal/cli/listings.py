@@ -1,0 +1,193 @@
+"""What each listing and show command prints: the fields of its JSON/YAML items (the API's, documented here and
+in docs/cli.md, which is generated from these) and the columns of its tables, in human units."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tidal.cli import units
+from tidal.cli.formats import Column, Listing, Row
+
+STATE_STYLE = {"running": "green", "succeeded": "green", "failed": "bold red", "cancelled": "dim",
+               "pending": "yellow", "preempted": "cyan", "held": "cyan", "checkpointing": "blue",
+               "migrating": "blue", "restoring": "blue"}
+
+
+def _state(r: Row) -> str | None:
+    return STATE_STYLE.get(str(r.get("state")))
+
+
+def _text(key: str) -> Callable[[Row], str]:
+    return lambda r: "-" if r.get(key) is None else str(r[key])
+
+
+def _job_state(j: Row) -> str:
+    return str(j["state"]) + (" (held)" if j.get("held") and j["state"] != "held" else "")
+
+
+JOB_FIELDS = {
+    "id": "the job's id",
+    "name": "its name (--name)",
+    "owner": "the user who submitted it",
+    "tier": "premium, standard or basic (as admitted: over its project's quota, a job runs as basic)",
+    "ranks": "its world size W (--ranks)",
+    "state": "pending, running, checkpointing, preempted, migrating, restoring, held, succeeded, failed or cancelled",
+    "held": "true while held by `tidal preempt` (until `tidal resume`)",
+    "submitted_at": "when it was submitted (Unix time, seconds)",
+    "exit_code": "its exit code once it ended on its own (null otherwise)",
+    "restarts": "how many times it was restarted after a failure or a lost node",
+    "nodes": "the nodes its ranks run on, sorted",
+    "reason": "why it waits, as the scheduler's policy sees it, while it waits (null otherwise)",
+    "reason_code": "the kind of that reason, for scripts: e.g. devices, quota, behind, held (null when none)",
+}
+
+JOBS = Listing("ls", JOB_FIELDS, (
+    Column("ID", _text("id")),
+    Column("NAME", _text("name")),
+    Column("OWNER", _text("owner"), wide=True),
+    Column("TIER", _text("tier")),
+    Column("RANKS", _text("ranks")),
+    Column("STATE", _job_state, style=_state),
+    Column("NODES", lambda j: ",".join(j["nodes"]) or "-"),
+    Column("RESTARTS", _text("restarts")),
+    Column("EXIT", _text("exit_code"), wide=True),
+    Column("SUBMITTED", lambda j: units.ago(j["submitted_at"])),
+    Column("SUBMITTED AT", lambda j: units.clock(j["submitted_at"]), wide=True),
+    Column("REASON", _text("reason")),
+), note="Your jobs, newest first (--all: every user's, for an admin); REASON: why a waiting job waits.")
+
+PLACEMENT = Listing("show: placement", {
+    "rank": "the rank", "node": "the node it runs on", "device": "its device there",
+    "pid": "its process id on that node (null while starting)"},
+    (Column("RANK", _text("rank")), Column("NODE", _text("node")), Column("DEVICE", _text("device")),
+     Column("PID", _text("pid"))))
+
+CHECKPOINTS = Listing("checkpoints", {
+    "id": "the checkpoint's id (for `tidal resume JOB --from ID`)",
+    "created_at": "when it was taken (Unix time, seconds)",
+    "bytes": "the size of the ranks' images (bytes)",
+    "stored_bytes": "what it added to the store (bytes: chunks not already there)",
+    "parts": "its parts, one a node (their ids)",
+    "state": "committed, or bad (it failed verification on restore: kept for inspection, never restored)",
+}, (
+    Column("CHECKPOINT", _text("id")),
+    Column("CREATED", lambda c: units.ago(c["created_at"])),
+    Column("CREATED AT", lambda c: units.clock(c["created_at"]), wide=True),
+    Column("SIZE", lambda c: units.size(c["bytes"])),
+    Column("STORED", lambda c: units.size(c["stored_bytes"])),
+    Column("PARTS", lambda c: str(len(c["parts"])), wide=True),
+    Column("STATE", lambda c: c["state"] + (" (resumes from it)" if c.get("resumes") else ""),
+           style=lambda c: "bold red" if c["state"] == "bad" else None),
+), note="A job's checkpoints, oldest first.")
+
+EVENTS = Listing("events", {
+    "seq": "its place in the log (increasing)",
+    "id": "the event's id",
+    "time": "when it happened (Unix time, seconds)",
+    "kind": "what happened: the state entered (running, preempted, …) or a note (checkpoint_bad, …)",
+    "job": "the job it is about (null: the cluster's)",
+    "node": "the node it happened on (null: none)",
+    "cause": "what caused it: a user's request (api:NAME), the scheduler, a node, …",
+    "detail": "what happened, in words",
+}, (
+    Column("SEQ", _text("seq"), wide=True),
+    Column("TIME", lambda e: units.clock(e["time"])),
+    Column("JOB", _text("job")),
+    Column("KIND", _text("kind")),
+    Column("NODE", _text("node")),
+    Column("CAUSE", _text("cause")),
+    Column("DETAIL", _text("detail")),
+), note="Oldest first.")
+
+JOB_DETAIL = Listing("show", {
+    **JOB_FIELDS,
+    "command": "its command (argv)",
+    "workdir": "its working directory",
+    "checkpoint_every": "seconds between periodic checkpoints (null: none)",
+    "max_restarts": "how many restarts it may have",
+    "started_at": "when it first started (Unix time; null: not yet)",
+    "finished_at": "when it ended (Unix time; null: not yet)",
+    "error": "why it failed or was lost (null: it did not)",
+    "attempt": "how many times its ranks were started (launches and restores)",
+    "terminal": "true once it succeeded, failed or was cancelled",
+    "busy": "true while an operation (a checkpoint, a start) is in flight",
+    "progress": "the latest heartbeat's: time, cpu_s, rss_bytes, output_bytes; steps, steps_per_s, collectives, "
+                "collectives_per_s for a distributed job (null: none yet)",
+    "exited": "the ranks that ended, by rank: code, signal, at",
+    "devices": "how many devices it runs on (D)",
+    "min_devices": "the fewest devices it may run on (--min-devices)",
+    "max_devices": "the most (--max-devices)",
+    "pinned_devices": "D pinned by `tidal resize --devices` (null: the scheduler chooses)",
+    "resume_from": "the checkpoint it resumes from next (`tidal resume --from`; null: the newest)",
+    "placement": "where each rank runs: the items of `show: placement`",
+    "checkpoints": "its checkpoints: the items of `checkpoints`",
+    "events": "its latest events: the items of `events`",
+}, note="One job, as one object.")
+
+NODES = Listing("nodes", {
+    "name": "the node's name",
+    "region": "its region",
+    "cluster": "its cluster",
+    "devices": "how many devices it offers",
+    "free": "how many of them are free (0 while it is down)",
+    "up": "true while its agent holds a lease",
+    "cpus": "the CPUs of each device (lists of CPU numbers)",
+    "address": "the address other nodes reach it at (null: not given)",
+    "lease_left_s": "seconds left on its agent's lease",
+}, (
+    Column("NODE", _text("name")),
+    Column("ADDRESS", _text("address")),
+    Column("REGION/CLUSTER", lambda n: f"{n['region']}/{n['cluster']}"),
+    Column("DEVICES", _text("devices")),
+    Column("FREE", _text("free")),
+    Column("CPUS", lambda n: str(sum(len(c) for c in n.get("cpus") or [])), wide=True),
+    Column("UP", lambda n: "yes" if n["up"] else "no", style=lambda n: None if n["up"] else "bold red"),
+    Column("LEASE LEFT", lambda n: units.duration(n["lease_left_s"])),
+))
+
+TOKENS = Listing("token ls", {
+    "id": "a join token's id (jt-…), or the node whose credential it is",
+    "kind": "join (a join token), node (a node's own credential) or cluster (the local cluster's agents')",
+    "node": "the node it is for (null: every node)",
+    "created_at": "when it was made (Unix time)",
+    "created_by": "the admin who made it (null: a credential)",
+    "expires_at": "when a join token expires (Unix time; null: never)",
+    "used_at": "when a node joined with it (Unix time; null: not yet)",
+    "revoked_at": "when it was revoked (Unix time; null: it was not)",
+    "state": "active, used, expired or revoked",
+}, (
+    Column("ID", _text("id")),
+    Column("KIND", _text("kind")),
+    Column("NODE", lambda r: r["node"] or "(every node)"),
+    Column("STATE", _text("state"), style=lambda r: "green" if r["state"] == "active" else "dim"),
+    Column("CREATED", lambda r: units.ago(r["created_at"])),
+    Column("CREATED BY", _text("created_by"), wide=True),
+    Column("EXPIRES", lambda r: units.ago(r["expires_at"])),
+    Column("USED", lambda r: units.ago(r["used_at"])),
+    Column("REVOKED", lambda r: units.ago(r["revoked_at"]), wide=True),
+), note="Join tokens and the agents' credentials (admin).")
+
+PROCESSES = Listing("status", {
+    "url": "the local cluster's control plane URL",
+    "processes": "its processes: name (control plane, or a node's agent), pid, alive",
+    "nodes": "its nodes, as `nodes` lists them (none while the control plane is down)",
+}, (
+    Column("PROCESS", _text("name")),
+    Column("PID", _text("pid")),
+    Column("ALIVE", lambda p: "yes" if p["alive"] else "no", style=lambda p: None if p["alive"] else "bold red"),
+), note="The local cluster (`tidal up`), as one object.")
+
+CHECKS = Listing("doctor", {
+    "ok": "true when every required check passes",
+    "checks": "each check: name, status (ok, warn or missing), detail, fix (what to do), required",
+}, (
+    Column("REQUIREMENT", lambda c: c["name"] + ("" if c["required"] else " (optional)")),
+    Column("STATUS", lambda c: str({"ok": "OK", "warn": "warn", "missing": "MISSING"}.get(c["status"], c["status"])),
+           style=lambda c: {"ok": "green", "warn": "yellow", "missing": "bold red"}.get(c["status"])),
+    Column("DETAIL", _text("detail")),
+    Column("HOW TO FIX", _text("fix")),
+), note="This machine's checks, as one object.")
+
+LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, TOKENS, PROCESSES, CHECKS)}
+"""Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
+docs/cli.md documents."""
