@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, exc, make_url
 from sqlalchemy.orm import Session, sessionmaker
 
 from tidal.core.clock import SYSTEM, Clock
@@ -25,6 +26,8 @@ from tidal.core.clock import SYSTEM, Clock
 MIGRATIONS = Path(__file__).with_name("migrations")
 # SQLite's companions of a database file: they hold the same rows.
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+#: A server connection idle longer than this (seconds) is tested before it is used again.
+PING_IDLE_S = 1.0
 
 
 def private_sqlite(url: str) -> None:
@@ -60,7 +63,28 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    engine = create_engine(url)
+
+    # A connection that sat in the pool may have been closed by the server (restarted, failed over, an
+    # idle timeout): test it first, and take a new one if it is gone. Not one that was used within the
+    # last PING_IDLE_S: under load (a burst of submissions) the test would be one more round trip per
+    # transaction, 1 of 5 for a submission. A server lost within that second fails one transaction,
+    # which invalidates the pool.
+    @event.listens_for(engine, "checkin")
+    def _returned(_conn: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(conn: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned_at")
+        if returned is None or time.monotonic() - returned < PING_IDLE_S:
+            return  # new, or used just now
+        try:
+            engine.dialect.do_ping(conn)
+        except Exception as e:
+            raise exc.DisconnectionError(f"a pooled database connection is gone: {e}") from e
+
+    return engine
 
 
 def migrate(engine: Engine) -> None:
