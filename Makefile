@@ -52,6 +52,7 @@ bench: criu
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
 	$(PY) benchmarks/elastic.py --json bench-results/elastic.json
+	$(PY) benchmarks/crosshost.py --json bench-results/crosshost.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -83,16 +83,19 @@ class HostCluster:
     ``nodes``: the names of the node hosts (each gets an agent with ``devices`` devices); ``server``,
     ``database``, ``store``: the hosts of the control plane, PostgreSQL and SeaweedFS (one host may hold
     several). ``lease``: the agents' lease (seconds). Jobs run as ``unix_user`` (the user "ops" the cluster
-    makes, whose token the CLI uses by default)."""
+    makes, whose token the CLI uses by default). ``agent_env``: more environment for every agent (e.g.
+    ``TIDAL_STORE_CONCURRENCY``); ``seaweedfs``: keyword arguments of :class:`SeaweedFS` (its volumes)."""
 
     def __init__(self, net: TestNet, nodes: Sequence[str] = ("n1", "n2"), *, server: str = "cp",
                  database: str = "db", store: str = "s3", lease: float = 5.0, devices: int = 1,
-                 unix_user: str = "root", policy: str | None = None, server_args: Sequence[str] = ()) -> None:
+                 unix_user: str = "root", policy: str | None = None, server_args: Sequence[str] = (),
+                 agent_env: Mapping[str, str] | None = None, seaweedfs: Mapping[str, Any] | None = None) -> None:
         self.net, self.lease, self.policy, self.server_args = net, lease, policy, list(server_args)
+        self.agent_env = dict(agent_env or {})
         self.server_host = net[server]
         self.postgres = PostgresServer(host=net[database])
         self.database_url = self.postgres.create_database("tidal")
-        self.s3 = SeaweedFS(host=net[store])
+        self.s3 = SeaweedFS(host=net[store], **(seaweedfs or {}))
         self.store_url = self.s3.url(STORE_PREFIX)
         self.home = self.server_host.dir / "home"
         self.server_log = self.server_host.dir / "server.log"
@@ -158,7 +161,7 @@ class HostCluster:
         argv = [sys.executable, "-m", "tidal.cli.main", "agent", "--server", self.url, "--name", name,
                 "--devices", str(node.devices), "--root", str(node.root), "--ca-fingerprint", self.fingerprint,
                 "--advertise-addr", node.host.addr]
-        env = clean_env(TIDAL_HOME=str(node.host.dir / "home"), **self.s3.store_env())
+        env = clean_env(TIDAL_HOME=str(node.host.dir / "home"), **{**self.s3.store_env(), **self.agent_env})
         if join:
             with self.api(self.admin_token) as c:
                 r = c.post("/v1/tokens", json={"node": name})

@@ -15,6 +15,7 @@ import logging
 import os
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tidal.core.clock import SYSTEM, Clock
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
 # SQLite's companions of a database file: they hold the same rows.
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+#: A server connection idle longer than this (seconds) is tested before it is used again.
+PING_IDLE_S = 1.0
 
 
 def private_sqlite(url: str) -> None:
@@ -69,7 +72,28 @@ def make_engine(url: str) -> Engine:
             cur.close()
 
         return engine
-    return create_engine(url, pool_pre_ping=True, connect_args=network_timeouts(url))
+    engine = create_engine(url, connect_args=network_timeouts(url))
+
+    # A connection that sat in the pool may have been closed by the server (restarted, failed over, an
+    # idle timeout): test it first, and take a new one if it is gone. Not one that was used within the
+    # last PING_IDLE_S: under load (a burst of submissions) the test would be one more round trip per
+    # transaction, 1 of 5 for a submission. A server lost within that second fails one transaction,
+    # which invalidates the pool.
+    @event.listens_for(engine, "checkin")
+    def _returned(_conn: Any, record: Any) -> None:
+        record.info["returned_at"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _ping_if_idle(conn: Any, record: Any, _proxy: Any) -> None:
+        returned = record.info.get("returned_at")
+        if returned is None or time.monotonic() - returned < PING_IDLE_S:
+            return  # new, or used just now
+        try:
+            engine.dialect.do_ping(conn)
+        except Exception as e:
+            raise DisconnectionError(f"a pooled database connection is gone: {e}") from e
+
+    return engine
 
 
 #: libpq settings that bound how long the control plane waits for a database it cannot reach: connecting,
