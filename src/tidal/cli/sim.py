@@ -17,8 +17,10 @@ DEFAULT_POLICIES = "fifo,priority-requeue,tiresias,gandiva,singularity"
 
 
 def sim(
-    trace: Annotated[Path, typer.Option(help="Trace: Philly CSV(.xz), Gavel .trace/.tar.xz, or generic CSV.")],
-    cluster: Annotated[str, typer.Option(help="NxM (N nodes of M devices), a YAML file, or a VC CSV.")],
+    trace: Annotated[str, typer.Option(help="Trace: Philly CSV(.xz), Gavel .trace/.tar.xz, or generic CSV; or a "
+                                            "sample shipped with Tidal: sample:philly-week.")],
+    cluster: Annotated[str, typer.Option(help="NxM (N nodes of M devices), a YAML file, or a VC CSV "
+                                              "(sample:philly-vc: Philly's 11 VCs).")],
     load: Annotated[float | None, typer.Option(help="Rescale submissions to this offered load.")] = None,
     policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = DEFAULT_POLICIES,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
@@ -37,14 +39,18 @@ def sim(
     quota: Annotated[
         str | None,
         typer.Option(help="Admit premium and standard jobs against per-project quotas: 'project=share,...' "
-                          "('*=share' for the others) or a VC CSV (shares of its nodes); jobs over their "
-                          "project's quota run as basic."),
+                          "('*=share' for the others) or a VC CSV (shares of its nodes; sample:philly-vc: Philly's); "
+                          "jobs over their project's quota run as basic."),
     ] = None,
     quota_scale: Annotated[float, typer.Option(help="Multiply every --quota share by this.")] = 1.0,
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
     from tidal.sim.report import to_json, write_json, write_plots
+    from tidal.sim.samples import resolve
+
+    given = {"trace": trace, "cluster": cluster}  # as the user named them, for the JSON
+    trace, cluster = resolve(trace), resolve(cluster)
 
     if on_bad_row not in ("skip", "fail"):
         raise ValidationError(f"--on-bad-row must be skip or fail, not {on_bad_row!r}", field="on_bad_row")
@@ -60,7 +66,7 @@ def sim(
     if quota is not None:
         from tidal.sim.quota_spec import parse_quota_option
 
-        quotas = parse_quota_option(quota, quota_scale)
+        quotas = parse_quota_option(resolve(quota), quota_scale)
     console = Console(stderr=True)
     t0 = time.monotonic()
     p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,
@@ -106,7 +112,7 @@ def sim(
             out.print(f"{n}: admitted as basic (over quota): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
     if json_out is not None:
-        meta = {"trace": str(trace), "cluster": cluster, "load": load, "seed": seed, "tier_mix": list(mix),
+        meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
                 "quota": quota, "quota_scale": quota_scale,
                 "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
         write_json(str(json_out), to_json(p, summaries, meta))
