@@ -91,9 +91,15 @@ def make_engine(url: str) -> Engine:
         try:
             engine.dialect.do_ping(conn)
         except Exception as e:
-            raise DisconnectionError(f"a pooled database connection is gone: {e}") from e
+            raise PooledConnectionGone(f"a pooled database connection is gone: {e}") from e
 
     return engine
+
+
+class PooledConnectionGone(Unavailable, DisconnectionError):
+    """A connection taken from the pool failed its test. Raised in the pool's checkout hook, where SQLAlchemy
+    takes a DisconnectionError as "discard it and try another connection": the caller never sees it unless
+    no connection can be made at all."""
 
 
 #: libpq settings that bound how long the control plane waits for a database it cannot reach: connecting,
