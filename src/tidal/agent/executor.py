@@ -237,6 +237,8 @@ class Executor:
             if self._seen(action.id):
                 return
             self.inflight.add(action.id)
+            if isinstance(action.order, protocol.Prestage):  # before any later restore can look for it
+                self.prestages.expect(action.job_id, action.order.attempt, action.order.checkpoint.id)
             key = _queue_of(action)
             q = self.queues.setdefault(key, [])
             q.append((lease, action))
@@ -344,6 +346,7 @@ class Executor:
         here. Not for a job that already runs here in a later attempt (the restore came first)."""
         run = self.jobs.get(order.job_id)
         if run is not None and run.attempt > order.attempt:
+            self.prestages.drop(order.job_id, order.attempt)
             raise Conflict(f"job {order.job_id} already runs on {self.client.node} (attempt {run.attempt}): "
                            "nothing to prestage", job=order.job_id, node=self.client.node,
                            hint="the restore came first; it fetched what it needed")

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 
+from tidal.errors import Conflict
 from tidal.mechanisms.criu.lastdump import LastDump
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,8 @@ def _drop(ranks: Mapping[int, LastDump]) -> None:
 
 
 class _Staged:
-    """One job's prestage: under way until ``done``, then its ranks' images until taken or dropped."""
+    """One job's prestage: expected (its order is queued), under way, then its ranks' images until taken or
+    dropped. ``done`` is set once it is over either way."""
 
     def __init__(self, attempt: int, checkpoint: str) -> None:
         self.attempt = attempt
@@ -53,6 +55,7 @@ class _Staged:
             self._dropped = True
             ranks, self._ranks = self._ranks, {}
         _drop(ranks)
+        self.done.set()  # a restore waiting for it goes on without it
 
     def take(self, wanted: Collection[int]) -> dict[int, LastDump]:
         """The images of the ``wanted`` ranks; the others' are dropped. Once only."""
@@ -72,18 +75,30 @@ class Prestages:
         self._mu = threading.Lock()
         self._jobs: dict[str, _Staged] = {}
 
-    def fetch(self, job_id: str, attempt: int, checkpoint: str, fetch: Callable[[], dict[int, LastDump]]) -> None:
-        """Run ``fetch`` as the job's prestage (replacing an older one): its images are kept here for the
-        restore of attempt ``attempt + 1``."""
+    def expect(self, job_id: str, attempt: int, checkpoint: str) -> None:
+        """A prestage of the job is queued here (replacing an older one): a restore from now on waits for it,
+        even one whose order comes before the prestage has begun."""
         entry = _Staged(attempt, checkpoint)
         with self._mu:
             old, self._jobs[job_id] = self._jobs.get(job_id), entry
         if old is not None:
             old.drop()
+
+    def fetch(self, job_id: str, attempt: int, checkpoint: str, fetch: Callable[[], dict[int, LastDump]]) -> None:
+        """Run ``fetch`` as the job's prestage (expected, or replacing an older one): its images are kept here
+        for the restore of attempt ``attempt + 1``. A :class:`Conflict` if it was dropped or replaced since
+        it was expected."""
+        with self._mu:
+            entry = self._jobs.get(job_id)
+            if entry is None or entry.attempt != attempt or entry.checkpoint != checkpoint or entry.done.is_set():
+                entry = None
+        if entry is None:
+            raise Conflict(f"the prestage of job {job_id}'s checkpoint {checkpoint} was dropped or replaced "
+                           "before it began", job=job_id, hint="nothing to do: a restore fetches what it needs")
         try:
             ranks = fetch()
         except BaseException:
-            entry.finish({})
+            entry.drop()
             self._forget(job_id, entry)
             raise
         if entry.finish(ranks):
@@ -96,19 +111,21 @@ class Prestages:
         and the images of those ranks (waiting for a prestage under way), or None. A prestage of another
         attempt is dropped: its checkpoint need not be what this restore's descends from."""
         with self._mu:
-            entry = self._jobs.pop(job_id, None)
+            entry = self._jobs.get(job_id)
         if entry is None:
             return None
         if entry.attempt + 1 != attempt:
             log.info("job %s: images prestaged for attempt %d dropped: this restore is attempt %d", job_id,
                      entry.attempt + 1, attempt)
+            self._forget(job_id, entry)
             entry.drop()
             return None
         if not entry.done.wait(self.ttl):
             log.warning("job %s: its prestage is still under way after %.0fs; restoring without it", job_id, self.ttl)
             entry.drop()
-            return None
-        return entry.checkpoint, entry.take(ranks)
+        self._forget(job_id, entry)
+        taken = entry.take(ranks)
+        return (entry.checkpoint, taken) if taken else None
 
     def drop(self, job_id: str, attempt: int | None = None) -> bool:
         """Drop the job's prestage (only one for ``attempt`` or earlier, if given); whether there was one."""

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tidal.agent.prestaging import Prestages
+from tidal.errors import Conflict
 from tidal.testing import wait_until
 
 
@@ -27,10 +28,16 @@ def fetched(*ranks: int) -> dict[int, Any]:
     return {r: Images() for r in ranks}
 
 
+def prestage(ps: Prestages, job: str, attempt: int, checkpoint: str, fetch: Any) -> None:
+    """As the executor does: expected when its order is queued, fetched in its turn."""
+    ps.expect(job, attempt, checkpoint)
+    ps.fetch(job, attempt, checkpoint, fetch)
+
+
 def test_the_next_attempts_restore_takes_its_ranks_and_the_others_are_dropped() -> None:
     ps = Prestages()
     images = fetched(0, 1)
-    ps.fetch("j1", 4, "ck-3", lambda: images)
+    prestage(ps, "j1", 4, "ck-3", lambda: images)
     taken = ps.take("j1", 5, [1])
     assert taken is not None and taken[0] == "ck-3" and taken[1] == {1: images[1]}
     assert images[0].dropped and not images[1].dropped  # the restore consumes rank 1's
@@ -40,7 +47,7 @@ def test_the_next_attempts_restore_takes_its_ranks_and_the_others_are_dropped() 
 def test_a_restore_of_another_attempt_or_job_gets_nothing_and_the_images_go() -> None:
     ps = Prestages()
     images = fetched(0)
-    ps.fetch("j1", 4, "ck-3", lambda: images)
+    prestage(ps, "j1", 4, "ck-3", lambda: images)
     assert ps.take("j2", 5, [0]) is None and not images[0].dropped
     assert ps.take("j1", 7, [0]) is None and images[0].dropped
 
@@ -48,7 +55,7 @@ def test_a_restore_of_another_attempt_or_job_gets_nothing_and_the_images_go() ->
 def test_an_unstage_drops_the_prestage_of_its_attempt_not_a_newer_one() -> None:
     ps = Prestages()
     images = fetched(0)
-    ps.fetch("j1", 4, "ck-3", lambda: images)
+    prestage(ps, "j1", 4, "ck-3", lambda: images)
     assert not ps.drop("j1", 3) and not images[0].dropped
     assert ps.drop("j1", 4) and images[0].dropped
     assert ps.take("j1", 5, [0]) is None
@@ -57,8 +64,8 @@ def test_an_unstage_drops_the_prestage_of_its_attempt_not_a_newer_one() -> None:
 def test_a_newer_prestage_of_the_job_replaces_the_older() -> None:
     ps = Prestages()
     old, new = fetched(0), fetched(0)
-    ps.fetch("j1", 4, "ck-3", lambda: old)
-    ps.fetch("j1", 6, "ck-5", lambda: new)
+    prestage(ps, "j1", 4, "ck-3", lambda: old)
+    prestage(ps, "j1", 6, "ck-5", lambda: new)
     assert old[0].dropped
     taken = ps.take("j1", 7, [0])
     assert taken == ("ck-5", new)
@@ -67,7 +74,7 @@ def test_a_newer_prestage_of_the_job_replaces_the_older() -> None:
 def test_untaken_images_expire() -> None:
     ps = Prestages(ttl=0.05)
     images = fetched(0)
-    ps.fetch("j1", 4, "ck-3", lambda: images)
+    prestage(ps, "j1", 4, "ck-3", lambda: images)
     wait_until(lambda: images[0].dropped, timeout=5, what="the images to expire")
     assert ps.take("j1", 5, [0]) is None
 
@@ -81,9 +88,9 @@ def test_a_restore_waits_for_a_prestage_under_way() -> None:
         go.wait(10)
         return images
 
+    ps.expect("j1", 4, "ck-3")
     t = threading.Thread(target=ps.fetch, args=("j1", 4, "ck-3", slow))
     t.start()
-    wait_until(lambda: "j1" in ps._jobs, timeout=5, what="the prestage to start")
     got: list[Any] = []
     r = threading.Thread(target=lambda: got.append(ps.take("j1", 5, [0])))
     r.start()
@@ -104,9 +111,9 @@ def test_images_fetched_after_the_lease_ended_are_dropped_on_arrival() -> None:
         go.wait(10)
         return images
 
+    ps.expect("j1", 4, "ck-3")
     t = threading.Thread(target=ps.fetch, args=("j1", 4, "ck-3", slow))
     t.start()
-    wait_until(lambda: "j1" in ps._jobs, timeout=5, what="the prestage to start")
     ps.drop_all()
     go.set()
     t.join(10)
@@ -120,5 +127,31 @@ def test_a_failed_fetch_leaves_nothing() -> None:
         raise OSError("store unreachable")
 
     with pytest.raises(OSError):
-        ps.fetch("j1", 4, "ck-3", broken)
+        prestage(ps, "j1", 4, "ck-3", broken)
     assert ps.take("j1", 5, [0]) is None
+
+
+def test_a_restore_that_comes_before_the_prestage_began_waits_for_it() -> None:
+    ps = Prestages()
+    ps.expect("j1", 4, "ck-3")  # queued, not begun
+    got: list[Any] = []
+    r = threading.Thread(target=lambda: got.append(ps.take("j1", 5, [0])))
+    r.start()
+    r.join(0.2)
+    assert r.is_alive()
+    images = fetched(0)
+    ps.fetch("j1", 4, "ck-3", lambda: images)
+    r.join(10)
+    assert got == [("ck-3", images)]
+
+
+def test_a_prestage_dropped_or_replaced_before_it_began_does_not_fetch() -> None:
+    ps = Prestages()
+    ps.expect("j1", 4, "ck-3")
+    assert ps.drop("j1", 4)
+    with pytest.raises(Conflict):
+        ps.fetch("j1", 4, "ck-3", lambda: pytest.fail("fetched"))
+    ps.expect("j1", 4, "ck-3")
+    ps.expect("j1", 6, "ck-5")
+    with pytest.raises(Conflict):
+        ps.fetch("j1", 4, "ck-3", lambda: pytest.fail("fetched"))
