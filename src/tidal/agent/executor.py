@@ -5,11 +5,10 @@ read (another protocol version, an order of an unknown kind, a bad field) is not
 failed with the reason. Each kind of order has its handler (:attr:`Executor.handlers`), which takes the
 typed order and returns its typed result. Actions of one job run one after another in arrival order (a
 kill after a restore finds the restored ranks), except prestages, which run beside them in a queue of their
-own (a migration's target fetches while the job's other orders go on; :mod:`~tidal.agent.prestaging`);
-an action id seen before is never run twice: its result
-is sent again instead. The ranks' exits are reported unless the agent itself stopped them
-(checkpoint-and-kill, kill). Log bytes are shipped from the start of each attempt, so that a restore, whose
-log starts as the checkpoint's copy, rolls the served log back with it.
+own (a migration's target fetches while the job's other orders go on; :mod:`~tidal.agent.prestaging`). An
+action id seen before is never run twice: its result is sent again instead. The ranks' exits are reported
+unless the agent itself stopped them (checkpoint-and-kill, kill). Log bytes are shipped from the start of each
+attempt, so that a restore, whose log starts as the checkpoint's copy, rolls the served log back with it.
 """
 
 from __future__ import annotations

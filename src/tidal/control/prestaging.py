@@ -11,7 +11,6 @@ fetched (:func:`tidal.control.jobs.end_op`), and the agents drop it anyway after
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -22,7 +21,6 @@ from tidal.control.jobs import parts_of, restore_source
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import protocol
 
-log = logging.getLogger(__name__)
 MIB = 1 << 20
 
 
