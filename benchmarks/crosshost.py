@@ -13,7 +13,8 @@ every 50 ms, runs on n1; ``POST /v1/jobs/ID/migrate {"to": "n2"}`` (what ``tidal
 sends). Measured from the request: (a) the job running on n2 (state running, its rank's pid known), and (b)
 the first step line the rank prints on n2 after its restore. The first migration finds the store empty
 for the job (it uploads the whole image); a second one, back to n1 a few seconds later, finds the
-previous checkpoint there (it uploads what changed; the target still fetches the whole image). Baseline,
+previous checkpoint there (it uploads what changed; the target pre-stages that previous checkpoint while
+the job is checkpointed, and its restore fetches only what changed). Baseline,
 same run: plain CRIU on the same kind of process, started on n1: ``criu dump`` on n1 into /dev/shm, the
 images sent over TCP from n1 to n2 (a socket on each host; the bytes cross the bridge), ``criu restore``
 on n2; (a) when the restore returns, (b) the first step line after it.
@@ -411,6 +412,9 @@ def main() -> int:
         for label, r in (("tidal via SeaweedFS, store empty", f), ("tidal via SeaweedFS, back (store warm)", s)):
             print(f"{label:44}{r['to_running_s']:>14.2f}{r['to_next_step_s']:>15.2f}"
                   f"{r['to_next_step_s'] / pl['to_next_step_s']:>10.2f}")
+            for e in r["events"]:
+                if e["kind"] in ("prestaged", "prestage_failed", "checkpointing", "migrating", "running"):
+                    print(f"   {e['kind']}: {e['detail']}"[:160])
     if "submissions" in out:
         print(f"\nsubmissions through the API (PostgreSQL on db), {args.clients} clients, {args.submissions} each run")
         print(f"{'clients on':14}{'per s':>8}{'p50 ms':>8}{'p99 ms':>8}{'server CPU ms':>15}{'PG CPU ms':>11}"

@@ -4,10 +4,11 @@ Every action is read with the protocol (:func:`tidal.core.protocol.decode_action
 read (another protocol version, an order of an unknown kind, a bad field) is not run, and is reported as
 failed with the reason. Each kind of order has its handler (:attr:`Executor.handlers`), which takes the
 typed order and returns its typed result. Actions of one job run one after another in arrival order (a
-kill after a restore finds the restored ranks); an action id seen before is never run twice: its result
-is sent again instead. The ranks' exits are reported unless the agent itself stopped them
-(checkpoint-and-kill, kill). Log bytes are shipped from the start of each attempt, so that a restore, whose
-log starts as the checkpoint's copy, rolls the served log back with it.
+kill after a restore finds the restored ranks), except prestages, which run beside them in a queue of their
+own (a migration's target fetches while the job's other orders go on; :mod:`~tidal.agent.prestaging`). An
+action id seen before is never run twice: its result is sent again instead. The ranks' exits are reported
+unless the agent itself stopped them (checkpoint-and-kill, kill). Log bytes are shipped from the start of each
+attempt, so that a restore, whose log starts as the checkpoint's copy, rolls the served log back with it.
 """
 
 from __future__ import annotations
@@ -26,18 +27,21 @@ from typing import Any
 
 from tidal.agent.client import ControlClient, Refused
 from tidal.agent.devices import CpuQuota
+from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
 from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import NodeRoot, RankProcess, RankSpec
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.storage import CheckpointStore
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
+MIB = 1 << 20
 
 
 def as_account(unix_user: str | None) -> Account | None:
@@ -210,8 +214,9 @@ class Executor:
         self.handlers: dict[type[protocol.Message], Callable[[Any], protocol.Result]] = {
             protocol.Launch: self._launch, protocol.Restore: self._restore, protocol.CutCounts: self._cut,
             protocol.Park: self._park, protocol.Checkpoint: self._checkpoint, protocol.Finish: self._finish,
-            protocol.Kill: self._kill,
+            protocol.Kill: self._kill, protocol.Prestage: self._prestage, protocol.Unstage: self._unstage,
         }
+        self.prestages = Prestages()
 
     # -- actions --------------------------------------------------------------------------------------------
     def submit(self, data: Any, lease: str | None = None) -> None:
@@ -231,11 +236,13 @@ class Executor:
             if self._seen(action.id):
                 return
             self.inflight.add(action.id)
-            q = self.queues.setdefault(action.job_id, [])
+            if isinstance(action.order, protocol.Prestage):  # before any later restore can look for it
+                self.prestages.expect(action.job_id, action.order.attempt, action.order.checkpoint.id)
+            key = _queue_of(action)
+            q = self.queues.setdefault(key, [])
             q.append((lease, action))
             if len(q) == 1:
-                threading.Thread(target=self._drain, args=(action.job_id,), daemon=True,
-                                 name=f"tidal-job-{action.job_id}").start()
+                threading.Thread(target=self._drain, args=(key,), daemon=True, name=f"tidal-job-{key}").start()
 
     def _seen(self, action_id: str) -> bool:
         """Whether the action came before (its result, if there is one yet, is sent again). Under ``mu``."""
@@ -263,12 +270,12 @@ class Executor:
             self.results[res.action_id] = res
         self.outbox.put("results", res)
 
-    def _drain(self, job_id: str) -> None:
+    def _drain(self, key: str) -> None:
         while True:
             with self.mu:
-                q = self.queues[job_id]
+                q = self.queues[key]
                 if not q:
-                    del self.queues[job_id]
+                    del self.queues[key]
                     return
                 lease, action = q[0]
             self._run(action, lease)
@@ -318,9 +325,51 @@ class Executor:
                                                                track_fs=order.fs))
 
     def _restore(self, order: protocol.Restore) -> protocol.Started:
-        return self._start(order, lambda placement: Job.restore(
-            self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
-            rendezvous=_store(order.rendezvous), track_fs=order.fs))
+        def restore(placement: list[tuple[RankSpec, NodeRoot]]) -> Job:
+            staged = self.prestages.take(order.job_id, order.attempt, [r.rank for r in order.ranks])
+            job = Job.restore(self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
+                              prestaged=staged[1] if staged else None, rendezvous=_store(order.rendezvous),
+                              track_fs=order.fs)
+            t = job.restore_timing
+            if t is not None:
+                log.info("job %s restored from checkpoint %s: fetched %.1f MiB of %.1f MiB of images from the store"
+                         " in %.2fs (%s); %.2fs in all", order.job_id, order.checkpoint.id, t.fetched_bytes / MIB,
+                         t.image_bytes / MIB, t.fetch_s,
+                         f"prestaged from checkpoint {staged[0]}" if staged else "nothing prestaged", t.total_s)
+            return job
+
+        return self._start(order, restore)
+
+    def _prestage(self, order: protocol.Prestage) -> protocol.Prestaged:
+        """Fetch the images of the order's ranks from its checkpoint, for the restore of the next attempt
+        here. Not for a job that already runs here in a later attempt (the restore came first)."""
+        run = self.jobs.get(order.job_id)
+        if run is not None and run.attempt > order.attempt:
+            self.prestages.drop(order.job_id, order.attempt)
+            raise Conflict(f"job {order.job_id} already runs on {self.client.node} (attempt {run.attempt}): "
+                           "nothing to prestage", job=order.job_id, node=self.client.node,
+                           hint="the restore came first; it fetched what it needed")
+        t0 = time.monotonic()
+        sizes: dict[int, int] = {}
+
+        def fetch() -> dict[int, LastDump]:
+            staged = Job.prestage(self.store, order.job_id, [(r, self.node) for r in order.ranks],
+                                  checkpoint_id=order.checkpoint.parts)
+            sizes.update({r: last.nbytes for r, last in staged.items()})  # before a restore may take them
+            return staged
+
+        self.prestages.fetch(order.job_id, order.attempt, order.checkpoint.id, fetch)
+        took = time.monotonic() - t0
+        nbytes = sum(sizes.values())
+        log.info("job %s: prestaged %.1f MiB of checkpoint %s (ranks %s) in %.2fs", order.job_id, nbytes / MIB,
+                 order.checkpoint.id, sorted(sizes), took)
+        return protocol.Prestaged(checkpoint=order.checkpoint.id, ranks=sorted(sizes), bytes=nbytes,
+                                  seconds=round(took, 3))
+
+    def _unstage(self, order: protocol.Unstage) -> protocol.Done:
+        if self.prestages.drop(order.job_id, order.attempt):
+            log.info("job %s: prestaged images dropped (the control plane restores it elsewhere)", order.job_id)
+        return protocol.Done()
 
     def _start(self, order: protocol.Launch | protocol.Restore,
                make: Callable[[list[tuple[RankSpec, NodeRoot]]], Job]) -> protocol.Started:
@@ -447,6 +496,7 @@ class Executor:
         with self.mu:
             self.lease = None
             runs = list(self.jobs.values())
+        self.prestages.drop_all()  # staged for restores of that lease
         # SIGKILL every rank before waiting for any: each must stop running its code before the control
         # plane requeues its job, however long the others take to be reaped.
         for run in runs:
@@ -560,6 +610,13 @@ class Executor:
                                      params={"agent_id": self.agent_id, "attempt": run.attempt,
                                              "offset": off or 0}, content=data)
                     run.shipped[spec.rank] = (off or 0) + len(data)
+
+
+def _queue_of(action: protocol.Action) -> str:
+    """The queue an action waits in: its job's, or for a prestage, one of its own beside it."""
+    if isinstance(action.order, protocol.Prestage | protocol.Unstage):
+        return f"{action.job_id}/prestage"
+    return action.job_id
 
 
 def _pids(job: Job) -> protocol.Started:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tidal.control import prestaging
 from tidal.control.clock import now
 from tidal.control.dispatch import new_action
 from tidal.control.history import new_id, record
@@ -70,6 +71,8 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None) -> None
             new_action(s, job, node, protocol.CutCounts(job_id=job.id, attempt=job.attempt, epoch=epoch),
                        cause, op=op)
     job.op_purpose = purpose
+    if purpose in ("migrate", "resize") and job.target:
+        prestaging.order(s, job, cause)  # the targets fetch the last checkpoint meanwhile
 
 
 def _next_checkpoint_id(s: Session, job: JobRow) -> str:
@@ -186,7 +189,7 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
 
 def _failed(s: Session, job: JobRow, cause: str, err: str) -> None:
     purpose = job.op_purpose
-    end_op(job)
+    end_op(s, job)
     job.target = None
     transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {err}")
 
@@ -194,7 +197,9 @@ def _failed(s: Session, job: JobRow, cause: str, err: str) -> None:
 def _after_commit(s: Session, job: JobRow, cause: str) -> None:
     purpose = job.op_purpose
     detail = (job.opstate or {}).get("detail", "checkpoint")
-    end_op(job)
+    if purpose in ("migrate", "resize") and job.target:
+        prestaging.keep(job, list(prestaging.moving(job)))  # the restore below uses what they fetched
+    end_op(s, job)
     if purpose == "periodic":
         transition(s, job, S.RUNNING, cause, detail)
     elif purpose in ("hold", "preempt"):

@@ -6,7 +6,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
 from tidal.control.history import new_id
-from tidal.control.store.models import ActionRow, JobRow
+from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import protocol
 
 
@@ -28,3 +28,12 @@ def kill(s: Session, job: JobRow, node: str, cause: str | None, *, report: bool 
     """Stop the job's ranks on ``node`` (untracked: it is not the job's operation)."""
     return new_action(s, job, node, protocol.Kill(job_id=job.id, attempt=job.attempt, report=report), cause,
                       track=False)
+
+
+def unstage(s: Session, job: JobRow, nodes: list[str], attempt: int) -> None:
+    """Have the agents of ``nodes`` drop the images prestaged there for the job's attempt after ``attempt``
+    (untracked; an agent whose node is down drops them when it is fenced or starts again)."""
+    for node in nodes:
+        row = s.get(NodeRow, node)
+        if row is not None and row.up:
+            new_action(s, job, node, protocol.Unstage(job_id=job.id, attempt=attempt), None, track=False)

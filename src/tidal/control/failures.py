@@ -60,7 +60,8 @@ def on_exit(s: Session, job: JobRow, attempt: int, ranks: list[dict[str, Any]], 
         job.op = None
         here = {p["node"] for p in job.placement if str(p["rank"]) in {str(r["rank"]) for r in ranks}}
         others = [n for n in nodes_of(job.placement) if n not in here]
-        job.opstate = {"purpose": purpose}
+        # (What was prestaged for a migration stays named: it is dropped once the failure is settled.)
+        job.opstate = {"purpose": purpose, "prestaged": (job.opstate or {}).get("prestaged")}
         for n in others:
             kill(s, job, n, cause, report=True)
     if phase(job) is Phase.FAILING:
@@ -76,7 +77,7 @@ def on_exit(s: Session, job: JobRow, attempt: int, ranks: list[dict[str, Any]], 
 def _leave_op(s: Session, job: JobRow, cause: str) -> None:
     if state(job) is S.CHECKPOINTING:
         transition(s, job, S.RUNNING, cause, "exited during a checkpoint")
-    end_op(job)
+    end_op(s, job)
 
 
 def settle_failure(s: Session, job: JobRow, cause: str) -> None:
@@ -114,7 +115,7 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
         n = s.get(NodeRow, node)
         if n is not None and n.up:
             kill(s, job, node, cause)
-    end_op(job)
+    end_op(s, job)
     job.target = None
     limit = spec_of(job).max_restarts
     if restart and job.restarts >= limit:

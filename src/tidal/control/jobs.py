@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control import reasons
 from tidal.control.clock import now
+from tidal.control.dispatch import unstage
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
@@ -49,7 +50,7 @@ def transition(s: Session, job: JobRow, new: JobState, cause: str | None, detail
         job.finished_at = now(s)
         job.placement = []
         job.target = None
-        end_op(job)
+        end_op(s, job)
         drop_actions(s, job.id)
     node = job.placement[0]["node"] if job.placement else None
     return record(s, new.value, job_id=job.id, node=node, cause=cause, detail=detail)
@@ -64,8 +65,13 @@ def set_phase(job: JobRow, new: Phase) -> None:
     job.phase = step(phase(job), new, job=job.id)
 
 
-def end_op(job: JobRow) -> None:
-    """The job's operation is over (done, failed, or abandoned with the job)."""
+def end_op(s: Session, job: JobRow) -> None:
+    """The job's operation is over (done, failed, or abandoned with the job). Images prestaged for a restore
+    it would have led to are dropped, wherever no restore is ordered yet (see
+    :mod:`~tidal.control.prestaging`)."""
+    staged = (job.opstate or {}).get("prestaged")
+    if staged:
+        unstage(s, job, staged["nodes"], int(staged["attempt"]))
     set_phase(job, Phase.IDLE)
     job.op = None
     job.op_purpose = None

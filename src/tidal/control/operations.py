@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal.control import checkpointing, failures, launch
+from tidal.control import checkpointing, failures, launch, prestaging
 from tidal.control.jobs import phase
 from tidal.control.store.models import ActionRow, JobRow
 from tidal.core.operations import AWAITS, Phase
@@ -28,6 +28,9 @@ def on_result(s: Session, a: ActionRow, data: dict[str, Any], keep: int) -> None
         if ph is Phase.FAILING:
             failures.merge_exits(job, data.get("ranks", ()))
             failures.settle_failure(s, job, a.id)
+        return
+    if a.kind in ("prestage", "unstage"):  # side orders: never a step of the operation
+        prestaging.on_result(s, job, a, a.status == "done", data)
         return
     if job.op != a.op:
         return

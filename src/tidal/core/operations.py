@@ -12,7 +12,8 @@ on the job's nodes; the phase advances once every node has answered (docs/archit
     any phase ─→ idle                                               the job was lost, requeued or ended
 
 A checkpoint that stops the job and restores it elsewhere (migrate, resize) goes idle and then starting
-in the same transaction.
+in the same transaction. Its targets may be sent prestage orders as it starts (and unstage orders when it
+ends): side orders, like kill, which no phase awaits and which never move the operation.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The messages between the control plane and its node agents: one typed, versioned model each.
 
 Control plane → agent: an :class:`Action` wraps one order (:data:`Order`: launch, restore, cut, park,
-checkpoint, finish, kill), chosen by its ``kind``. Agent → control plane: :class:`Register`,
+checkpoint, finish, kill, prestage, unstage), chosen by its ``kind``. Agent → control plane: :class:`Register`,
 :class:`Heartbeat`, :class:`ActionResult` (whose ``data`` is the order's typed result, :func:`result_of`),
 :class:`ExitReport` and :class:`Leave`; a new node's agent first sends :class:`Join` (with a join token) for the
 node's own credential. Every message carries the protocol version ``v``; both ends refuse
@@ -228,8 +228,28 @@ class Kill(_JobOrder):
     report: bool = False
 
 
-Order = Annotated[Launch | Restore | CutCounts | Park | Checkpoint | Finish | Kill, Field(discriminator="kind")]
-OrderKind = Literal["launch", "restore", "cut", "park", "checkpoint", "finish", "kill"]
+class Prestage(_JobOrder):
+    """Fetch the images of ``ranks`` from ``checkpoint`` to this node ahead of their restore here: a migration's
+    target, while the job's ranks are checkpointed where they run (``attempt``). The restore that follows
+    (attempt + 1) then fetches only the chunks that changed since. Not part of the job's operation: if it
+    fails, or an agent of an older release refuses the order, the restore fetches everything (a new kind of
+    order, not a new protocol version, for that reason)."""
+
+    kind: Literal["prestage"] = "prestage"
+    checkpoint: CheckpointRef
+    ranks: Annotated[list[Rank], Field(min_length=1, max_length=limits.MAX_RANKS)]
+
+
+class Unstage(_JobOrder):
+    """Drop what a :class:`Prestage` of the job (up to ``attempt``) fetched here: the restore goes elsewhere or
+    the migration ended without one."""
+
+    kind: Literal["unstage"] = "unstage"
+
+
+Order = Annotated[Launch | Restore | CutCounts | Park | Checkpoint | Finish | Kill | Prestage | Unstage,
+                  Field(discriminator="kind")]
+OrderKind = Literal["launch", "restore", "cut", "park", "checkpoint", "finish", "kill", "prestage", "unstage"]
 
 
 class Action(_Versioned):
@@ -295,6 +315,15 @@ class Killed(Message):
     ranks: Annotated[list[RankExit], Field(max_length=limits.MAX_RANKS)]
 
 
+class Prestaged(Message):
+    """What a prestage fetched: the images of ``ranks`` of ``checkpoint``, ``bytes`` in all, in ``seconds``."""
+
+    checkpoint: CheckpointId
+    ranks: Annotated[list[Rank], Field(max_length=limits.MAX_RANKS)]
+    bytes: Count
+    seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
 class Corruption(Message):
     """A checkpoint that failed verification: the control plane marks it bad and restores an older one."""
 
@@ -312,10 +341,10 @@ class Failure(Message):
     corrupt: Corruption | None = None
 
 
-Result = Started | Counted | Done | Dumped | Killed | Failure
+Result = Started | Counted | Done | Dumped | Killed | Prestaged | Failure
 RESULTS: dict[str, type[Message]] = {
     "launch": Started, "restore": Started, "cut": Counted, "park": Done, "checkpoint": Dumped, "finish": Done,
-    "kill": Killed,
+    "kill": Killed, "prestage": Prestaged, "unstage": Done,
 }
 
 
@@ -450,5 +479,5 @@ def result_of(kind: str, ok: bool, data: Any) -> Result:
     if model is None:
         raise ValidationError(f"no order of kind {kind!r}", field="kind", hint=f"one of {sorted(RESULTS)}")
     out = decode(model, data, f"result of a {kind} order")
-    assert isinstance(out, Started | Counted | Done | Dumped | Killed | Failure)
+    assert isinstance(out, Started | Counted | Done | Dumped | Killed | Prestaged | Failure)
     return out

@@ -68,6 +68,10 @@ def test_preempt_hold_resume_and_migrate(plane: Plane) -> None:
     r = plane.http.post(f"/v1/jobs/{jid}/migrate", headers=plane.as_user(), json={"to": other.name})
     assert r.status_code == 200 and r.json()["to"] == other.name
     (act,) = agent.actions()
+    # The target fetches the checkpoint the job was restored from meanwhile.
+    (prestage,) = other.actions()
+    first = plane.job(jid)["checkpoints"][0]["id"]
+    assert prestage["kind"] == "prestage" and prestage["payload"]["checkpoint"]["id"] == first
     assert agent.result(act, **ckpt(2))
     (restore,) = other.actions()
     assert restore["kind"] == "restore" and restore["payload"]["attempt"] == 3

@@ -66,7 +66,7 @@ def kill(job: str = "j1", attempt: int = 1) -> dict[str, Any]:
 
 def test_the_dispatch_table_has_one_handler_per_order_type(ex: Executor) -> None:
     types = order_types()
-    assert len(types) == len(set(types)) == 7
+    assert len(types) == len(set(types)) == 9
     assert set(ex.handlers) == set(types)
     assert len({id(h.__func__) for h in ex.handlers.values()}) == len(types)  # type: ignore[attr-defined]
     for t, handler in ex.handlers.items():

@@ -28,6 +28,9 @@ ORDERS: list[protocol.Message] = [
                         rendezvous=RDV, fs=False, cut=protocol.Cut(epoch=7, target=120)),
     protocol.Finish(job_id="j1", attempt=2, then="resume", rebuild=True, rendezvous=RDV),
     protocol.Kill(job_id="j1", attempt=2, report=True),
+    protocol.Prestage(job_id="j1", attempt=2, checkpoint=protocol.CheckpointRef(id="000003-ab", parts=["000003-ab"]),
+                      ranks=[1, 3]),
+    protocol.Unstage(job_id="j1", attempt=2),
 ]
 EXIT = protocol.RankExit(rank=1, code=None, signal=9, at=1700000000.5, stopped=True)
 RESULTS: list[protocol.Message] = [
@@ -36,6 +39,7 @@ RESULTS: list[protocol.Message] = [
     protocol.Done(),
     protocol.Dumped(checkpoint=protocol.StoredCheckpoint(id="000004-cd", created_at=1.5, bytes=10, stored_bytes=3)),
     protocol.Killed(ranks=[EXIT, protocol.RankExit(rank=0, code=0)]),
+    protocol.Prestaged(checkpoint="000003-ab", ranks=[1, 3], bytes=1 << 30, seconds=7.5),
     protocol.Failure(corrupt=protocol.Corruption(checkpoint="000003-ab", object="fs/out.txt", chunk="ab12",
                                                  reason="sha256 mismatch", message="chunk ab12 is corrupt")),
     protocol.Failure(corrupt=protocol.Corruption(message="the manifest is damaged")),

@@ -46,6 +46,8 @@ class RestoreTiming:
     fs_s: float  # working directory and logs put back
     criu_s: float
     total_s: float
+    image_bytes: int = 0  # the restored ranks' images
+    fetched_bytes: int = 0  # of them, fetched from the store (the rest: from pre-staged images, or zeros)
 
 
 @dataclass(frozen=True)
@@ -360,23 +362,43 @@ class Job:
         return store.reader(job_id, checkpoint_id)
 
     @classmethod
-    def prestage(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]],
-                 checkpoint_id: str | None = None) -> dict[int, LastDump]:
+    def prestage(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec | int, NodeRoot]],
+                 checkpoint_id: str | Sequence[str] | None = None) -> dict[int, LastDump]:
         """Pre-copy for a planned move: fetch and verify the images of a committed checkpoint (default: the
-        latest) on the target nodes while the job still runs. A restore given the result then fetches only
-        the chunks that changed since, so the job is stopped for less time."""
-        reader = cls._reader(store, job_id, checkpoint_id)
+        latest), or of its parts (one per node it was spread over), on the target nodes while the job still
+        runs. A restore given the result then fetches only the chunks that changed since, so the job is
+        stopped for less time. ``placement``: each rank (its spec, or its number) and its node. A rank with
+        nothing kept (memory short) is left out of the result."""
+        parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
+            else list(checkpoint_id)
+        owner: dict[int, CheckpointReader] = {}
+        for p in parts:
+            part = cls._reader(store, job_id, p)
+            owner.update({int(r): part for r in part.meta.get("ranks", {})})
         staged: dict[int, LastDump] = {}
         try:
             for spec, node in placement:
-                prefix = f"ranks/{spec.rank}/images/"
+                rank = spec if isinstance(spec, int) else spec.rank
+                found = owner.get(rank)
+                if found is None:
+                    raise CheckpointError(f"checkpoint {', '.join(map(str, parts))} of job {job_id} holds no rank "
+                                          f"{rank}", object=str(parts[0]),
+                                          hint="pre-stage the ranks the checkpoint holds")
+                reader = found
+                prefix = f"ranks/{rank}/images/"
                 names = [n for n in reader.names() if n.startswith(prefix)]
                 need = sum(reader.entry(n).size for n in names)
                 d = node.staging(f"{job_id}-prestage-{uuid.uuid4().hex[:8]}", need, fetched=True)
-                reader.extract_all([(n, d / n[len(prefix):]) for n in names])
-                last = staged[spec.rank] = LastDump()
-                last.keep(d, {n[len(prefix):]: reader.entry(n) for n in names},
-                          d.parent / f"{job_id}-prestaged-r{spec.rank}")
+                last = LastDump()
+                try:
+                    reader.extract_all([(n, d / n[len(prefix):]) for n in names])
+                    last.keep(d, {n[len(prefix):]: reader.entry(n) for n in names},
+                              d.parent / f"{job_id}-prestaged-r{rank}")
+                finally:
+                    if last.dir is None:
+                        _remove_staging(d)  # not taken over (failed, or memory short): nothing may stay
+                if last.dir is not None:
+                    staged[rank] = last
         except BaseException:
             for last in staged.values():
                 last.drop()
@@ -451,6 +473,7 @@ class Job:
                 # The pre-staged images are this restore's alone: patched into the new ones in place.
                 reader.extract_all(pairs, bases=bases, consume_bases=True)
             t_fetch = time.perf_counter()
+            fetched = sum(rd.fetched_bytes for rd in readers)
             if fs is not None and fs_reader is not None:
                 snap = FsSnapshot.from_json(fs_reader.meta["fs"])
                 src = fs_reader
@@ -499,5 +522,5 @@ class Job:
         # The ranks were dumped at a cut, waiting: let them rebuild their group and go on.
         resume(job.channels(), new_epoch(), rendezvous, wait=False)
         end = time.perf_counter()
-        job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0)
+        job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0, need, fetched)
         return job

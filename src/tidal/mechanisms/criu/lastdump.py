@@ -56,6 +56,11 @@ class LastDump:
             return None
         return path, kept.entry
 
+    @property
+    def nbytes(self) -> int:
+        """The size of the images kept."""
+        return sum(k.entry.size for k in self._files.values())
+
     def moved(self, name: str, windows: dict[int, int]) -> dict[int, int]:
         """For a new page file with ``windows``: new chunk offset → offset of the same window here."""
         kept = self._files.get(name)

@@ -155,6 +155,9 @@ class CheckpointReader:
         self._manifest = manifest
         self._entries = {e.name: e for e in manifest.entries}
         self.info: CheckpointInfo = manifest.info(manifest_bytes)
+        # Bytes (uncompressed) of the chunks fetched from the store so far, not those taken from a local
+        # base nor known zeros: what a pre-staged restore saves shows here.
+        self.fetched_bytes = 0
 
     @property
     def meta(self) -> dict[str, Any]:
@@ -279,6 +282,8 @@ class CheckpointReader:
                     elif from_base is not None:
                         fut = store.pool.submit(_copy_local, base_fd, from_base, n, sink, off, buf)
                     else:
+                        if fetch_zero or digest != zero_digest(n):
+                            self.fetched_bytes += n
                         fut = store.pool.submit(self._fetch, entry, digest, n, sink, off, fetch_zero, buf)
                     window.append((st, fut, n, buf))
                     off += n

@@ -1,0 +1,78 @@
+"""Pre-staging a migration's target: while the job is checkpointed where it runs, each node its ranks move to
+fetches the checkpoint the job descends from, so that the restore there fetches only what changed since.
+
+A prestage is a side order, outside the job's operation (:mod:`tidal.core.operations`): nothing waits for it,
+and its outcome, an event, never moves the operation on. A failed prestage, or one an agent of an older
+release refuses, costs nothing but the restore's full fetch. The nodes it went to are kept in the
+operation's state; when the operation ends, those the restore does not go to are told to drop what they
+fetched (:func:`tidal.control.jobs.end_op`), and the agents drop it anyway after a while (see
+:mod:`tidal.agent.prestaging`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from tidal.control.dispatch import new_action
+from tidal.control.history import record
+from tidal.control.jobs import parts_of, restore_source
+from tidal.control.store.models import ActionRow, JobRow, NodeRow
+from tidal.core import protocol
+
+MIB = 1 << 20
+
+
+def moving(job: JobRow) -> dict[str, list[int]]:
+    """Node → the ranks ``job.target`` moves onto it from another node (a rank that stays where it runs
+    needs nothing fetched ahead)."""
+    here = {int(p["rank"]): p["node"] for p in job.placement}
+    out: dict[str, list[int]] = {}
+    for rank, (node, _) in enumerate(job.target or ()):
+        if here.get(rank) != node:
+            out.setdefault(node, []).append(rank)
+    return out
+
+
+def order(s: Session, job: JobRow, cause: str | None) -> None:
+    """A migration or resize of ``job`` (to ``job.target``) starts: have each node that ranks move onto
+    prestage them from the checkpoint the running attempt descends from (the one it was restored from, or
+    its newest since). Nothing without a committed checkpoint."""
+    source = restore_source(s, job)
+    if source is None:
+        return
+    ref = protocol.CheckpointRef(id=source.id, parts=parts_of(source))
+    nodes = []
+    for node, ranks in moving(job).items():
+        row = s.get(NodeRow, node)
+        if row is None or not row.up:
+            continue
+        new_action(s, job, node, protocol.Prestage(job_id=job.id, attempt=job.attempt, checkpoint=ref, ranks=ranks),
+                   cause, track=False)
+        nodes.append(node)
+    if nodes:
+        job.opstate = {**(job.opstate or {}), "prestaged": {"attempt": job.attempt, "nodes": nodes}}
+
+
+def keep(job: JobRow, nodes: list[str]) -> None:
+    """The restore goes to ``nodes``: what was prestaged there is theirs to use, not dropped with the
+    operation's end."""
+    staged = (job.opstate or {}).get("prestaged")
+    if staged:
+        left = [n for n in staged["nodes"] if n not in nodes]
+        job.opstate = {**(job.opstate or {}), "prestaged": {**staged, "nodes": left}}
+
+
+def on_result(s: Session, job: JobRow, a: ActionRow, ok: bool, data: dict[str, Any]) -> None:
+    """A prestage's or unstage's answer: an event for a prestage, nothing more."""
+    if a.kind != "prestage":
+        return
+    if ok:
+        record(s, "prestaged", job_id=job.id, node=a.node, cause=a.id,
+               detail=f"checkpoint {data.get('checkpoint')}, ranks {data.get('ranks')}: "
+                      f"{int(data.get('bytes', 0)) / MIB:.1f} MiB in {float(data.get('seconds', 0)):.1f}s")
+    else:
+        error = (a.result or {}).get("error")
+        record(s, "prestage_failed", job_id=job.id, node=a.node, cause=a.id,
+               detail=f"{error}; a restore there fetches the whole checkpoint")
