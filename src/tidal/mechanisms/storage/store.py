@@ -231,13 +231,21 @@ class CheckpointStore:
             self.gc()
         return doomed
 
-    def delete_job(self, job_id: str) -> None:
-        """Delete every checkpoint of the job (do not call while the job is being checkpointed)."""
+    def delete(self, job_id: str, checkpoint_id: str) -> None:
+        """Delete one checkpoint (committed or not; nothing if absent). Its chunks go at the next :meth:`gc`."""
+        check_id("job id", job_id)
+        check_id("checkpoint id", checkpoint_id)
+        self._delete_checkpoint(job_id, checkpoint_id)
+
+    def delete_job(self, job_id: str, *, collect: bool = True) -> None:
+        """Delete every checkpoint of the job (do not call while the job is being checkpointed), then collect
+        garbage (``collect``)."""
         check_id("job id", job_id)
         for cid in self.backend.listdir(f"jobs/{job_id}"):
             self._delete_checkpoint(job_id, cid)
         self.backend.delete_tree(f"jobs/{job_id}")
-        self.gc()
+        if collect:
+            self.gc()
 
     def _delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
         prefix = f"jobs/{job_id}/{checkpoint_id}"
