@@ -52,6 +52,18 @@ class Settings(BaseSettings):
         "directory, 16 for an object store)"
     )
     keep_checkpoints: int = Field(default=3, ge=1, description="good checkpoints kept per job (bad ones besides)")
+    finished_retention: float = Field(
+        default=7 * 86400.0, ge=0, description="seconds a finished job's checkpoints are kept after it ended (0: "
+        "deleted at once)"
+    )
+    store_quota: str | None = Field(
+        default=None, description="checkpoint bytes each user may keep: 'user=SIZE,...' ('*=SIZE' for every other "
+        "user; SIZE in bytes or with K, M, G, T, Ki, Mi, Gi, Ti); none by default"
+    )
+    collect_every: float = Field(
+        default=300.0, gt=0, description="seconds between the control plane's passes of checkpoint retention and "
+        "garbage collection"
+    )
     quotas: str | None = Field(
         default=None,
         description="per-project quotas for premium and standard jobs: 'project=share,...' ('*=share' for "

@@ -188,6 +188,47 @@ CHECKS = Listing("doctor", {
     Column("HOW TO FIX", _text("fix")),
 ), note="This machine's checks, as one object.")
 
-LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, TOKENS, PROCESSES, CHECKS)}
+STORE_USAGE = Listing("store usage", {
+    "users": "per user: user, jobs, checkpoints, bytes, stored_bytes, quota (see below)",
+    "jobs": "per job: job, name, owner, state, checkpoints, bytes, stored_bytes (see below)",
+}, note="What the checkpoints kept take, as one object: yours (--all: every user's, for an admin).")
+
+STORE_USERS = Listing("store usage: users", {
+    "user": "the user",
+    "jobs": "their jobs that keep checkpoints",
+    "checkpoints": "the checkpoints kept",
+    "bytes": "their size: the ranks' images (bytes); what the store quota counts",
+    "stored_bytes": "what they added to the store when taken (bytes: chunks not already there)",
+    "quota": "the user's store quota (bytes; null: none)",
+}, (
+    Column("USER", _text("user")),
+    Column("JOBS", _text("jobs")),
+    Column("CHECKPOINTS", _text("checkpoints")),
+    Column("SIZE", lambda u: units.size(u["bytes"])),
+    Column("STORED", lambda u: units.size(u["stored_bytes"])),
+    Column("QUOTA", lambda u: "-" if u["quota"] is None else units.size(u["quota"]),
+           style=lambda u: "bold red" if u["quota"] is not None and u["bytes"] > u["quota"] else None),
+))
+
+STORE_JOBS = Listing("store usage: jobs", {
+    "job": "the job's id",
+    "name": "its name",
+    "owner": "its user",
+    "state": "its state",
+    "checkpoints": "its checkpoints kept",
+    "bytes": "their size (bytes)",
+    "stored_bytes": "what they added to the store (bytes)",
+}, (
+    Column("JOB", _text("job")),
+    Column("NAME", _text("name")),
+    Column("OWNER", _text("owner")),
+    Column("STATE", _text("state"), style=_state),
+    Column("CHECKPOINTS", _text("checkpoints")),
+    Column("SIZE", lambda j: units.size(j["bytes"])),
+    Column("STORED", lambda j: units.size(j["stored_bytes"])),
+))
+
+LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, TOKENS, PROCESSES, CHECKS,
+                                   STORE_USAGE, STORE_USERS, STORE_JOBS)}
 """Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
 docs/cli.md documents."""

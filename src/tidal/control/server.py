@@ -17,7 +17,7 @@ from typing import Any
 import uvicorn
 from sqlalchemy import select, update
 
-from tidal.config import load_settings
+from tidal.config import Settings, load_settings
 from tidal.control import agents, clock, pki
 from tidal.control.api.app import Context, create_app
 from tidal.control.bootstrap import bootstrap
@@ -26,12 +26,16 @@ from tidal.control.history import record
 from tidal.control.pki import ServerTLS
 from tidal.control.reconcile import Reconciler
 from tidal.control.rendezvous import RendezvousHost
+from tidal.control.retention import Collector, Rules, parse_store_quotas
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
 from tidal.errors import ConfigError, TidalError, ValidationError
 from tidal.mechanisms.interpose import storeserver
+from tidal.mechanisms.storage import open_store
 from tidal.policy.admission import Quotas, parse_quotas
 from tidal.policy.registry import DEFAULT_LIVE_POLICY, LIVE_POLICIES, make_live_policy
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8470
 
@@ -94,6 +98,28 @@ def _quotas(text: str | None) -> Quotas | None:
         raise ConfigError(f"TIDAL_QUOTAS: {exc.message}", field="TIDAL_QUOTAS",
                           hint="set TIDAL_QUOTAS to 'project=share,...' with shares between 0 and 1, or unset "
                                "it") from None
+
+
+def _store_quotas(text: str | None) -> dict[str, int]:
+    try:
+        return parse_store_quotas(text)
+    except ValidationError as exc:
+        raise ConfigError(f"TIDAL_STORE_QUOTA: {exc.message}", field="TIDAL_STORE_QUOTA",
+                          hint="set TIDAL_STORE_QUOTA to 'user=SIZE,...' ('*=SIZE' for the others), e.g. "
+                               "'alice=2TiB,*=500GiB', or unset it") from None
+
+
+def _collector(db: Database, settings: Settings, store: str | None, rules: Rules) -> Collector | None:
+    """Checkpoint retention and garbage collection, over the store the agents are told to use (without one,
+    TIDAL_HOME/checkpoints: the agents' own under `tidal up`)."""
+    try:
+        opened = open_store(settings.model_copy(update={"checkpoint_store": store or settings.store_url}))
+    except TidalError as exc:
+        log.warning("checkpoint retention is off: the control plane cannot open the checkpoint store: %s", exc)
+        return None
+    collector = Collector(db, opened, rules, interval=settings.collect_every)
+    collector.start()
+    return collector
 
 
 def check_lease(lease_s: float) -> None:
@@ -218,8 +244,11 @@ def serve(args: argparse.Namespace) -> None:
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_live_policy(args.policy))
     rec.start()
+    rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
+                  quotas=_store_quotas(settings.store_quota))
+    collector = _collector(db, settings, store, rules)
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
-                             store=store, fingerprint=tls.fingerprint if tls else None))
+                             store=store, fingerprint=tls.fingerprint if tls else None, retention=rules))
     if args.bootstrap:
         url = public_url(listen_host, port, tls, args.tls_san, args.advertise_addr)
         print(banner(url, home, tls, settings.db_url, store, args.lease), flush=True)
@@ -229,6 +258,9 @@ def serve(args: argparse.Namespace) -> None:
         uvicorn.run(app, host=listen_host, port=port, log_level="warning", access_log=False,
                     timeout_graceful_shutdown=1, **ssl)
     finally:
+        if collector:
+            collector.stop()
+            collector.store.close()
         rec.stop()
         db.close()
         storeserver.close_shared()

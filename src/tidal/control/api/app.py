@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from tidal.control.api import auth, handlers
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
-from tidal.control.api.routes import admin, agents, cluster, jobs, service
+from tidal.control.api.routes import admin, agents, cluster, jobs, service, store
 from tidal.core import limits
 
 __all__ = ["Context", "create_app"]
@@ -27,6 +27,6 @@ def create_app(ctx: Context) -> FastAPI:
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES,
                        routes=(("PUT", r"/v1/agent/[^/]+/logs/[^/]+/[^/]+", limits.MAX_LOG_UPLOAD_BYTES),))
     handlers.install(app)
-    for area in (service, jobs, cluster, agents, admin):
+    for area in (service, jobs, cluster, store, agents, admin):
         app.include_router(area.router)
     return app

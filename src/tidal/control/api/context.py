@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tidal.control.retention import Rules
 from tidal.control.store.db import Database
 from tidal.policy.admission import Quotas
 
@@ -26,6 +27,8 @@ class Context:
     # The SHA-256 fingerprint agents pin the server's certificate by (`tidal server --tls auto`: its CA's),
     # shown with a new join token; None without TLS, or with the operator's own certificate.
     fingerprint: str | None = None
+    # Checkpoint retention (keep per job, finished jobs' time, store quotas): `tidal store usage` shows quotas.
+    retention: Rules = field(default_factory=Rules)
 
 
 async def context(request: Request) -> Context:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
-import fcntl
 import os
 import secrets
 import threading
@@ -79,17 +78,17 @@ class Backend(Protocol):
         ...
 
     def chunks(self) -> Iterator[tuple[str, float | None]]:
-        """Every object under ``chunks/`` (crash leftovers too): its key and, where garbage collection must
-        spare young chunks (no lock fences writers on other machines), when it was last modified."""
+        """Every object under ``chunks/`` (crash leftovers too): its key and, where the listing says it at no
+        extra cost, when it was last written (else None: :meth:`modified` asks)."""
+        ...
+
+    def modified(self, key: str) -> float | None:
+        """When the object was last written (seconds since the epoch, the store's clock); None when absent."""
         ...
 
     def delete(self, key: str) -> None: ...
 
     def delete_tree(self, key: str) -> None: ...
-
-    def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
-        """Writers take it shared while they add chunks; garbage collection takes it exclusive."""
-        ...
 
     def close(self) -> None:
         """Let go of what the backend holds (threads, connections)."""
@@ -232,13 +231,20 @@ class LocalBackend:
             raise storage_error(e, "listing", self._path(key)) from None
 
     def chunks(self) -> Iterator[tuple[str, float | None]]:
-        # The lock is a flock: writers on this machine are fenced, so no chunk needs sparing.
         for sub in self.listdir("chunks"):
             for name in self.listdir(f"chunks/{sub}"):
                 yield f"chunks/{sub}/{name}", None
 
     def close(self) -> None:
         return None
+
+    def modified(self, key: str) -> float | None:
+        try:
+            return os.stat(self._path(key)).st_mtime
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise storage_error(e, "reading", self._path(key)) from None
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -255,21 +261,6 @@ class LocalBackend:
                     os.rmdir(os.path.join(dirpath, d))
         with contextlib.suppress(FileNotFoundError):
             os.rmdir(top)
-
-    @contextlib.contextmanager
-    def lock(self, exclusive: bool) -> Iterator[None]:
-        # flock locks belong to an open file description, so a fresh fd per holder also works
-        # between threads of one process.
-        path = self._path("gc.lock")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
-        except OSError as e:
-            raise storage_error(e, "locking", path) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-            yield
-        finally:
-            os.close(fd)
 
 
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
@@ -322,44 +313,6 @@ def _syncfs(path: str) -> bool:
         os.close(fd)
 
 
-class _RWLock:
-    """Many shared holders or one exclusive holder, within one process."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._shared = 0
-        self._exclusive = False
-
-    @contextlib.contextmanager
-    def hold(self, exclusive: bool) -> Iterator[None]:
-        with self._cond:
-            if exclusive:
-                self._cond.wait_for(lambda: not self._exclusive and self._shared == 0)
-                self._exclusive = True
-            else:
-                self._cond.wait_for(lambda: not self._exclusive)
-                self._shared += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                if exclusive:
-                    self._exclusive = False
-                else:
-                    self._shared -= 1
-                self._cond.notify_all()
-
-
-_process_locks: dict[str, _RWLock] = {}
-_process_locks_guard = threading.Lock()
-
-
-def process_lock(name: str) -> _RWLock:
-    """The one writer/GC lock of this process for the store called ``name``."""
-    with _process_locks_guard:
-        return _process_locks.setdefault(name, _RWLock())
-
-
 _FSSPEC_HINT = "check that the checkpoint store is reachable from this node and Tidal may write to it"
 
 
@@ -367,8 +320,8 @@ class FsspecBackend:
     """Any fsspec filesystem (``gs://``, ``az://``, ``memory://`` ...): single puts are atomic. Requests that
     fail on the way or with a server error are tried again (:mod:`.retry`).
 
-    Object stores have no locks, so writers and garbage collection are fenced only within one process
-    (the GC/writer lock below); run retention from the process that writes, or from one place.
+    Where the filesystem does not say when an object was written, garbage collection cannot spare the chunks
+    of writers in progress (:mod:`.sweep`): collect only while nothing is being written.
     """
 
     def __init__(self, url: str, *, retry: RetryPolicy | int | None = None, **storage_options: Any) -> None:
@@ -378,7 +331,6 @@ class FsspecBackend:
         self.fs, root = fsspec.core.url_to_fs(url, **storage_options)
         self.root = root.rstrip("/")
         self.retry = RetryPolicy(attempts=max(1, retry)) if isinstance(retry, int) else retry or RetryPolicy()
-        self._rw = process_lock(f"{self.fs.protocol}:{self.root}")
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -441,8 +393,18 @@ class FsspecBackend:
         with contextlib.suppress(FileNotFoundError):
             self._do(lambda: self.fs.rm(self._path(key), recursive=True), "deleting", key)
 
-    def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
-        return self._rw.hold(exclusive)
+    def modified(self, key: str) -> float | None:
+        try:
+            info = self._do(lambda: self.fs.info(self._path(key)), "checking", key)
+        except FileNotFoundError:
+            return None
+        for field in ("mtime", "LastModified", "last_modified", "updated", "created"):
+            value = info.get(field)
+            if isinstance(value, (int, float)):
+                return float(value)
+            if hasattr(value, "timestamp"):
+                return float(value.timestamp())
+        return 0.0  # unknown: as if old
 
     def close(self) -> None:
         return None

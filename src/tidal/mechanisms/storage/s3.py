@@ -37,7 +37,6 @@ from typing import Any, Literal, TypeVar
 
 from tidal.errors import ConfigError, StorageError
 
-from .backends import process_lock
 from .retry import RetryPolicy, answer, retrying
 
 T = TypeVar("T")
@@ -82,7 +81,7 @@ class S3Backend:
         sse: str | None = None,
         sse_kms_key_id: str | None = None,
         max_connections: int = 64,
-        gc_grace: float = 900.0,
+        gc_grace: float = 60.0,
         **fs_options: Any,
     ) -> None:
         try:
@@ -106,8 +105,8 @@ class S3Backend:
         self.part_size = part_size
         self.multipart_threshold = multipart_threshold or 2 * part_size
         self.part_concurrency = max(1, part_concurrency)
-        #: Seconds a chunk is spared by garbage collection after it was written: a writer on another machine
-        #: may rely on it before its pending refs name it (no lock reaches across machines).
+        #: Seconds garbage collection spares a chunk beyond the oldest writer's start (:mod:`.sweep`): the
+        #: skew between the clocks of the hosts and the store's, and the store's whole-second timestamps.
         self.gc_grace = gc_grace
         endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         style = addressing_style or ("path" if endpoint else "auto")
@@ -141,7 +140,6 @@ class S3Backend:
             self._put_extra["SSEKMSKeyId"] = sse_kms_key_id
         self._parts: ThreadPoolExecutor | None = None
         self._parts_lock = threading.Lock()
-        self._rw = process_lock(f"s3:{self.bucket}/{self.prefix}")
 
     def __repr__(self) -> str:
         return f"S3Backend({self.url!r})"
@@ -204,6 +202,14 @@ class S3Backend:
             return True
         except FileNotFoundError:
             return False
+
+    def modified(self, key: str) -> float | None:
+        try:
+            r = self._call("checking", key, "head_object", Key=self._key(key))
+        except FileNotFoundError:
+            return None
+        when = r.get("LastModified")
+        return float(when.timestamp()) if when is not None else 0.0
 
     def get(self, key: str) -> bytes:
         async def fetch() -> bytes:
@@ -370,9 +376,6 @@ class S3Backend:
                 raise StorageError(f"checkpoint store error deleting {where}: {first.get('Code')}: "
                                    f"{first.get('Message')} ({len(errors)} objects not deleted)",
                                    object=where, reason=str(first.get("Code")), hint=_HINT)
-
-    def lock(self, exclusive: bool) -> contextlib.AbstractContextManager[None]:
-        return self._rw.hold(exclusive)
 
     def close(self) -> None:
         with self._parts_lock:

@@ -4,8 +4,9 @@ Layout under the root (a local directory or an fsspec URL)::
 
     chunks/<2 hex>/<sha256>                 one chunk (tag byte + raw or zstd payload), shared by all
     jobs/<job>/<checkpoint>/manifest.json   present exactly when the checkpoint is committed
+    jobs/<job>/<checkpoint>/pending/start   an in-progress writer's start (the time it was written)
     jobs/<job>/<checkpoint>/pending/*.refs  digests an in-progress writer relies on
-    gc.lock                                 writers hold it shared, garbage collection exclusive
+    sweeps/<id>.json                        garbage collections running or recently ended (:mod:`.sweep`)
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from types import TracebackType
 from typing import Any
 
 from tidal.config import Settings, load_settings
-from tidal.errors import CheckpointCorrupt, CheckpointError, ValidationError
+from tidal.errors import CheckpointCorrupt, CheckpointError, StorageError, ValidationError
 
 from .backends import Backend, LocalBackend, open_backend
 from .chunks import Codec, check_chunk_size
@@ -38,6 +39,7 @@ from .manifest import (
     sort_key,
 )
 from .reader import CheckpointReader
+from .sweep import START, Sweep, prune
 from .writer import CheckpointWriter
 
 log = logging.getLogger(__name__)
@@ -56,14 +58,20 @@ class CheckpointStore:
         level: int = 1,
         workers: int | None = None,
         gc_grace: float | None = None,
+        sweep_limit: float = 300.0,
+        writer_lease: float = 3600.0,
         **storage_options: Any,
     ) -> None:
-        """``storage_options`` go to the backend (for ``s3://``: :class:`~.s3.S3Backend`'s). ``gc_grace``:
-        seconds garbage collection spares a chunk after it was written, where the backend knows (default:
-        the backend's own, 15 minutes on S3)."""
+        """``storage_options`` go to the backend (for ``s3://``: :class:`~.s3.S3Backend`'s). Garbage collection
+        (:mod:`.sweep`) spares chunks written less than ``gc_grace`` seconds before the oldest live writer
+        started (default: the backend's own, a minute on S3, none on a local directory), deletes for at most
+        ``sweep_limit`` seconds per run, and takes a writer that wrote nothing under its pending refs for
+        ``writer_lease`` seconds for dead."""
         check_chunk_size(chunk_size)
         self.backend: Backend = open_backend(url, **storage_options)
         self.gc_grace = float(getattr(self.backend, "gc_grace", 0.0) if gc_grace is None else gc_grace)
+        self.sweep_limit = sweep_limit
+        self.writer_lease = writer_lease
         self.url = self.backend.url
         self.chunk_size = chunk_size
         self.codec = Codec(level)
@@ -123,12 +131,12 @@ class CheckpointStore:
         if self.backend.listdir(prefix) or not self.backend.mkdir(prefix):
             raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} already exists", object=prefix,
                                   hint="give the new checkpoint another id, or none for a fresh one")
-        # The first refs object marks the checkpoint as in progress (object stores have no directories). It
-        # names the chunks of the job's newest committed checkpoint, read under the lock: they are then known
-        # to be in the store and kept there while this writer runs, and it never asks about them.
-        with self.backend.lock(exclusive=False):
-            present = self._newest_chunks(job_id, checkpoint_id)
-            self.backend.put(f"{prefix}/pending/000000.refs", "\n".join(sorted(present)).encode(), durable=False)
+        # The start marker makes the checkpoint in progress (object stores have no directories) and its time
+        # the writer's start (see .sweep). The first refs then name the chunks of the job's newest committed
+        # checkpoint, read after it: they are kept while this writer runs, and it never asks about them.
+        self.backend.put(f"{prefix}/pending/{START}", b"", durable=False)
+        present = self._newest_chunks(job_id, checkpoint_id)
+        self.backend.put(f"{prefix}/pending/000000.refs", "\n".join(sorted(present)).encode(), durable=False)
         return CheckpointWriter(self, job_id, checkpoint_id, present=present)
 
     def _newest_chunks(self, job_id: str, checkpoint_id: str) -> frozenset[str]:
@@ -223,13 +231,21 @@ class CheckpointStore:
             self.gc()
         return doomed
 
-    def delete_job(self, job_id: str) -> None:
-        """Delete every checkpoint of the job (do not call while the job is being checkpointed)."""
+    def delete(self, job_id: str, checkpoint_id: str) -> None:
+        """Delete one checkpoint (committed or not; nothing if absent). Its chunks go at the next :meth:`gc`."""
+        check_id("job id", job_id)
+        check_id("checkpoint id", checkpoint_id)
+        self._delete_checkpoint(job_id, checkpoint_id)
+
+    def delete_job(self, job_id: str, *, collect: bool = True) -> None:
+        """Delete every checkpoint of the job (do not call while the job is being checkpointed), then collect
+        garbage (``collect``)."""
         check_id("job id", job_id)
         for cid in self.backend.listdir(f"jobs/{job_id}"):
             self._delete_checkpoint(job_id, cid)
         self.backend.delete_tree(f"jobs/{job_id}")
-        self.gc()
+        if collect:
+            self.gc()
 
     def _delete_checkpoint(self, job_id: str, checkpoint_id: str) -> None:
         prefix = f"jobs/{job_id}/{checkpoint_id}"
@@ -237,57 +253,81 @@ class CheckpointStore:
         self.backend.delete_tree(prefix)
 
     def gc(self) -> int:
-        """Remove chunks that no manifest of any job and no in-progress writer references.
-
-        Where the backend says when a chunk was written (object stores: their lock does not reach writers on
-        other machines), chunks younger than ``gc_grace`` seconds are spared: another machine's writer may
-        have put or found them and not yet named them in its pending refs."""
-        with self.backend.lock(exclusive=True):
-            live = self._referenced()
-            now = time.time()
-            removed = 0
-            for key, modified in self.backend.chunks():
-                name = key.rsplit("/", 1)[-1]
-                # Under the exclusive lock no writer here is mid-put, so a temp file is a crash leftover.
-                if name.startswith(".") or name not in live:
-                    if modified is not None and now - modified < self.gc_grace:
-                        continue
-                    self.backend.delete(key)
-                    removed += not name.startswith(".")
-            return removed
+        """Remove chunks that no manifest and no writer in progress references, safely while checkpoints are
+        being written here or on other machines (:mod:`.sweep`); return how many were removed."""
+        return self._sweep(None)
 
     def _discard(self, prefix: str, new_keys: Iterable[str]) -> None:
         """Drop an uncommitted checkpoint and the chunks it wrote that nothing else references."""
-        with self.backend.lock(exclusive=True):
-            self.backend.delete_tree(prefix)
-            keys = list(new_keys)
-            if keys:
-                live = self._referenced()
-                for key in keys:
-                    if key.rsplit("/", 1)[-1] not in live:
-                        self.backend.delete(key)
+        self.backend.delete_tree(prefix)
+        keys = list(new_keys)
+        if not keys:
+            return
+        try:
+            self._sweep(keys)
+        except StorageError as e:
+            if e.fields.get("reason") != "store full":
+                raise
+            # No room even for the collection's marker: free the space without it (a writer elsewhere that
+            # found one of these chunks in the last moments may then lose it; its restore falls back).
+            live, _ = self._scan(time.time())
+            for key in keys:
+                if key.rsplit("/", 1)[-1] not in live:
+                    self.backend.delete(key)
 
-    def _referenced(self) -> set[str]:
-        """Digests referenced by any pending writer or any manifest. Call with the lock exclusive.
+    def _sweep(self, only: builtins.list[str] | None) -> int:
+        """Collect the unreferenced chunks among ``only`` (None: every chunk). See :mod:`.sweep`."""
+        b = self.backend
+        with Sweep(b, self.sweep_limit) as sweep:
+            started = time.time()  # before anything is looked at: a writer starting later starts after it
+            live, starts = self._scan(started)
+            oldest = min([started, *starts])
+            watermark = oldest - self.gc_grace
+            candidates = b.chunks() if only is None else ((k, None) for k in only)
+            removed = 0
+            for key, modified in candidates:
+                name = key.rsplit("/", 1)[-1]
+                temp = name.startswith(".")  # a put in progress, or a crash's leftover: old enough, the latter
+                if not temp and name in live:
+                    continue
+                when = b.modified(key) if modified is None else modified
+                if when is None or when >= watermark:
+                    continue  # gone, or written since the oldest writer in progress started
+                if not sweep.may_delete():
+                    log.info("garbage collection stopped at its deadline; the next one goes on")
+                    break
+                b.delete(key)
+                removed += not temp
+            prune(b, oldest, sweep.key)
+            return removed
+
+    def _scan(self, now: float) -> tuple[set[str], builtins.list[float]]:
+        """Digests referenced by any pending writer or any manifest, and the start (store time) of every
+        live writer (a checkpoint without manifest whose pending objects were written within the lease).
 
         Per checkpoint, pending refs are read before the manifest: a writer puts its manifest before it
         deletes its pending refs, so a checkpoint committing meanwhile is seen one way or the other.
         """
         live: set[str] = set()
+        starts: builtins.list[float] = []
         b = self.backend
         for job in b.listdir("jobs"):
             for cid in b.listdir(f"jobs/{job}"):
                 prefix = f"jobs/{job}/{cid}"
-                for ref in b.listdir(f"{prefix}/pending"):
+                pending = b.listdir(f"{prefix}/pending")
+                for ref in pending:
                     if ref.endswith(".refs"):
                         with contextlib.suppress(FileNotFoundError):
                             live.update(b.get(f"{prefix}/pending/{ref}").decode().split())
                 try:
                     raw = b.get(f"{prefix}/{MANIFEST}")
                 except FileNotFoundError:
+                    times = [t for t in (b.modified(f"{prefix}/pending/{p}") for p in pending) if t is not None]
+                    if times and max(times) > now - self.writer_lease:
+                        starts.append(min(times))
                     continue
                 live.update(_manifest_digests(raw, f"{prefix}/{MANIFEST}"))
-        return live
+        return live, starts
 
 
 def open_store(settings: Settings | None = None, **kw: Any) -> CheckpointStore:

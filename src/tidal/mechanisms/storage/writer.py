@@ -19,6 +19,7 @@ from tidal.errors import CheckpointError, StorageError, ValidationError
 
 from .chunks import chunk_key, is_zero, plan, zero_digest
 from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, file_digest, normalise_meta
+from .sweep import START, overlapping, wait_out
 
 if TYPE_CHECKING:
     from .store import CheckpointStore
@@ -27,9 +28,10 @@ if TYPE_CHECKING:
 class CheckpointWriter:
     """Collects the files of one checkpoint. Nothing is visible to readers until :meth:`commit`.
 
-    Garbage collection never races a writer: chunks are only looked up or written while the writer
-    holds the store's lock shared, and before it lets go it records the digests it relies on in a
-    pending-refs object under its checkpoint (``pending/NNNNNN.refs``), which GC reads as references.
+    Garbage collection may run meanwhile, here or on another machine (:mod:`.sweep`): the chunks this writer
+    puts are spared as younger than its start; after each file it records the digests it relies on in a
+    pending-refs object under its checkpoint (``pending/NNNNNN.refs``), which GC reads as references; and
+    before its commit it checks again the chunks it found already there if a collection overlapped it.
     """
 
     def __init__(self, store: CheckpointStore, job_id: str, checkpoint_id: str,
@@ -43,6 +45,7 @@ class CheckpointWriter:
         self._entries: dict[str, Entry] = {}
         self._seen: set[str] = set(present)  # digests present in the store and protected by our pending refs
         self._new: list[str] = []  # chunk keys this writer wrote itself
+        self._sources: dict[str, Path | bytes] = {}  # where each file's bytes can be read again
         self._chunk_bytes = 0
         self._refs_seq = 0
         self._state = "open"
@@ -112,6 +115,7 @@ class CheckpointWriter:
             digest = file_digest(st.st_size, chunks)
         finally:
             os.close(fd)
+        self._sources[name] = Path(path)
         return self._add_entry(
             Entry(
                 name=name,
@@ -128,11 +132,11 @@ class CheckpointWriter:
         self._check_new(name)
         data = bytes(data)
         segments = plan(len(data), (), self._store.chunk_size)
-        with self._store.backend.lock(exclusive=False):
-            claimed: set[str] = set()
-            futures = [self._store.pool.submit(self._put_chunk, data, off, n, claimed) for off, n in segments]
-            chunks = self._collect(futures, claimed)
-            digest = file_digest(len(data), chunks)
+        claimed: set[str] = set()
+        futures = [self._store.pool.submit(self._put_chunk, data, off, n, claimed) for off, n in segments]
+        chunks = self._collect(futures, claimed)
+        digest = file_digest(len(data), chunks)
+        self._sources[name] = data
         return self._add_entry(
             Entry(name=name, kind="file", size=len(data), mode=mode, sha256=digest, chunks=chunks)
         )
@@ -179,42 +183,41 @@ class CheckpointWriter:
         claimed: set[str] = set()
         futures: list[Future[tuple[str, int]]] = []
         failed = threading.Event()
-        with store.backend.lock(exclusive=False):
-            try:
-                present = self._present({hashed[s] for s in segments if s in hashed})
-                for off, n in segments:
-                    if failed.is_set():
-                        break
-                    digest = hashed.get((off, n))
-                    if digest is not None and (digest in self._seen or digest in present):
-                        futures.append(_known(digest, n))
-                        continue
-                    buf = store.take_buffer()
-                    try:
-                        view = memoryview(buf)[:n]
-                        _pread_full(fd, view, off, where)
-                    except BaseException:
-                        store.give_buffer(buf)
-                        raise
-                    view.release()
-                    prev_off = moved.get(off, off)
-                    digest = known.get((prev_off, n))
-                    if digest is not None and compare is not None and _same(prev_fd, prev_off, n, buf, compare):
-                        store.give_buffer(buf)
-                        futures.append(_known(digest, n))
-                        continue
-                    fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
-                    fut.add_done_callback(_releaser(store, buf, failed))
-                    futures.append(fut)
-            except BaseException:
-                _settle(futures)
-                raise
-            return self._collect(futures, claimed)
+        try:
+            present = self._present({hashed[s] for s in segments if s in hashed})
+            for off, n in segments:
+                if failed.is_set():
+                    break
+                digest = hashed.get((off, n))
+                if digest is not None and (digest in self._seen or digest in present):
+                    futures.append(_known(digest, n))
+                    continue
+                buf = store.take_buffer()
+                try:
+                    view = memoryview(buf)[:n]
+                    _pread_full(fd, view, off, where)
+                except BaseException:
+                    store.give_buffer(buf)
+                    raise
+                view.release()
+                prev_off = moved.get(off, off)
+                digest = known.get((prev_off, n))
+                if digest is not None and compare is not None and _same(prev_fd, prev_off, n, buf, compare):
+                    store.give_buffer(buf)
+                    futures.append(_known(digest, n))
+                    continue
+                fut = store.pool.submit(self._put_chunk, buf, 0, n, claimed)
+                fut.add_done_callback(_releaser(store, buf, failed))
+                futures.append(fut)
+        except BaseException:
+            _settle(futures)
+            raise
+        return self._collect(futures, claimed)
 
     def _present(self, digests: set[str]) -> set[str]:
         """Which of these chunks the store holds (or this writer relies on already). Asked all at once, in
         the pool: on an object store each question is a request, and most chunks of a periodic checkpoint are
-        unchanged. Call with the store's lock held shared."""
+        unchanged."""
         ask = sorted(digests - self._seen)
         if not ask:
             return set(digests)
@@ -225,7 +228,7 @@ class CheckpointWriter:
     def _collect(
         self, futures: list[Future[tuple[str, int]]], claimed: set[str]
     ) -> tuple[tuple[str, int], ...]:
-        """Wait for every chunk, then record the digests we rely on before the lock is released."""
+        """Wait for every chunk, then record the digests we rely on in pending refs."""
         _settle(futures)
         for f in futures:
             f.result()  # the first failure propagates; _settle made sure nothing is still running
@@ -265,6 +268,7 @@ class CheckpointWriter:
         if self._state != "open":
             raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
         store = self._store
+        self._outlast_sweeps()
         manifest = Manifest(
             job_id=self.job_id,
             id=self.id,
@@ -282,6 +286,49 @@ class CheckpointWriter:
         with contextlib.suppress(StorageError):
             store.backend.delete_tree(f"{self._prefix}/pending")
         return manifest.info(len(data))
+
+    def _outlast_sweeps(self) -> None:
+        """If a garbage collection overlapped this writer, wait until it is over, then put again any chunk this
+        writer relies on without having written it that is gone (see :mod:`.sweep`)."""
+        backend = self._store.backend
+        started = backend.modified(f"{self._prefix}/pending/{START}")
+        if started is None:
+            raise CheckpointError(f"checkpoint {self._prefix} was removed while it was being written",
+                                  object=self._prefix, hint="take the checkpoint again")
+        sweeps = overlapping(backend, started)
+        if not sweeps:
+            return
+        wait_out(backend, sweeps)
+        written = {k.rsplit("/", 1)[-1] for k in self._new}
+        relied = sorted({h for e in self._entries.values() for h, _ in e.chunks} - written)
+        there = self._store.pool.map(lambda d: backend.exists(chunk_key(d)), relied)
+        gone = {d for d, ok in zip(relied, there, strict=True) if not ok}
+        for name, entry in self._entries.items():
+            off = 0
+            for h, n in entry.chunks:
+                if h in gone:
+                    self._put_again(name, h, off, n)
+                    gone.discard(h)
+                off += n
+
+    def _put_again(self, name: str, digest: str, off: int, n: int) -> None:
+        source = self._sources.get(name)
+        data = b""
+        if isinstance(source, bytes):
+            data = source[off : off + n]
+        elif source is not None:
+            with contextlib.suppress(OSError), open(source, "rb") as f:
+                f.seek(off)
+                data = f.read(n)
+        if len(data) != n or (zero_digest(n) if is_zero(data, 0, n) else hashlib.sha256(data).hexdigest()) != digest:
+            raise CheckpointError(
+                f"chunk {digest} of {name} in checkpoint {self._prefix} was collected while the checkpoint was "
+                "written, and the file changed since", object=chunk_key(digest), hint="take the checkpoint again")
+        tag, payload = self._store.codec.encode(memoryview(data))
+        key = chunk_key(digest)
+        written = self._store.backend.put_chunk(key, tag, payload)
+        self._new.append(key)
+        self._chunk_bytes += written
 
     def abort(self) -> None:
         """Forget this checkpoint and remove the chunks only it wrote. Idempotent; no-op once committed."""

@@ -232,9 +232,12 @@ def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweed
     img.write_bytes(data[: 15 * CHUNK] + rand(CHUNK, 8))
     w = store.writer("job")
     w.add_file("pages.img", img)
+    assert len(asked) == 1  # a HEAD for the changed chunk only
     assert store.retain("job", 0) == [first.id]  # the first goes while the second is written ...
     second = w.commit({})
-    assert len(asked) == 1  # a HEAD for the changed chunk only
+    # A collection overlapped the writer: before its commit it checked the 15 chunks it took from the first
+    # (its pending refs had kept them: none was put again).
+    assert len(asked) == 1 + 15
     assert second.stored_bytes < CHUNK + 8192
     store.verify("job", second.id)  # ... and the chunks the second took from it are all there
     assert store.reader("job", second.id).read_bytes("pages.img") == img.read_bytes()
@@ -245,7 +248,7 @@ def test_a_periodic_checkpoint_asks_only_about_chunks_the_last_one_lacks(seaweed
 def test_gc_spares_young_chunks(seaweedfs: SeaweedFS, s3_url: str) -> None:
     store = CheckpointStore(s3_url, chunk_size=CHUNK, gc_grace=5, **seaweedfs.store_options())
     default = CheckpointStore(s3_url, **seaweedfs.store_options())
-    assert default.gc_grace == 900  # the default on S3
+    assert default.gc_grace == 60  # the default on S3
     default.close()
     w = store.writer("job")
     w.add_bytes("f", rand(2 * CHUNK, 6))

@@ -174,7 +174,7 @@ def test_full_store_keeps_last_good_checkpoint(small_fs: Path, tmp_path: Path) -
     # The failed checkpoint left nothing: no directory, no chunk, no temp file.
     assert os.listdir(root / "jobs" / "job") == [good.id]
     assert not [p for p in tree(root) if p.name.startswith(".")]
-    assert shutil.disk_usage(small_fs).used == used_after_good
+    assert shutil.disk_usage(small_fs).used <= used_after_good + 4096  # and the collection's marker
 
     # Once there is room again, checkpointing works.
     w = store.writer("job")

@@ -46,7 +46,7 @@ def test_s3_backend_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert config["s3"] == {"addressing_style": "path"}  # an endpoint URL: an S3-compatible server
     assert config["retries"]["total_max_attempts"] == 1 and b.fs.retries == 1  # the store's retries only
     assert b.fs.dircache.use_listings_cache is False  # other nodes write too
-    assert b.gc_grace == store.gc_grace == 900
+    assert b.gc_grace == store.gc_grace == 60
     store.close()
     aws = S3Backend("s3://bucket")
     assert aws.fs.config_kwargs["s3"] == {"addressing_style": "auto"} and aws.prefix == ""
