@@ -32,13 +32,21 @@ def s3_store(seaweedfs: SeaweedFS, s3_url: str) -> Iterator[CheckpointStore]:
 
 def test_checkpoint_committed_to_s3_and_restored_from_it(cluster: Cluster, seaweedfs: SeaweedFS, s3_url: str,
                                                          s3_store: CheckpointStore) -> None:
-    spec = cluster.spec(LOOP)
-    ref = reference_run(LOOP, cluster.root / "ref", spec.launch_env())
+    # The loop waits at tick 30 until the gate (outside the working directory) is there: still running at the
+    # second checkpoint, however long the first one took on a loaded machine.
+    gate = cluster.root / "gate"
+    loop = [LOOP[0], LOOP[1], LOOP[2].replace(
+        "sleep 0.02;", f"if [ $i -eq 30 ]; then while [ ! -e {gate} ]; do sleep 0.05; done; fi; sleep 0.02;")]
+    spec = cluster.spec(loop)
+    gate.touch()
+    ref = reference_run(loop, cluster.root / "ref", spec.launch_env())
+    gate.unlink()
     job = Job.launch("job", [(spec, cluster.nodes[0])], s3_store)
     wait_for_line(cluster.nodes[0].log_path(spec), r"^tick 10$")
     first = job.checkpoint(then="continue")
     wait_for_line(cluster.nodes[0].log_path(spec), r"^tick 25$")
     second = job.checkpoint(then="kill", keep=1)
+    gate.touch()
     assert [c.id for c in s3_store.list("job")] == [second.id]
     assert second.stored_bytes < second.logical_bytes  # the unchanged pages of `first` are not stored again
     assert first.id != second.id
