@@ -26,6 +26,8 @@ class Context:
     # The SHA-256 fingerprint agents pin the server's certificate by (`tidal server --tls auto`: its CA's),
     # shown with a new join token; None without TLS, or with the operator's own certificate.
     fingerprint: str | None = None
+    # `tidal server --metrics-public`: GET /metrics without a token.
+    metrics_public: bool = False
 
 
 async def context(request: Request) -> Context:
