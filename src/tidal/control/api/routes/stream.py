@@ -86,7 +86,7 @@ def stream(request: Request, p: User, ctx: Ctx, job: str | None = None,
     if open_.count >= MAX_STREAMS:
         raise Unavailable(f"{MAX_STREAMS} event streams are open, the most this control plane serves",
                           hint="try again later, or read GET /v1/events?after=SEQ", retry_after=5)
-    return StreamingResponse(_events(ctx, open_, _reader(ctx, p, job), start), media_type="text/event-stream",
+    return StreamingResponse(_events(request, ctx, open_, _reader(ctx, p, job), start), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -97,7 +97,7 @@ class Streams:
         self.count = 0
 
 
-async def _events(ctx: Context, open_: Streams, read: Callable[[int], list[dict[str, Any]]],
+async def _events(request: Request, ctx: Context, open_: Streams, read: Callable[[int], list[dict[str, Any]]],
                   after: int) -> AsyncIterator[bytes]:
     open_.count += 1
     try:
@@ -125,5 +125,7 @@ async def _events(ctx: Context, open_: Streams, read: Callable[[int], list[dict[
                 yield b": keep-alive\n\n"
                 quiet_since = loop.time()
             await asyncio.sleep(POLL_S)
+            if await request.is_disconnected():  # gone: end now, not at the next write
+                return
     finally:
         open_.count -= 1
