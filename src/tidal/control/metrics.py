@@ -216,7 +216,7 @@ class TidalCollector(Collector):
 
     def _progress(self, s: Session) -> Iterator[Any]:
         """What the agents report of each job's ranks in their heartbeats, per node."""
-        labels = ("node", "job", "tier")
+        labels = ("node", "job_id", "tier")  # not "job": Prometheus gives every series the scrape job's
         cpu = CounterMetricFamily("tidal_job_cpu_seconds", "CPU time of the job's ranks on the node, this "
                                   "attempt (it starts again at a restore).", labels=labels)
         rss = GaugeMetricFamily("tidal_job_memory_rss_bytes", "Resident memory of the job's ranks on the node.",

@@ -119,9 +119,9 @@ def test_a_story_is_counted_once_by_every_scrape_and_every_process(plane: Plane,
     assert value(m, "tidal_devices_idle") == 1
     assert value(m, "tidal_node_devices_used", node="node-2", tier="standard") == 1
     assert value(m, "tidal_node_up", node="node-1") == 1
-    assert value(m, "tidal_job_cpu_seconds_total", node="node-2", job=jid) == 7.5
-    assert value(m, "tidal_job_memory_rss_bytes", node="node-2", job=jid) == 1 << 30
-    assert value(m, "tidal_job_steps_per_second", node="node-2", job=jid) == 2.5
+    assert value(m, "tidal_job_cpu_seconds_total", node="node-2", job_id=jid) == 7.5
+    assert value(m, "tidal_job_memory_rss_bytes", node="node-2", job_id=jid) == 1 << 30
+    assert value(m, "tidal_job_steps_per_second", node="node-2", job_id=jid) == 2.5
     assert value(m, "tidal_node_memory_rss_bytes", node="node-2") == 1 << 30
     assert value(m, "tidal_lease_renewals_total", node="node-2") == 1
     assert value(m, "tidal_sla_jobs", tier="standard") == 1
