@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import queue
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -138,3 +139,48 @@ def test_a_quiet_stream_sends_keep_alive_comments(plane: Plane, monkeypatch: pyt
 def test_a_bad_last_event_id_is_refused(plane: Plane) -> None:
     r = plane.http.get("/v1/events/stream", headers={**plane.as_user(), "Last-Event-ID": "x"})
     assert r.status_code == 422 and r.json()["field"] == "Last-Event-ID"
+
+
+def test_a_client_that_reads_nothing_holds_the_stream_back(plane: Plane, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server writes only as fast as the client reads: with 32 MiB of events waiting and a client that reads
+    nothing, the stream stops within the connection's buffers and one batch; once read, every event comes, in
+    order."""
+    from tidal.control.history import record
+
+    jid = plane.submit()
+    with plane.db.tx() as s:
+        for _ in range(2000):
+            record(s, "note", job_id=jid, detail="x" * 16384)
+    sent: list[int] = []
+    real = stream.sse
+
+    def counted(e: dict[str, Any]) -> bytes:
+        sent.append(int(e["seq"]))
+        return real(e)
+
+    monkeypatch.setattr(stream, "sse", counted)
+    with served(plane.http.app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.create_connection((host, int(port)))
+        try:
+            sock.sendall(f"GET /v1/events/stream?after=0 HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
+                         f"{plane.user}\r\n\r\n".encode())
+            looks: list[int] = []
+
+            def stopped() -> bool:  # the server has stopped writing: two looks, 0.3 s apart, saw the same
+                looks.append(len(sent))
+                return len(looks) > 1 and looks[-1] == looks[-2] > 0
+
+            wait_until(stopped, timeout=30, interval=0.3, what="the server to stop writing to a client that reads "
+                                                               "nothing")
+            held = len(sent)
+            assert held < 1000, f"{held} of 2001 events sent to a client that read none"
+            got = b""
+            sock.settimeout(10)
+            while got.count(b"\ndata: ") < 2001:
+                chunk = sock.recv(1 << 20)
+                assert chunk
+                got += chunk
+            assert sent == sorted(sent) and len(sent) == 2001
+        finally:
+            sock.close()
