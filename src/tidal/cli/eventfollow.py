@@ -43,13 +43,12 @@ def follow(api: Client, job: str | None, last: int, fmt: Format) -> int | None:
     rows = api.get("/v1/events", params=params)
     for e in rows:
         show(e)
-    after = int(rows[-1]["seq"]) if rows else None
+    # From the last event printed; with none, from the start of what this user may see (there is none yet).
+    after = int(rows[-1]["seq"]) if rows else 0
     if job is not None:
         j = api.get(f"/v1/jobs/{job}")
         if j["state"] in TERMINAL:
             return exit_status(j)
-        if after is None:
-            after = 0
     lost_at: float | None = None
     tries = 0
     while True:
