@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-cgroup2 lint typecheck criu venv clean bench docs
+.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus venv clean bench docs
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,11 @@ venv: $(STAMP)
 criu: $(STAMP)
 	$(PY) -m tidal.mechanisms.criu.provision
 
+# Prometheus (Debian's package), which tests/system/test_metrics.py scrapes a live control plane with: installed
+# where missing (as root, non-interactive), its own service never started.
+prometheus:
+	sh tests/tools/provision-prometheus.sh
+
 # ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the layers and the CLI's door
 # to the control plane).
 lint: $(STAMP)
@@ -25,11 +30,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: criu lint
+test: criu prometheus lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
 # Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
-test-quick: criu lint
+test-quick: criu prometheus lint
 	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
 
 # The ranks' and the agent's integration tests again, in a cgroup2-only view of this machine (a private mount

@@ -69,6 +69,9 @@ def register(app: typer.Typer) -> None:
         lease: float = typer.Option(30.0, help="seconds an agent's lease lasts (fencing): agents kill their ranks if "
                                                "the control plane is unreachable for three quarters of it"),
         policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
+        metrics_public: bool = typer.Option(False, "--metrics-public",
+                                            help="serve GET /metrics without a token (else a token of role metrics "
+                                                 "or admin; docs/metrics.md)"),
     ) -> None:
         """Run the control plane of a deployment (in the foreground; e.g. under systemd, deploy/)."""
         if tls not in (None, "auto", "off"):
@@ -90,6 +93,8 @@ def register(app: typer.Typer) -> None:
             args += ["--advertise-addr", advertise_addr]
         if rendezvous_port:
             args += ["--rendezvous-port", str(rendezvous_port)]
+        if metrics_public:
+            args.append("--metrics-public")
         _exec("tidal.control.server", args, {"TIDAL_DATABASE_URL": database} if database else {})
 
     @app.command()

@@ -14,7 +14,7 @@ import yaml
 from rich.markup import escape
 from rich.text import Text
 
-from tidal.cli import jobcheck, jobenv, listings, units
+from tidal.cli import eventfollow, jobcheck, jobenv, listings, units
 from tidal.cli.api import Api, Client
 from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
 from tidal.cli.logs import CANCELLED, TERMINAL, exit_status, outcome
@@ -225,8 +225,17 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def events(job: str = typer.Option(None, "--job", help="only this job's events"),
                last: int = typer.Option(200, "-n", help="the last N events"),
+               follow: bool = typer.Option(False, "-f", "--follow",
+                                           help="then print each new event as it is recorded, until interrupted; "
+                                                "with --job, until the job ends, then exit with its exit status "
+                                                "as `tidal wait` does (-o json: one object per line)"),
                output: Format = output_option()) -> None:
         """The event log, oldest first: every state change with its cause."""
+        if follow:
+            code = eventfollow.follow(Api(), job, last, output)
+            if code:
+                raise typer.Exit(code)
+            return
         params: dict[str, Any] = {"job": job, "last": last} if job else {"last": last}
         rows = Api().get("/v1/events", params=params)
         emit(rows, output, lambda wide: _events_table(rows, wide, with_job=job is None))

@@ -118,6 +118,7 @@ def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
     node = holder(s, name, agent_id)
     now = clock.now(s)
     node.lease_until = now + lease_s
+    node.lease_renewals = (node.lease_renewals or 0) + 1
     for job_id, p in (progress or {}).items():
         job = s.get(JobRow, job_id)
         # Only the node's own jobs: a node's figures must not land in (and grow) another job's progress.

@@ -13,7 +13,9 @@ The CLI reaches the control plane through it alone.
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,5 +142,42 @@ class Client:
     def delete(self, path: str, **kw: Any) -> Any:
         return self.request("DELETE", path, **kw).json()
 
+    def stream(self, path: str, *, after: int | None = None, **params: Any) -> Iterator[dict[str, Any]]:
+        """The server-sent events of ``path`` (``GET /v1/events/stream``), each message's ``data`` decoded, as
+        they come. ``after``: resume after that event's ``seq`` (sent as ``Last-Event-ID``). It ends when the
+        server closes the stream; a lost connection raises :class:`ControlPlaneError` (resume from the last
+        ``seq`` seen)."""
+        headers = {"Last-Event-ID": str(after)} if after is not None else {}
+        query = {k: v for k, v in params.items() if v is not None}
+        try:
+            with self.http.stream("GET", path, params=query, headers=headers) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    try:
+                        body = r.json()
+                    except ValueError:
+                        body = {}
+                    raise error_for(r.status_code, body if isinstance(body, dict) else {}, r.text)
+                for data in sse_data(r.iter_lines()):
+                    yield json.loads(data)
+        except httpx.TransportError as exc:
+            raise ControlPlaneError(f"lost the event stream of the control plane at {self.url} ({exc})",
+                                    hint="is it running? `tidal status`; or check TIDAL_URL") from None
+
     def close(self) -> None:
         self.http.close()
+
+
+def sse_data(lines: Iterable[str]) -> Iterator[str]:
+    """The ``data`` of each message of a server-sent event stream, given its lines (comments and other fields
+    are skipped; a message's several ``data`` lines are joined by newlines)."""
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                yield "\n".join(data)
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield "\n".join(data)

@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rendezvous-port", type=int, default=0, metavar="PORT",
                     help="the port of the rendezvous store of distributed jobs (default: a free one at its first "
                          "start, then kept in TIDAL_HOME/rendezvous.json)")
+    ap.add_argument("--metrics-public", action="store_true",
+                    help="serve GET /metrics without a token (else one of role metrics or admin)")
     ap.add_argument("--bootstrap", action="store_true",
                     help="create the admin token if there is none, and print how nodes join (`tidal server`)")
     args = ap.parse_args(argv)
@@ -248,7 +250,8 @@ def serve(args: argparse.Namespace) -> None:
                   quotas=_store_quotas(settings.store_quota))
     collector = _collector(db, settings, store, rules)
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
-                             store=store, fingerprint=tls.fingerprint if tls else None, retention=rules))
+                             store=store, fingerprint=tls.fingerprint if tls else None, retention=rules,
+                             metrics_public=args.metrics_public))
     if args.bootstrap:
         url = public_url(listen_host, port, tls, args.tls_san, args.advertise_addr)
         print(banner(url, home, tls, settings.db_url, store, args.lease), flush=True)

@@ -18,7 +18,7 @@ from tidal.control.store.models import JoinToken, User
 from tidal.core.limits import MAX_ID_CHARS
 from tidal.errors import Conflict, Forbidden, NotFound, Unauthorized, ValidationError
 
-ROLES = ("admin", "user", "agent")
+ROLES = ("admin", "user", "agent", "metrics")  # metrics: reads GET /metrics and nothing else (a scraper's)
 # The agent credential of the whole cluster (`tidal up` gives it to every agent): it may act for any
 # node. Any other agent user is one node's own credential, named after the node, for that node only.
 CLUSTER_AGENT = "cluster"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tidal.core import Tier
@@ -30,11 +30,19 @@ def job_attainment(j: SimJob) -> float:
     return 1.0 if jct <= 0 else min(1.0, j.duration / jct) if j.duration > 0 else 1.0
 
 
+def weighted_attainment(jobs: Iterable[tuple[float, float, float]]) -> float:
+    """Singularity's tier attainment over ``(W, T_ideal, T_real)`` of each job: GPU-time weighted,
+    Σ W·T_ideal / Σ W·T_real (1 where there is no time to weigh). The live control plane exports it too."""
+    ideal = real = 0.0
+    for w, t_ideal, t_real in jobs:
+        ideal += w * t_ideal
+        real += w * t_real
+    return ideal / real if real > 0 else 1.0
+
+
 def tier_attainment(jobs: Sequence[SimJob]) -> float:
     """Singularity's tier attainment: GPU-time weighted, Σ W·T_ideal / Σ W·T_real (finished jobs)."""
-    ideal = sum(j.W * j.duration for j in jobs)
-    real = sum(j.W * (float(j.finish or 0.0) - j.submit) for j in jobs)
-    return ideal / real if real > 0 else 1.0
+    return weighted_attainment((j.W, j.duration, float(j.finish or 0.0) - j.submit) for j in jobs)
 
 
 def summarize(r: SimResult) -> dict[str, Any]:

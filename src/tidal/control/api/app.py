@@ -9,11 +9,13 @@ is a :class:`Context` (a dependency), who calls is :mod:`tidal.control.api.auth`
 from __future__ import annotations
 
 from fastapi import FastAPI
+from prometheus_client import CollectorRegistry, ProcessCollector
 
-from tidal.control.api import auth, handlers
+from tidal.control.api import auth, handlers, latency
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
-from tidal.control.api.routes import admin, agents, cluster, jobs, service, store
+from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream
+from tidal.control.metrics import TidalCollector
 from tidal.core import limits
 
 __all__ = ["Context", "create_app"]
@@ -23,10 +25,16 @@ def create_app(ctx: Context) -> FastAPI:
     app = FastAPI(title="Tidal control plane", version="1")
     app.state.ctx = ctx
     app.state.principals = auth.Principals()  # who each token is, once looked up
+    app.state.streams = stream.Streams()  # event streams open
     # Log chunks from agents are larger than anything else a client sends.
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES,
                        routes=(("PUT", r"/v1/agent/[^/]+/logs/[^/]+/[^/]+", limits.MAX_LOG_UPLOAD_BYTES),))
+    # What GET /metrics serves: the database's metrics, this process's and the API's request latency.
+    app.state.metrics = registry = CollectorRegistry()
+    registry.register(TidalCollector(ctx.db))
+    ProcessCollector(registry=registry)
+    app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)
-    for area in (service, jobs, cluster, store, agents, admin):
+    for area in (service, jobs, cluster, store, stream, agents, admin, metrics):
         app.include_router(area.router)
     return app

@@ -29,6 +29,8 @@ class Context:
     fingerprint: str | None = None
     # Checkpoint retention (keep per job, finished jobs' time, store quotas): `tidal store usage` shows quotas.
     retention: Rules = field(default_factory=Rules)
+    # `tidal server --metrics-public`: GET /metrics without a token.
+    metrics_public: bool = False
 
 
 async def context(request: Request) -> Context:

@@ -57,6 +57,9 @@ class NodeRow(Base):
     # The address other nodes reach this one at (its ranks' rendezvous and collectives), as its agent
     # advertised it at registration (``--advertise-addr``); None: not given.
     advertise_addr: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    # Heartbeats that renewed the lease of the node's agents since the node was first registered (a counter
+    # of the exported metrics: kept here, it survives restarts of the control plane).
+    lease_renewals: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
 
 
 class JobRow(Base):
@@ -158,3 +161,33 @@ class CheckpointRow(Base):
         Enum(CheckpointState, native_enum=False, length=16, validate_strings=True, create_constraint=True,
              name="checkpoint_state", values_callable=lambda e: [m.value for m in e]),
         default=CheckpointState.COMMITTED, server_default=CheckpointState.COMMITTED.value)
+
+
+class MetricRow(Base):
+    """A series of the exported counters and histograms (:mod:`tidal.control.tally`), folded from the event
+    log: ``data`` is ``{"v": value}`` for a counter, ``{"b": [count per bucket], "s": sum, "c": count}`` for a
+    histogram. The row named ``_folded`` holds the sequence number of the last event folded (``{"seq"}``)."""
+
+    __tablename__ = "metric_series"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    labels: Mapped[str] = mapped_column(String(512), primary_key=True)  # canonical JSON of the label values
+    data: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class MetricJobRow(Base):
+    """What the fold of the event log keeps of a job between events: when the job's open intervals began
+    (``open``: a checkpoint, a restore, a migration), how long it has run, and for the SLA attainment its
+    tier, ranks and times. Kept while the job lives and for the SLA window after it ends."""
+
+    __tablename__ = "metric_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    tier: Mapped[str] = mapped_column(String(16))
+    ranks: Mapped[int] = mapped_column(Integer)
+    submitted_at: Mapped[float] = mapped_column(Float)
+    started: Mapped[bool] = mapped_column(Boolean, default=False)
+    run_s: Mapped[float] = mapped_column(Float, default=0.0)  # time in state running, closed intervals
+    running_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
+    open: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
