@@ -49,7 +49,7 @@ pytestmark = [pytest.mark.criu, pytest.mark.slow]
 FAULTS = ("control_plane", "agent", "commit", "store_full")
 DEFAULT_SEED = 20261125
 KEEP = 3  # TIDAL_KEEP_CHECKPOINTS: the cluster's default
-# A checkpoint event names the committed checkpoint: "checkpoint 000004-a1b2c3 (1234 bytes...".
+# A checkpoint event names the committed checkpoint: "checkpoint 000004-a1b2c3 (1.2 MiB...".
 COMMITTED = re.compile(r"\bcheckpoint (\d{6}-[0-9a-f]+) \(")
 RESTART = re.compile(r"; restart (\d+)/\d+, ")
 

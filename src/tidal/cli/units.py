@@ -7,8 +7,9 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-_SIZES = ("KiB", "MiB", "GiB", "TiB", "PiB")
+from tidal.core.units import size
 
+__all__ = ["ago", "clock", "duration", "rate", "size"]
 
 def duration(seconds: float | None) -> str:
     """``350 ms``, ``1.08 s``, ``12.3 s``, ``3m 12s``, ``2h 05m``, ``3d 4h``; ``-`` for none."""
@@ -32,20 +33,6 @@ def _coarse(s: float) -> str:
     if n < 86400:
         return f"{n // 3600}h {n % 3600 // 60:02d}m"
     return f"{n // 86400}d {n % 86400 // 3600}h"
-
-
-def size(n: int | float | None) -> str:
-    """``512 B``, ``1.5 KiB``, ``4.0 GiB`` (powers of 1024); ``-`` for none."""
-    if n is None:
-        return "-"
-    value = float(n)
-    if abs(value) < 1024:
-        return f"{int(value)} B"
-    for unit in _SIZES[:-1]:
-        value /= 1024
-        if abs(value) < 1024:
-            return f"{value:.1f} {unit}"
-    return f"{value / 1024:.1f} {_SIZES[-1]}"
 
 
 def ago(t: float | None, now: float | None = None) -> str:

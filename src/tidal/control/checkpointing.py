@@ -41,6 +41,7 @@ from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
 from tidal.core.operations import Phase
+from tidal.core.units import size
 from tidal.errors import Conflict
 from tidal.policy import reasons
 
@@ -183,7 +184,7 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
         row.retained = False
     job.resume_from = None  # the new checkpoint is where the job goes on from
     job.last_checkpoint_at = now(s)
-    job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({nbytes} bytes"
+    job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({size(nbytes)}"
                    + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
 
 

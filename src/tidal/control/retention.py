@@ -36,6 +36,7 @@ from tidal.control.store.db import Database
 from tidal.control.store.models import CheckpointRow, JobRow
 from tidal.core import JobState
 from tidal.core.lifecycle import TERMINAL
+from tidal.core.units import size
 from tidal.errors import TidalError, ValidationError
 from tidal.mechanisms.storage import CheckpointStore
 
@@ -225,8 +226,8 @@ class Collector:
             for user, (total, quota) in sorted(p.over.items()):
                 if user not in self._over:
                     record(s, "store_quota", cause="retention",
-                           detail=f"user {user} keeps {total} bytes of checkpoints, over their store quota of "
-                                  f"{quota}, with only each unfinished job's newest checkpoint left")
+                           detail=f"user {user} keeps {size(total)} of checkpoints, over their store quota of "
+                                  f"{size(quota)}, with only each unfinished job's newest checkpoint left")
                     log.warning("user %s is over their store quota (%d of %d bytes) with only the newest "
                                 "checkpoints of unfinished jobs left", user, total, quota)
             self._over = set(p.over)

@@ -161,7 +161,7 @@ def test_the_newest_checkpoint_and_the_one_resumed_from_stay_even_over_quota(tmp
     assert kept_in_db(p) == {f[1], f[3]}
     assert kept_in_store(store) == {live: [f[1], f[3]]}
     assert events(p, "store_quota") == [
-        (None, "user alice keeps 200 bytes of checkpoints, over their store quota of 50, with only each unfinished "
+        (None, "user alice keeps 200 B of checkpoints, over their store quota of 50 B, with only each unfinished "
                "job's newest checkpoint left")]
     assert collector.once() == []
     assert len(events(p, "store_quota")) == 1  # said once, until the user is under quota again
