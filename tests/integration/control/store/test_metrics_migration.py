@@ -8,29 +8,22 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
+from tests.integration.control.store.revisions import tables as tables_of
+from tests.integration.control.store.revisions import to
 from tidal.control import tally
 from tidal.control.history import record
-from tidal.control.store.db import MIGRATIONS, Database
+from tidal.control.store.db import Database
 from tidal.control.store.models import NodeRow
 
 
 def upgrade_from_0008(url: str) -> None:
     db = Database(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-
-    def to(revision: str, up: bool = True) -> None:
-        with db.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            (command.upgrade if up else command.downgrade)(cfg, revision)
 
     def tables() -> set[str]:
-        return set(sa.inspect(db.engine).get_table_names())
+        return tables_of(db)
 
-    to("0008")
+    to(db, "0008")
     nodes = sa.table("nodes", *(sa.column(c) for c in ("name", "region", "cluster", "devices", "agent_id",
                                                        "lease_until", "up", "registered_at")),
                      sa.column("cpus", sa.JSON))
@@ -48,7 +41,7 @@ def upgrade_from_0008(url: str) -> None:
     with db.read() as s:
         (row,) = tally.series(s)
         assert (row.name, row.labels, row.data) == ("tidal_lease_losses_total", '{"cause":"expired"}', {"v": 1.0})
-    to("0008", up=False)
+    to(db, "0008", up=False)
     assert not {"metric_series", "metric_jobs"} & tables()
     db.migrate()
     assert {"metric_series", "metric_jobs"} <= tables()

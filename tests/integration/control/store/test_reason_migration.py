@@ -7,27 +7,20 @@ from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
-from alembic import command
-from alembic.config import Config
 
-from tidal.control.store.db import MIGRATIONS, Database
+from tests.integration.control.store.revisions import columns as columns_of
+from tests.integration.control.store.revisions import to
+from tidal.control.store.db import Database
 from tidal.control.store.models import JobRow
 
 
 def upgrade_from_0007(url: str) -> None:
     db = Database(url)
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-
-    def to(revision: str, up: bool = True) -> None:
-        with db.engine.begin() as conn:
-            cfg.attributes["connection"] = conn
-            (command.upgrade if up else command.downgrade)(cfg, revision)
 
     def columns() -> set[str]:
-        return {c["name"] for c in sa.inspect(db.engine).get_columns("jobs")}
+        return columns_of(db, "jobs")
 
-    to("0007")
+    to(db, "0007")
     jobs = sa.table("jobs", *(sa.column(c) for c in ("id", "seq", "name", "owner", "tier", "ranks", "state", "held",
                                                      "submitted_at", "restarts", "attempt")),
                     sa.column("placement", sa.JSON), sa.column("spec", sa.JSON))
@@ -43,7 +36,7 @@ def upgrade_from_0007(url: str) -> None:
         job.reason_code, job.reason = "no_devices", "needs 2 free device(s), 1 free"
     with db.read() as s:
         assert s.get(JobRow, "j1").reason == "needs 2 free device(s), 1 free"  # type: ignore[union-attr]
-    to("0007", up=False)
+    to(db, "0007", up=False)
     assert not {"reason", "reason_code"} & columns()
     db.migrate()
     assert {"reason", "reason_code"} <= columns()
