@@ -19,8 +19,11 @@ class Follower:
     """`tidal events -f ARGS` running, its stdout lines in a queue."""
 
     def __init__(self, s: Served, *args: str) -> None:
+        # SIGINT as a terminal's Ctrl-C finds it: a test run started in the background (a shell's `&`, as a CI
+        # runner may) has it ignored, which its children would inherit.
         self.proc = subprocess.Popen([sys.executable, "-m", "tidal.cli.main", "events", "-f", *args],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=s.env)
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=s.env,
+                                     preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         self.lines: queue.Queue[str] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
