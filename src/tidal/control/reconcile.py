@@ -50,7 +50,7 @@ class Reconciler:
     database's, the one every transaction of the control plane reads."""
 
     def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
-                 min_gap: float = 0.05, clock: Clock | None = None) -> None:
+                 min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None) -> None:
         self.db = db
         self.policy = policy
         self.clock: Clock = clock or db.info.get("clock", SYSTEM)
@@ -60,6 +60,11 @@ class Reconciler:
         self._thread: threading.Thread | None = None
         self._run = secrets.token_hex(3)
         self._passes = 0  # policy action ids are unique per process: prefix them
+        # A pass that only explains new waiting jobs (the policy could not place them anyway) reads every live
+        # job under the writers' lock: at most one every ``explain_every`` seconds, or a burst of submissions
+        # to a full cluster would pay that read once per submission.
+        self.explain_every = explain_every
+        self._explained_at: float | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
@@ -116,7 +121,14 @@ class Reconciler:
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
         return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
-                or _unexplained(s))
+                or self._explain_due(s))
+
+    def _explain_due(self, s: Session) -> bool:
+        """Whether a pass should run only to say why new waiting jobs wait (see ``explain_every``)."""
+        last = self._explained_at
+        if last is not None and self.clock.monotonic() - last < self.explain_every:
+            return False
+        return _unexplained(s)
 
     def _due(self, s: Session, now: float) -> list[JobRow]:
         """Running jobs whose periodic checkpoint is due."""
@@ -129,7 +141,7 @@ class Reconciler:
         return out
 
     def _schedule(self, s: Session, now: float) -> None:
-        if not self._worth_deciding(s) and not _unexplained(s):
+        if not self._worth_deciding(s) and not self._explain_due(s):
             return
         # A new generation every pass: the live loop hands the policy no event stream, so a stateful
         # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
@@ -176,6 +188,7 @@ class Reconciler:
 
     def _explain(self, s: Session, rows: dict[str, JobRow], freeing: dict[str, int]) -> None:
         """Store why each job still waits: the policy's reason, or the devices it waits to be freed."""
+        self._explained_at = self.clock.monotonic()
         why = self.policy.reasons()
         cause = f"reconcile-{self._run}"
         for job in rows.values():

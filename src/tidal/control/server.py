@@ -44,6 +44,10 @@ DEFAULT_PORT = 8470
 MIN_LEASE_S = 2.0
 
 
+#: How often, at most, a pass runs only to explain new waiting jobs (Reconciler's ``explain_every``).
+EXPLAIN_EVERY_S = 1.0
+
+
 def recover(db: Database, lease_s: float) -> None:
     """After a (re)start: agents kept running while we were away, so give every node a fresh lease rather
     than declare it dead for our own downtime; and hand out again actions whose delivery we cannot be
@@ -244,7 +248,7 @@ def serve(args: argparse.Namespace) -> None:
     host = RendezvousHost(public_host(listen_host, args.tls_san, args.advertise_addr))
     db.info["rendezvous"] = host
     host.prepare(db)  # adopt the store that the distributed jobs still running use
-    rec = Reconciler(db, make_live_policy(args.policy))
+    rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S)
     rec.start()
     rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
                   quotas=_store_quotas(settings.store_quota))

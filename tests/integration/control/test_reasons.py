@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tidal.control.reconcile import Reconciler
 from tidal.policy.registry import make_live_policy
+from tidal.testing import FakeClock
 from tidal.testing.control import FakeAgent, Plane
 
 ELASTIC = "needs 2 free device(s) (an elastic job starts on at least 50% of its 4), 1 free"
@@ -70,3 +71,30 @@ def test_a_held_job_says_so_and_a_released_one_is_explained_again(plane: Plane) 
     assert (j["state"], j["reason_code"]) == ("pending", "no_devices")
     assert j["reason"] == "needs 1 free device(s), 0 free"
     assert plane.job(busy)["reason"] is None
+
+
+def test_new_waiting_jobs_are_explained_at_most_once_a_second(tmp_path: Path) -> None:
+    """A burst of submissions to a full cluster: the pass that only explains them (it reads every live job under
+    the writers' lock) runs at most every ``explain_every`` seconds, not once per submission."""
+    clock = FakeClock()
+    p = Plane(tmp_path)
+    p.db.info["clock"] = clock
+    p.rec = Reconciler(p.db, make_live_policy(), explain_every=1.0, clock=clock)
+    a = FakeAgent(p, "node-1", "A", devices=1)
+    assert a.register() == 200
+    busy = p.submit(name="busy")
+    p.rec.once()  # places it, and explains whatever waits (nothing)
+    _run(p, a)
+    clock.advance(1.0)
+    first = p.submit(name="first")
+    p.rec.once()
+    assert p.job(first)["reason_code"] == "no_devices"  # a second after the last explanation: at once
+    second = p.submit(name="second")
+    clock.advance(0.5)
+    p.rec.once()
+    assert p.job(second)["reason"] is None  # within the second: not yet
+    clock.advance(0.6)
+    p.rec.once()
+    assert p.job(second)["reason_code"] == "no_devices"
+    assert p.job(busy)["state"] == "running"
+    p.db.close()
