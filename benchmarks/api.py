@@ -19,23 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import run, wait_for, write_json
+from harness import HOLDER, run, wait_for, write_json
 from tidal.config import Settings
 from tidal.control.client import Client
 from tidal.control.clusterfile import token_path
 from tidal.control.localcluster import down, up
 from tidal.errors import Conflict
-
-# Holds ``MB`` of random (incompressible) bytes and keeps printing: a CPU job whose image is about that big.
-HOLDER = """
-import os, sys, time
-blob = bytearray(os.urandom({mb} << 20))
-i = 0
-while True:
-    i += 1
-    print("tick", i, blob[i % len(blob)], flush=True)
-    time.sleep(0.05)
-"""
 
 
 def _wait(api: Client, job: str, cond: Any, timeout: float = 120.0) -> dict[str, Any]:

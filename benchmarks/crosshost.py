@@ -51,22 +51,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from harness import BenchmarkError, arguments, host_ranks, machine, run, say, wait_for, write_json
+from harness import HOLDER, BenchmarkError, arguments, host_ranks, machine, run, say, wait_for, write_json
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing.hostcluster import SERVER_PORT, HostCluster
 from tidal.testing.hosts import Host, TestNet
 
 MB = 1 << 20
-# Holds ``mb`` MiB of random bytes and prints a step line every 50 ms: a CPU job whose image is about that big.
-HOLDER = """
-import os, time
-blob = bytearray(os.urandom({mb} << 20))
-i = 0
-while True:
-    i += 1
-    print("step", i, blob[i % len(blob)], flush=True)
-    time.sleep(0.05)
-"""
 STEP = re.compile(rb"^step (\d+) ", re.M)
 
 # The load generator, run on a host: CLIENTS processes, each with its own HTTPS connection, post N jobs in

@@ -20,6 +20,18 @@ from tidal.waiting import wait_until
 
 T = TypeVar("T")
 
+# A CPU job whose image is about ``mb`` MiB (``HOLDER.format(mb=...)``, run by ``python -c``): it holds that
+# many random (incompressible) bytes and prints a step line every 50 ms.
+HOLDER = """
+import os, time
+blob = bytearray(os.urandom({mb} << 20))
+i = 0
+while True:
+    i += 1
+    print("step", i, blob[i % len(blob)], flush=True)
+    time.sleep(0.05)
+"""
+
 
 class BenchmarkError(TidalError):
     """A benchmark could not measure what it was run for."""
