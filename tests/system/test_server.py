@@ -28,6 +28,7 @@ import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing import pid_alive, wait_until
+from tidal.testing.hostcluster import FINGERPRINT, wait_serving
 from tidal.waiting import WaitTimeout
 
 pytestmark = pytest.mark.criu
@@ -122,18 +123,8 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     d: Deployment | None = None
     try:
         ca = home / "tls" / "ca.pem"
-
-        def up() -> bool:
-            if server.poll() is not None:
-                raise AssertionError(f"tidal server exited {server.returncode}:\n{_log(log)}")
-            try:
-                return ca.exists() and httpx.get(f"https://127.0.0.1:{port}/healthz", timeout=2,
-                                                 verify=ssl.create_default_context(cafile=ca)).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(up, timeout=60, what="tidal server to serve over TLS")
-        m = wait_until(lambda: re.search(r"CA fingerprint \(SHA-256\): ([0-9A-F:]{95})", _log(log)), timeout=10,
+        wait_serving(server, log, f"https://127.0.0.1:{port}", ca, timeout=60)
+        m = wait_until(lambda: FINGERPRINT.search(_log(log)), timeout=10,
                        what="the CA's fingerprint in the server's output")
         d = Deployment(base, home, f"https://127.0.0.1:{port}", m.group(1), ca, server, log)
         yield d

@@ -55,6 +55,21 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}, "PYTHONUNBUFFERED": "1", **extra}
 
 
+def wait_serving(proc: subprocess.Popen[bytes], log: Path, url: str, ca: Path, timeout: float = 90) -> None:
+    """Wait until ``tidal server`` (``proc``, writing ``log``) answers ``url``/healthz over TLS with the CA
+    ``ca`` that ``--tls auto`` makes; its exit is an error that shows its log."""
+    def serving() -> bool:
+        if proc.poll() is not None:
+            raise TidalError(f"tidal server exited {proc.returncode}:\n{tail(log)}")
+        try:
+            return ca.exists() and httpx.get(f"{url}/healthz", timeout=2,
+                                             verify=ssl.create_default_context(cafile=ca)).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(serving, timeout=timeout, what="tidal server to serve over TLS")
+
+
 def tail(path: Path, n: int = LOG_TAIL) -> str:
     return path.read_text(errors="replace")[-n:] if path.exists() else "(no log)"
 
@@ -132,19 +147,7 @@ class HostCluster:
         with self.server_log.open("ab") as out:
             self.server_proc = host.popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                           env=clean_env(TIDAL_HOME=str(self.home), **self.s3.store_env()))
-        proc = self.server_proc
-
-        def serving() -> bool:
-            if proc.poll() is not None:
-                raise TidalError(f"tidal server exited {proc.returncode}:\n{tail(self.server_log)}")
-            ca = self.home / "tls" / "ca.pem"
-            try:
-                return ca.exists() and httpx.get(f"{self.url}/healthz", timeout=2,
-                                                 verify=ssl.create_default_context(cafile=ca)).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_until(serving, timeout=90, what="tidal server to serve over TLS")
+        wait_serving(self.server_proc, self.server_log, self.url, self.home / "tls" / "ca.pem")
 
     def kill_server(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """End the control plane (SIGKILL: its host failed; SIGTERM: stopped by its operator)."""
