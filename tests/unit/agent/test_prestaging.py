@@ -5,6 +5,7 @@ the lease, the time limit), including images that arrive after the prestage was 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -79,15 +80,21 @@ def test_untaken_images_expire() -> None:
     assert ps.take("j1", 5, [0]) is None
 
 
-def test_a_restore_waits_for_a_prestage_under_way() -> None:
-    ps = Prestages()
+def gated(images: dict[int, Any]) -> tuple[threading.Event, Callable[[], dict[int, Any]]]:
+    """A fetch that returns ``images`` once the event it comes with is set."""
     go = threading.Event()
-    images = fetched(0)
 
     def slow() -> dict[int, Any]:
         go.wait(10)
         return images
 
+    return go, slow
+
+
+def test_a_restore_waits_for_a_prestage_under_way() -> None:
+    ps = Prestages()
+    images = fetched(0)
+    go, slow = gated(images)
     ps.expect("j1", 4, "ck-3")
     t = threading.Thread(target=ps.fetch, args=("j1", 4, "ck-3", slow))
     t.start()
@@ -104,13 +111,8 @@ def test_a_restore_waits_for_a_prestage_under_way() -> None:
 
 def test_images_fetched_after_the_lease_ended_are_dropped_on_arrival() -> None:
     ps = Prestages()
-    go = threading.Event()
     images = fetched(0)
-
-    def slow() -> dict[int, Any]:
-        go.wait(10)
-        return images
-
+    go, slow = gated(images)
     ps.expect("j1", 4, "ck-3")
     t = threading.Thread(target=ps.fetch, args=("j1", 4, "ck-3", slow))
     t.start()
