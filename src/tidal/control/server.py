@@ -25,8 +25,8 @@ from tidal.control.clusterfile import token_path
 from tidal.control.history import record
 from tidal.control.pki import ServerTLS
 from tidal.control.reconcile import Reconciler
-from tidal.control.rendezvous import RendezvousHost
 from tidal.control.regionstores import RegionStores, parse_stores
+from tidal.control.rendezvous import RendezvousHost
 from tidal.control.retention import Collector, Rules, parse_store_quotas
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow

@@ -9,8 +9,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from tidal.control.retention import Rules
 from tidal.control.regionstores import RegionStores
+from tidal.control.retention import Rules
 from tidal.control.store.db import Database
 from tidal.policy.admission import Quotas
 

@@ -4,7 +4,10 @@ twice; a damaged source is refused and leaves nothing committed in the target.""
 
 from __future__ import annotations
 
+import os
 import random
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import pytest
 from tidal.errors import CheckpointCorrupt
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.chunks import chunk_key
-from tidal.mechanisms.storage.replicate import replicate
+from tidal.mechanisms.storage.replicate import STALE_S, replicate
 from tidal.testing.seaweedfs import SeaweedFS
 
 CHUNK = 64 * 1024
@@ -91,13 +94,16 @@ def test_a_replication_cut_short_resumes_without_copying_twice(stores: Stores) -
     assert r.copied_chunks == 20 and read_all(b, ck) == read_all(a, ck)
 
 
-def test_a_replica_left_by_a_dead_process_is_finished(stores: Stores) -> None:
+def test_a_replica_left_by_a_dead_process_is_finished(stores: Stores, tmp_path: Path) -> None:
     a, b = stores
     ck = take(a, {"pages.img": rand(10 * CHUNK, 6), "core.img": rand(4 * CHUNK, 7)}, {})
     entries = {e.name: e for e in (a.reader("job", ck).entry(n) for n in a.reader("job", ck).names())}
     w = b.writer("job", ck)  # a replication whose process died after its first file: no abort, no commit
     w.add_copy(entries["core.img"], a)
     assert b.latest("job") is None
+    pending = tmp_path / "region-b" / "jobs" / "job" / ck / "pending"
+    for f in pending.iterdir():  # silent for longer than a live replication ever is
+        os.utime(f, (time.time() - STALE_S - 1,) * 2)
     r = replicate(a, b, "job", ck)
     assert (r.copied_chunks, r.missing_bytes) == (10, 10 * CHUNK)
     assert read_all(b, ck) == read_all(a, ck)
@@ -116,6 +122,17 @@ def test_a_damaged_source_chunk_is_refused(stores: Stores, tmp_path: Path) -> No
         replicate(a, b, "job", ck)
     assert b.latest("job") is None
     assert not (tmp_path / "region-b" / chunk_key(digest)).exists()
+
+
+def test_replications_of_one_checkpoint_at_once_copy_it_once(stores: Stores) -> None:
+    """The nodes of a restore in one region each replicate the checkpoint: one copies, the others wait."""
+    a, b = stores
+    ck = take(a, {"pages.img": rand(30 * CHUNK, 8)}, {})
+    with ThreadPoolExecutor(3) as pool:
+        done = list(pool.map(lambda _: replicate(a, b, "job", ck), range(3)))
+    assert sorted(r.copied_chunks for r in done) == [0, 0, 30]
+    assert sum(r.already_there for r in done) == 2
+    assert read_all(b, ck) == read_all(a, ck)
 
 
 @pytest.mark.s3
