@@ -37,7 +37,8 @@ from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import NodeRoot, RankProcess, RankSpec
 from tidal.mechanisms.interpose.channel import Store
-from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage import CheckpointStore, store_options
+from tidal.mechanisms.storage.replicate import Replicated, replicate
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
@@ -217,6 +218,7 @@ class Executor:
             protocol.Kill: self._kill, protocol.Prestage: self._prestage, protocol.Unstage: self._unstage,
         }
         self.prestages = Prestages()
+        self._source_stores: dict[str, CheckpointStore] = {}  # other regions' stores, opened to replicate from
 
     # -- actions --------------------------------------------------------------------------------------------
     def submit(self, data: Any, lease: str | None = None) -> None:
@@ -325,7 +327,11 @@ class Executor:
                                                                track_fs=order.fs))
 
     def _restore(self, order: protocol.Restore) -> protocol.Started:
+        copied: list[Replicated] = []
+
         def restore(placement: list[tuple[RankSpec, NodeRoot]]) -> Job:
+            if order.checkpoint.source is not None:
+                copied.extend(self._replicate(order))
             staged = self.prestages.take(order.job_id, order.attempt, [r.rank for r in order.ranks])
             job = Job.restore(self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
                               prestaged=staged[1] if staged else None, rendezvous=_store(order.rendezvous),
@@ -338,7 +344,37 @@ class Executor:
                          f"prestaged from checkpoint {staged[0]}" if staged else "nothing prestaged", t.total_s)
             return job
 
-        return self._start(order, restore)
+        started = self._start(order, restore)
+        if not copied:
+            return started
+        return started.model_copy(update={"replicated_bytes": sum(r.copied_bytes for r in copied),
+                                          "replicated_s": round(sum(r.seconds for r in copied), 3)})
+
+    def _replicate(self, order: protocol.Restore) -> list[Replicated]:
+        """Copy the checkpoint's parts from the other region's store into this node's, only the chunks it
+        lacks (what an earlier replication of the job's checkpoints brought is not copied again)."""
+        url = order.checkpoint.source
+        assert url is not None
+        source = self._source_stores.get(url)
+        if source is None:
+            settings = load_settings()
+            source = CheckpointStore(url, workers=settings.store_concurrency, **store_options(settings, url))
+            self._source_stores[url] = source
+        out = []
+        for part in order.checkpoint.parts:
+            last = [0.0]
+
+            def progress(done: int, total: int, part: str = part, last: list[float] = last) -> None:
+                if time.monotonic() - last[0] >= 2 or done == total:
+                    last[0] = time.monotonic()
+                    log.info("job %s: replicating checkpoint %s from %s: %.1f of %.1f MiB copied",
+                             order.job_id, part, url, done / MIB, total / MIB)
+
+            r = replicate(source, self.store, order.job_id, part, progress)
+            log.info("job %s: checkpoint %s replicated from %s: %d of %d chunks copied (%.1f MiB stored) in "
+                     "%.2fs", order.job_id, part, url, r.copied_chunks, r.chunks, r.copied_bytes / MIB, r.seconds)
+            out.append(r)
+        return out
 
     def _prestage(self, order: protocol.Prestage) -> protocol.Prestaged:
         """Fetch the images of the order's ranks from its checkpoint, for the restore of the next attempt

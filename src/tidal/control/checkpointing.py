@@ -37,6 +37,7 @@ from tidal.control.jobs import (
 )
 from tidal.control.launch import start
 from tidal.control.reasons import set_reason
+from tidal.control.regionstores import regions_holding
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
@@ -178,7 +179,8 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
     """The job checkpoint exists from here on: every part is stored. Older ones beyond ``keep`` are no
     longer retained (the agents delete their parts from the store)."""
     s.add(CheckpointRow(id=ck, job_id=job.id, created_at=created, bytes=nbytes, stored_bytes=stored,
-                        retained=True, parts=parts, state=CheckpointState.COMMITTED))
+                        retained=True, parts=parts, state=CheckpointState.COMMITTED,
+                        regions=regions_holding(s, nodes_of(job.placement))))
     s.flush()
     for row in retired(checkpoints(s, job.id), keep, job.resume_from):
         row.retained = False

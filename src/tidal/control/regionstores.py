@@ -12,6 +12,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from sqlalchemy.orm import Session
+
+from tidal.control.store.models import CheckpointRow, NodeRow
 from tidal.errors import ValidationError
 
 _REGION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -60,3 +63,31 @@ def parse_stores(values: Iterable[str]) -> RegionStores:
                                       hint="give one plain URL (the default) and REGION=URL for the others")
             default = value
     return RegionStores(default, regions)
+
+
+# -- in the control plane's transactions (the server puts its RegionStores in ``Database.info["stores"]``) --
+def stores_of(s: Session) -> RegionStores:
+    stores = s.info.get("stores")
+    return stores if isinstance(stores, RegionStores) else RegionStores()
+
+
+def regions_holding(s: Session, nodes: Iterable[str]) -> list[str] | None:
+    """The regions whose store a checkpoint stored from ``nodes`` is in; None where every region shares one
+    store (nothing to track)."""
+    if not stores_of(s).regions:
+        return None
+    return sorted({row.region for n in nodes if (row := s.get(NodeRow, n)) is not None})
+
+
+def source_for(s: Session, ck: CheckpointRow, region: str) -> str | None:
+    """The store a restore in ``region`` must replicate ``ck`` from first; None when its own store has it."""
+    stores = stores_of(s)
+    if not ck.regions or any(stores.shared(r, region) for r in ck.regions):
+        return None
+    return stores.for_region(ck.regions[0])
+
+
+def replicated(s: Session, ck: CheckpointRow, regions: Iterable[str]) -> None:
+    """``ck`` is now in the stores of ``regions`` too (a restore there replicated it)."""
+    if ck.regions is not None:
+        ck.regions = sorted(set(ck.regions) | set(regions))

@@ -258,6 +258,7 @@ def serve(args: argparse.Namespace) -> None:
     # Ranks on other hosts are given the rendezvous store at the address the nodes reach this host by.
     host = RendezvousHost(public_host(listen_host, args.tls_san, args.advertise_addr))
     db.info["rendezvous"] = host
+    db.info["stores"] = stores  # which region's store holds a checkpoint, and where a restore copies it from
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S)
     rec.start()

@@ -85,8 +85,8 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
                 raise
             # Another replication began between our look and our start: wait for it instead.
     # Asked in the pool: on an object store each question is a request.
-    there = target.pool.map(lambda h: target.backend.exists(chunk_key(h)), list(unique))
-    total = sum(n for (h, n), ok in zip(unique.items(), there, strict=True) if not ok)
+    found = target.pool.map(lambda h: target.backend.exists(chunk_key(h)), list(unique))
+    total = sum(n for (_, n), ok in zip(unique.items(), found, strict=True) if not ok)
     mu = threading.Lock()
     done = [0, 0, 0]  # logical bytes, stored bytes, chunks
 
