@@ -348,6 +348,7 @@ class Executor:
         if not copied:
             return started
         return started.model_copy(update={"replicated_bytes": sum(r.copied_bytes for r in copied),
+                                          "replicated_chunks": sum(r.copied_chunks for r in copied),
                                           "replicated_s": round(sum(r.seconds for r in copied), 3)})
 
     def _replicate(self, order: protocol.Restore) -> list[Replicated]:

@@ -283,6 +283,10 @@ def register(app: typer.Typer) -> None:
     def migrate(job_id: str = job_argument(),
                 to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
                 rank: int = typer.Option(None, "--rank", min=0, help="move only this rank (needs --to)"),
+                to_region: str = typer.Option(None, "--to-region",
+                                              help="onto nodes of this region (its checkpoint is copied to the "
+                                                   "region's store first where that is another)"),
+                to_cluster: str = typer.Option(None, "--to-cluster", help="onto nodes of this cluster"),
                 no_wait: bool = no_wait_option(),
                 timeout: float = timeout_option()) -> None:
         """Move a running job, or one of its ranks, to other nodes (checkpoint every rank at a consistent
@@ -290,7 +294,8 @@ def register(app: typer.Typer) -> None:
         api = Api()
         before = api.get(f"/v1/jobs/{job_id}")
         seq = before["events"][-1]["seq"] if before["events"] else 0
-        _request(api, job_id, "migrate", timeout, json={"to": to, "rank": rank})
+        body = {"to": to, "rank": rank, "region": to_region, "cluster": to_cluster}
+        _request(api, job_id, "migrate", timeout, json={k: v for k, v in body.items() if v is not None})
         if no_wait:
             return
         job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in STABLE, timeout, "migrating")

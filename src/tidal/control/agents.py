@@ -50,6 +50,13 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
         raise Conflict(f"node {name} is held by another agent for {node.lease_until - now:.1f}s more",
                        hint="retry once its lease has expired", retry_after=node.lease_until - now)
     _within_limits(s, node, name, devices)
+    elsewhere = s.scalar(select(NodeRow.region).where(NodeRow.up.is_(True), NodeRow.cluster == cluster,
+                                                      NodeRow.region != region, NodeRow.name != name).limit(1))
+    if elsewhere is not None:
+        # A cluster lies in one region: the scheduler's topology could not be built with it in two.
+        raise Conflict(f"cluster {cluster} is in region {elsewhere}: node {name} cannot join it in region "
+                       f"{region}", field="cluster", node=name,
+                       hint="give the node's own cluster name (tidal agent --cluster), unique across regions")
     if node is None:
         node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
                        agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now,

@@ -114,7 +114,8 @@ def _replicated(s: Session, job: JobRow, group: list[ActionRow], cause: str) -> 
     source = ", ".join(ck.regions or ())
     replicated(s, ck, regions)
     nbytes = sum(int((g.result or {})["replicated_bytes"]) for g in copied)
+    chunks = sum(int((g.result or {}).get("replicated_chunks") or 0) for g in copied)
     took = max(float((g.result or {}).get("replicated_s") or 0) for g in copied)
     record(s, "replicated", job_id=job.id, node=copied[0].node, cause=cause,
            detail=f"checkpoint {ck.id} copied from region {source} to {', '.join(sorted(regions))}: "
-                  f"{size(nbytes)} crossed in {took:.1f}s")
+                  f"{chunks} chunk(s), {size(nbytes)} crossed in {took:.1f}s")

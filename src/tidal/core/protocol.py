@@ -283,6 +283,7 @@ class Started(Message):
 
     ranks: Annotated[list[RankPid], Field(max_length=limits.MAX_RANKS)]
     replicated_bytes: Count | None = None
+    replicated_chunks: Count | None = None
     replicated_s: Seconds | None = None
 
 
