@@ -148,6 +148,8 @@ def register(app: typer.Typer) -> None:
         project: str = typer.Option(None, "--project",
                                     help="the project whose quota admits premium and standard jobs (default: default)"),
         ranks: int = typer.Option(None, "--ranks", help="world size W"),
+        region: str = typer.Option(None, "--region", help="run only in this region (`tidal nodes`)"),
+        cluster: str = typer.Option(None, "--cluster", help="run only in this cluster"),
         min_devices: int = typer.Option(None, "--min-devices",
                                         help="the fewest devices D it may run on (elastic; default W)"),
         max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),
@@ -165,7 +167,7 @@ def register(app: typer.Typer) -> None:
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
         options = {"command": command, "name": name, "tier": tier, "project": project, "ranks": ranks,
                    "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
-                   "max_restarts": max_restarts, "workdir": workdir}
+                   "max_restarts": max_restarts, "workdir": workdir, "region": region, "cluster": cluster}
         names = {f: flag(f) for f in SUBMITTED if f != "command"}
         try:
             names = submission_terms(file, options)

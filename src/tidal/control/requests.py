@@ -83,11 +83,22 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
             raise Conflict(f"job {job.id} is not running (it is {job.state})", job=job.id, state=job.state)
         raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
     free = free_devices(s)
+    asked: set[str] = set()
     if region is not None or cluster is not None:
         if to is not None or rank is not None:
             raise ValidationError("give a node (--to, --rank) or a region or cluster to move to, not both",
                                   field="to")
-        free = _within(s, free, region, cluster)
+        asked = _nodes_in(s, region, cluster)
+        free = {n: idx for n, idx in free.items() if n in asked}
+    spec = spec_of(job)
+    if spec.region is not None or spec.cluster is not None:
+        allowed = _nodes_in(s, spec.region, spec.cluster, check=False)
+        if (to is not None and to not in allowed) or ((region or cluster) and not asked & allowed):
+            pin = " and ".join(f"{k} {v}" for k, v in (("region", spec.region), ("cluster", spec.cluster)) if v)
+            where = to or " ".join(f"{k} {v}" for k, v in (("region", region), ("cluster", cluster)) if v)
+            raise Conflict(f"job {job.id} is pinned to {pin}: it cannot move to {where}", field="to",
+                           hint="submit it again without --region/--cluster to let it run anywhere")
+        free = {n: idx for n, idx in free.items() if n in allowed}
     if to is not None:
         if s.get(NodeRow, to) is None:
             raise NotFound(f"no node {to}", field="to", node=to)
@@ -215,12 +226,12 @@ def cancel(s: Session, job: JobRow, cause: str) -> None:
     transition(s, job, S.CANCELLED, cause)
 
 
-def _within(s: Session, free: dict[str, list[int]], region: str | None, cluster: str | None) -> dict[str, list[int]]:
-    """The free devices of the nodes in ``region`` and ``cluster``; NotFound when no node was ever there."""
+def _nodes_in(s: Session, region: str | None, cluster: str | None, *, check: bool = True) -> set[str]:
+    """The nodes of ``region`` and ``cluster`` (either may be None: any); with ``check``, NotFound when no
+    node was ever in the one asked for."""
     rows = list(s.scalars(select(NodeRow)))
     for kind, name in (("region", region), ("cluster", cluster)):
-        if name is not None and not any(getattr(r, kind) == name for r in rows):
+        if check and name is not None and not any(getattr(r, kind) == name for r in rows):
             known = sorted({getattr(r, kind) for r in rows})
             raise NotFound(f"no {kind} {name}", field=kind, hint=f"the {kind}s are: {', '.join(known)}")
-    inside = {r.name for r in rows if region in (None, r.region) and cluster in (None, r.cluster)}
-    return {n: idx for n, idx in free.items() if n in inside}
+    return {r.name for r in rows if region in (None, r.region) and cluster in (None, r.cluster)}
