@@ -76,6 +76,42 @@ def test_a_job_moves_between_regions_and_back(make_cluster, workdir: Path, gate:
     assert progress.read_bytes() == expected_progress
 
 
+@pytest.mark.slow
+def test_the_last_checkpoint_is_copied_ahead_of_a_move(make_cluster, workdir: Path, gate: Path,
+                                                       tmp_path: Path) -> None:
+    """Pre-copy: while the job is checkpointed for the move, the target region's node copies the job's last
+    checkpoint into its store; the move itself then copies only the chunks the migration's checkpoint has
+    that the last one had not."""
+    west, east = tmp_path / "store-west", tmp_path / "store-east"
+    c = make_cluster(nodes=2, devices=1, regions=("west", "east"), stores=(f"west={west}", f"east={east}"))
+    expected_out, expected_progress = reference_run(tmp_path)
+    region_of = {"node-1": "west", "node-2": "east"}
+    other = {"west": "east", "east": "west"}
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--checkpoint-every", "3s", "--", "sh", "-c", JOB,
+                cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    first = region_of[c.wait_state(job, "running")["placement"][0]["node"]]
+    wait_until(lambda: c.show(job)["checkpoints"], timeout=60, what="a periodic checkpoint")
+
+    c.cli("migrate", job, "--to-region", other[first])
+    j = c.show(job)
+    assert j["state"] == "running" and region_of[j["placement"][0]["node"]] == other[first]
+    copies = [(m.group(1), int(m.group(4)), "ahead of the move" in e["detail"]) for e in j["events"]
+              if e["kind"] == "replicated" and (m := _CROSSED.search(e["detail"]))]
+    (ahead, ahead_chunks, _), (moved, moved_chunks, _) = sorted(copies, key=lambda x: not x[2])
+    assert [x[2] for x in sorted(copies, key=lambda x: not x[2])] == [True, False], copies
+    stores = {"west": CheckpointStore(west), "east": CheckpointStore(east)}
+    last = _chunks(stores[first], job, ahead)
+    taken = _chunks(stores[first], job, moved)
+    assert ahead_chunks == len(last)
+    assert moved_chunks == len(taken - last) < len(taken)
+
+    gate.touch()
+    done = c.cli("wait", job, check=False)
+    assert done.returncode == 0, done.stderr
+    assert c.cli("logs", job).stdout.encode() == expected_out
+    assert (workdir / "progress.txt").read_bytes() == expected_progress
+
+
 def test_migrating_to_an_unknown_region_says_which_there_are(make_cluster, workdir: Path, gate: Path) -> None:
     c = make_cluster(nodes=2, devices=1, regions=("west", "east"))
     job = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,

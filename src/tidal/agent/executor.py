@@ -330,9 +330,11 @@ class Executor:
         copied: list[Replicated] = []
 
         def restore(placement: list[tuple[RankSpec, NodeRoot]]) -> Job:
-            if order.checkpoint.source is not None:
-                copied.extend(self._replicate(order))
+            # A prestage under way is waited for first: its pre-copy leaves this replication only the chunks
+            # the migration's own checkpoint changed.
             staged = self.prestages.take(order.job_id, order.attempt, [r.rank for r in order.ranks])
+            if order.checkpoint.source is not None:
+                copied.extend(self._replicate(order.job_id, order.checkpoint))
             job = Job.restore(self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
                               prestaged=staged[1] if staged else None, rendezvous=_store(order.rendezvous),
                               track_fs=order.fs)
@@ -351,10 +353,10 @@ class Executor:
                                           "replicated_chunks": sum(r.copied_chunks for r in copied),
                                           "replicated_s": round(sum(r.seconds for r in copied), 3)})
 
-    def _replicate(self, order: protocol.Restore) -> list[Replicated]:
+    def _replicate(self, job_id: str, checkpoint: protocol.CheckpointRef) -> list[Replicated]:
         """Copy the checkpoint's parts from the other region's store into this node's, only the chunks it
         lacks (what an earlier replication of the job's checkpoints brought is not copied again)."""
-        url = order.checkpoint.source
+        url = checkpoint.source
         assert url is not None
         source = self._source_stores.get(url)
         if source is None:
@@ -362,18 +364,18 @@ class Executor:
             source = CheckpointStore(url, workers=settings.store_concurrency, **store_options(settings, url))
             self._source_stores[url] = source
         out = []
-        for part in order.checkpoint.parts:
+        for part in checkpoint.parts:
             last = [0.0]
 
             def progress(done: int, total: int, part: str = part, last: list[float] = last) -> None:
                 if time.monotonic() - last[0] >= 2 or done == total:
                     last[0] = time.monotonic()
                     log.info("job %s: replicating checkpoint %s from %s: %.1f of %.1f MiB copied",
-                             order.job_id, part, url, done / MIB, total / MIB)
+                             job_id, part, url, done / MIB, total / MIB)
 
-            r = replicate(source, self.store, order.job_id, part, progress)
+            r = replicate(source, self.store, job_id, part, progress)
             log.info("job %s: checkpoint %s replicated from %s: %d of %d chunks copied (%.1f MiB stored) in "
-                     "%.2fs", order.job_id, part, url, r.copied_chunks, r.chunks, r.copied_bytes / MIB, r.seconds)
+                     "%.2fs", job_id, part, url, r.copied_chunks, r.chunks, r.copied_bytes / MIB, r.seconds)
             out.append(r)
         return out
 
@@ -389,7 +391,11 @@ class Executor:
         t0 = time.monotonic()
         sizes: dict[int, int] = {}
 
+        copied: list[Replicated] = []
+
         def fetch() -> dict[int, LastDump]:
+            if order.checkpoint.source is not None:  # pre-copy into this region's store
+                copied.extend(self._replicate(order.job_id, order.checkpoint))
             staged = Job.prestage(self.store, order.job_id, [(r, self.node) for r in order.ranks],
                                   checkpoint_id=order.checkpoint.parts)
             sizes.update({r: last.nbytes for r, last in staged.items()})  # before a restore may take them
@@ -401,7 +407,9 @@ class Executor:
         log.info("job %s: prestaged %.1f MiB of checkpoint %s (ranks %s) in %.2fs", order.job_id, nbytes / MIB,
                  order.checkpoint.id, sorted(sizes), took)
         return protocol.Prestaged(checkpoint=order.checkpoint.id, ranks=sorted(sizes), bytes=nbytes,
-                                  seconds=round(took, 3))
+                                  seconds=round(took, 3),
+                                  replicated_bytes=sum(r.copied_bytes for r in copied) if copied else None,
+                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None)
 
     def _unstage(self, order: protocol.Unstage) -> protocol.Done:
         if self.prestages.drop(order.job_id, order.attempt):

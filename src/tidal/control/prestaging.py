@@ -18,8 +18,10 @@ from sqlalchemy.orm import Session
 from tidal.control.dispatch import new_action
 from tidal.control.history import record
 from tidal.control.jobs import parts_of, restore_source
-from tidal.control.store.models import ActionRow, JobRow, NodeRow
+from tidal.control.regionstores import replicated, source_for
+from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow
 from tidal.core import protocol
+from tidal.core.units import size
 
 MIB = 1 << 20
 
@@ -42,12 +44,14 @@ def order(s: Session, job: JobRow, cause: str | None) -> None:
     source = restore_source(s, job)
     if source is None:
         return
-    ref = protocol.CheckpointRef(id=source.id, parts=parts_of(source))
     nodes = []
     for node, ranks in moving(job).items():
         row = s.get(NodeRow, node)
         if row is None or not row.up:
             continue
+        # In another region, the node first copies the checkpoint into its region's store (pre-copy): the
+        # restore then copies only what the migration's own checkpoint changed.
+        ref = protocol.CheckpointRef(id=source.id, parts=parts_of(source), source=source_for(s, source, row.region))
         new_action(s, job, node, protocol.Prestage(job_id=job.id, attempt=job.attempt, checkpoint=ref, ranks=ranks),
                    cause, track=False)
         nodes.append(node)
@@ -69,6 +73,15 @@ def on_result(s: Session, job: JobRow, a: ActionRow, ok: bool, data: dict[str, A
     if a.kind != "prestage":
         return
     if ok:
+        copied = data.get("replicated_bytes")
+        ck = s.get(CheckpointRow, str(data.get("checkpoint"))) if copied is not None else None
+        row = s.get(NodeRow, a.node)
+        if ck is not None and row is not None:
+            record(s, "replicated", job_id=job.id, node=a.node, cause=a.id,
+                   detail=f"checkpoint {ck.id} copied from region {', '.join(ck.regions or ())} to {row.region}: "
+                          f"{int(data.get('replicated_chunks') or 0)} chunk(s), {size(int(copied or 0))} crossed "
+                          "ahead of the move")
+            replicated(s, ck, [row.region])
         record(s, "prestaged", job_id=job.id, node=a.node, cause=a.id,
                detail=f"checkpoint {data.get('checkpoint')}, ranks {data.get('ranks')}: "
                       f"{int(data.get('bytes', 0)) / MIB:.1f} MiB in {float(data.get('seconds', 0)):.1f}s")

@@ -112,3 +112,33 @@ def test_a_pin_is_a_name(plane: Plane) -> None:
                                                                     "region": "../west"})
     assert r.status_code == 422
     assert r.json()["message"].startswith("region '../west' is not a region name")
+
+
+def test_a_move_to_another_region_pre_copies_the_last_checkpoint(plane: Plane) -> None:
+    w = FakeAgent(plane, "w1", "W", region="west", cluster="west-a")
+    assert w.register() == 200
+    jid = plane.submit()
+    plane.rec.once()
+    started(w, 10)
+    assert plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user()).status_code == 200
+    (ck,) = w.actions()
+    assert w.result(ck, **checkpoint_result("000001-a"))
+    assert plane.http.post(f"/v1/jobs/{jid}/resume", headers=plane.as_user()).status_code == 200
+    plane.rec.once()
+    started(w, 11)
+    last = plane.job(jid)["checkpoints"][-1]["id"]
+    e = FakeAgent(plane, "e1", "E", region="east", cluster="east-a")
+    assert e.register() == 200
+
+    assert migrate(plane, jid, region="east").status_code == 200
+    (prestage,) = e.actions()
+    assert prestage["kind"] == "prestage"
+    assert prestage["payload"]["checkpoint"]["id"] == last
+    assert prestage["payload"]["checkpoint"]["source"] == "s3://ck-west/t"
+    assert e.result(prestage, checkpoint=last, ranks=[0], bytes=3 << 20, seconds=2.0, replicated_bytes=2 << 20,
+                    replicated_chunks=40)
+    j = plane.job(jid)
+    assert j["checkpoints"][-1]["regions"] == ["east", "west"]
+    (ev,) = [x for x in j["events"] if x["kind"] == "replicated"]
+    assert ev["detail"] == (f"checkpoint {last} copied from region west to east: 40 chunk(s), 2.0 MiB crossed "
+                            "ahead of the move")
