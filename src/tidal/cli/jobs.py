@@ -354,7 +354,11 @@ def _show(job: dict[str, Any], wide: bool) -> None:
     if job["error"]:
         console.print(Text.assemble(("error:", "red"), f" {job['error']}"))
     prog = job.get("progress")
-    if prog and job["placement"]:
+    if prog and "copy_to_go_bytes" in prog:
+        console.print(Text(f"copying its checkpoint from another region's store: "
+                           f"{units.size(prog['copy_to_go_bytes'])} of {units.size(prog['copy_total_bytes'])} to go "
+                           f"(at {units.clock(prog['time'])})"))
+    if prog and job["placement"] and "cpu_s" in prog:
         steps = ""
         if "steps" in prog:
             rate = f" ({units.rate(prog['steps_per_s'])})" if "steps_per_s" in prog else ""

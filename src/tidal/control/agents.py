@@ -142,6 +142,9 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
     out: dict[str, Any] = {"time": now, "nodes": nodes}
     for key in ("cpu_s", "rss_bytes", "output_bytes"):
         out[key] = round(sum(float(v.get(key, 0)) for v in nodes.values()), 2)
+    for key in ("copy_to_go_bytes", "copy_total_bytes"):  # a restore's replication from another region
+        if any(key in v for v in nodes.values()):
+            out[key] = sum(int(v.get(key, 0)) for v in nodes.values())
     for key in ("steps", "collectives"):
         if any(key in v for v in nodes.values()):
             out[key] = max(int(v[key]) for v in nodes.values() if key in v)

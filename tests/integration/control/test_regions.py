@@ -67,6 +67,14 @@ def test_a_move_to_another_region_copies_the_checkpoint_there_first(plane: Plane
     assert r.status_code == 200 and r.json()["to"] == there.name, r.text
     (ck,) = [a for a in here.actions() if a["kind"] == "checkpoint"]
     assert here.result(ck, **checkpoint_result("000001-a"))
+    # While it copies, its node reports what is left (tidal show: "copying its checkpoint ... to go").
+    attempt = plane.job(jid)["attempt"]
+    r = plane.http.post(f"/v1/agent/{there.name}/heartbeat", headers=plane.as_agent(), json={
+        "agent_id": there.id, "jobs": {jid: {"attempt": attempt, "copy_to_go_bytes": 3 << 20,
+                                             "copy_total_bytes": 5 << 20}}})
+    assert r.status_code == 200, r.text
+    prog = plane.job(jid)["progress"]
+    assert (prog["copy_to_go_bytes"], prog["copy_total_bytes"]) == (3 << 20, 5 << 20)
     restore = started(there, 20, replicated_bytes=5 << 20, replicated_chunks=7, replicated_s=1.5)
     assert restore["kind"] == "restore"
     assert restore["payload"]["checkpoint"]["parts"] == ["000001-a"]
