@@ -33,10 +33,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import clock, failures, jobs, operations
+from tidal.control import clock, failures, jobs, operations, prestaging
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import limits, protocol
+from tidal.core.operations import Phase
 from tidal.errors import Conflict, LeaseLost, NotFound, ValidationError
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,8 @@ def expire(s: Session, node: NodeRow, why: str) -> None:
             # where they are, so they must not be requeued; the job lands wherever there is room instead.
             job.target = []
             record(s, "migration_target_lost", job_id=job.id, node=node.name, cause=eid)
+            if jobs.phase(job) is Phase.PRECOPY:  # its pre-copy there will not answer: go on without it
+                prestaging.precopied(s, job, eid)
 
 
 def take_actions(s: Session, name: str, agent_id: str) -> list[dict[str, Any]]:

@@ -122,7 +122,8 @@ def test_a_pin_is_a_name(plane: Plane) -> None:
     assert r.json()["message"].startswith("region '../west' is not a region name")
 
 
-def test_a_move_to_another_region_pre_copies_the_last_checkpoint(plane: Plane) -> None:
+def _running_with_a_checkpoint_in_west(plane: Plane) -> tuple[str, FakeAgent, FakeAgent, str]:
+    """A job on w1 (west) with a committed checkpoint there, and node e1 (east) free."""
     w = FakeAgent(plane, "w1", "W", region="west", cluster="west-a")
     assert w.register() == 200
     jid = plane.submit()
@@ -134,15 +135,26 @@ def test_a_move_to_another_region_pre_copies_the_last_checkpoint(plane: Plane) -
     assert plane.http.post(f"/v1/jobs/{jid}/resume", headers=plane.as_user()).status_code == 200
     plane.rec.once()
     started(w, 11)
-    last = plane.job(jid)["checkpoints"][-1]["id"]
     e = FakeAgent(plane, "e1", "E", region="east", cluster="east-a")
     assert e.register() == 200
+    return jid, w, e, plane.job(jid)["checkpoints"][-1]["id"]
 
+
+def test_a_move_to_another_region_pre_copies_the_last_checkpoint_while_the_job_runs(plane: Plane) -> None:
+    jid, w, e, last = _running_with_a_checkpoint_in_west(plane)
     assert migrate(plane, jid, region="east").status_code == 200
+    # First the copy, while the job runs on: no checkpoint is asked of its node yet.
     (prestage,) = e.actions()
     assert prestage["kind"] == "prestage"
     assert prestage["payload"]["checkpoint"]["id"] == last
     assert prestage["payload"]["checkpoint"]["source"] == "s3://ck-west/t"
+    assert w.actions() == []
+    j = plane.job(jid)
+    assert j["state"] == "running" and j["busy"]
+    assert [x["kind"] for x in j["events"]][-1] == "precopying"
+    r = plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user())
+    assert r.status_code == 409 and "copied to the target region's store" in r.json()["message"]
+
     assert e.result(prestage, checkpoint=last, ranks=[0], bytes=3 << 20, seconds=2.0, replicated_bytes=2 << 20,
                     replicated_chunks=40)
     j = plane.job(jid)
@@ -150,3 +162,35 @@ def test_a_move_to_another_region_pre_copies_the_last_checkpoint(plane: Plane) -
     (ev,) = [x for x in j["events"] if x["kind"] == "replicated"]
     assert ev["detail"] == (f"checkpoint {last} copied from region west to east: 40 chunk(s), 2.0 MiB crossed "
                             "ahead of the move")
+    # Then the move's checkpoint; what the copy prestaged stays for the restore (no second prestage).
+    (ck,) = w.actions()
+    assert ck["kind"] == "checkpoint" and j["state"] == "checkpointing"
+    assert w.result(ck, **checkpoint_result("000002-b"))
+    restore = started(e, 20, replicated_bytes=1 << 20, replicated_chunks=3, replicated_s=0.5)
+    assert restore["payload"]["checkpoint"]["source"] == "s3://ck-west/t"
+    assert e.actions() == []  # nothing dropped: the restore took what was prestaged
+    assert plane.job(jid)["state"] == "running" and plane.job(jid)["placement"][0]["node"] == "e1"
+
+
+def test_a_failed_pre_copy_does_not_hold_the_move(plane: Plane) -> None:
+    jid, w, e, _ = _running_with_a_checkpoint_in_west(plane)
+    assert migrate(plane, jid, region="east").status_code == 200
+    (prestage,) = e.actions()
+    assert e.result(prestage, ok=False)
+    (ck,) = w.actions()  # the move goes on: its restore copies the whole checkpoint
+    assert ck["kind"] == "checkpoint"
+    assert w.result(ck, **checkpoint_result("000002-b"))
+    started(e, 20)
+    assert plane.job(jid)["placement"][0]["node"] == "e1"
+
+
+def test_a_target_lost_during_the_pre_copy_does_not_hold_the_move(plane: Plane) -> None:
+    jid, w, e, _ = _running_with_a_checkpoint_in_west(plane)
+    assert migrate(plane, jid, region="east").status_code == 200
+    assert [a["kind"] for a in e.actions()] == ["prestage"]
+    assert plane.http.post("/v1/agent/e1/leave", headers=plane.as_agent(), json={"agent_id": "E"}).status_code in (
+        200, 204)
+    j = plane.job(jid)
+    assert any(x["kind"] == "migration_target_lost" for x in j["events"]), j["events"]
+    (ck,) = w.actions()  # the checkpoint goes ahead; the job lands wherever there is room
+    assert ck["kind"] == "checkpoint" and j["state"] == "checkpointing"
