@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from tidal.control.api import auth, handlers, latency
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
-from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream
+from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream, ui
 from tidal.control.metrics import TidalCollector
 from tidal.core import limits
 
@@ -35,6 +35,6 @@ def create_app(ctx: Context) -> FastAPI:
     ProcessCollector(registry=registry)
     app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)
-    for area in (service, jobs, cluster, store, stream, agents, admin, metrics):
+    for area in (service, jobs, cluster, store, stream, agents, admin, metrics, ui):
         app.include_router(area.router)
     return app
