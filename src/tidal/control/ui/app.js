@@ -5,7 +5,7 @@
 "use strict";
 
 const TIERS = ["premium", "standard", "basic"];
-const HISTORY = 240; // samples kept for the charts (one each few seconds: the last quarter of an hour or so)
+const HISTORY = 600; // samples kept for the charts (the last half hour or so)
 const LOG_TAIL = 64 * 1024;
 const st = { me: null, view: null, arg: null, history: [], events: null, timer: null, pending: null,
              job: null, log: { job: null, offset: 0, text: "" }, filters: { state: "", tier: "", user: "", q: "" } };
@@ -136,9 +136,9 @@ function route() {
 async function refresh(fresh) {
   if (!st.me) return;
   try {
-    if (st.view === "cluster") drawCluster(await api("/v1/ui/cluster"));
+    if (st.view === "cluster") drawCluster(record(await api("/v1/ui/cluster")));
     else if (st.view === "jobs") drawJobs(await api("/v1/ui/jobs"));
-    else if (st.view === "sla") drawSla(st.history.length ? st.history[st.history.length - 1].c : await api("/v1/ui/cluster"));
+    else if (st.view === "sla") drawSla(record(await api("/v1/ui/cluster")));
     else if (st.view === "job") await drawJob(fresh);
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
@@ -146,13 +146,17 @@ async function refresh(fresh) {
   }
 }
 
-// Figures over time: the dashboard samples the cluster's figures while it is open.
+// Figures over time: the dashboard samples the cluster's figures while it is open (each few seconds, and at
+// each redraw of the views that show them). Prometheus (GET /metrics) keeps the long history.
+function record(c) {
+  const last = st.history[st.history.length - 1];
+  if (!last || c.time > last.c.time) st.history.push({ t: c.time, c });
+  if (st.history.length > HISTORY) st.history.shift();
+  return c;
+}
 async function sample() {
-  try {
-    const c = await api("/v1/ui/cluster");
-    st.history.push({ t: Date.now() / 1000, c });
-    if (st.history.length > HISTORY) st.history.shift();
-  } catch (e) { /* shown by refresh */ }
+  if (st.view === "cluster" || st.view === "sla") return; // refresh() samples
+  try { record(await api("/v1/ui/cluster")); } catch (e) { /* shown by refresh */ }
 }
 
 // -- charts -------------------------------------------------------------------------------------------------

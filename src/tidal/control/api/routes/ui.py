@@ -150,7 +150,7 @@ def _cluster(ctx: Context, p: Principal) -> dict[str, Any]:
                               "lease_left_s": round(max(0.0, n.lease_until - at), 1) if n.up else 0.0,
                               "devices": devs})
         pending = dict(s.execute(select(JobRow.tier, func.count()).where(
-            JobRow.state == JobState.PENDING.value).group_by(JobRow.tier)).tuples().all())
+            JobRow.state == JobState.PENDING.value).group_by(JobRow.tier)).all())
         groups = tally.by_tier(tally.sla_jobs(s, at))
         sla = {}
         for t in metrics.TIERS:
