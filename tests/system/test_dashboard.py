@@ -9,6 +9,7 @@ With TIDAL_DASHBOARD_SHOTS=DIR the test also saves the screenshots docs/dashboar
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -18,7 +19,6 @@ from typing import Any
 import pytest
 
 from tests.system.browser import chromium
-from tidal.testing import wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 
@@ -27,9 +27,13 @@ SHOTS = os.environ.get("TIDAL_DASHBOARD_SHOTS")
 
 
 def shot(page: Any, name: str) -> None:
+    """The page as docs/dashboard.md shows it: a PNG of at most 128 colours (small enough to commit)."""
     if SHOTS:
+        from PIL import Image
+
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(SHOTS) / f"dashboard-{name}.png"))
+        image = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
+        image.quantize(colors=128).save(Path(SHOTS) / f"dashboard-{name}.png", optimize=True)
 
 
 def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: Path, gate: Path) -> None:
@@ -97,7 +101,6 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         assert page.evaluate("window.loadedOnce") is True
         expect(page.locator("#log")).to_contain_text("step ")  # the live log tail
         c.wait_state(job, "running")
-        shot(page, "job-before")
 
         # The user moves it back, with the page's button, once the premium job is gone.
         c.cli("cancel", premium)
@@ -119,6 +122,7 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         expect(page.locator("#jobs tbody tr")).to_have_count(1)
         expect(page.locator("#jobs tbody tr")).to_have_attribute("data-job", premium)
         page.select_option("select[name=state]", "")
+        expect(page.locator("#jobs tbody tr")).to_have_count(3)
         shot(page, "jobs")
         page.evaluate("location.hash = '#/sla'")
         expect(page.locator('#sla tr[data-tier="basic"] td').nth(3)).not_to_have_text("0")

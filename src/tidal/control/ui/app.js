@@ -33,7 +33,7 @@ const pct = (x) => (x === null || x === undefined ? "–" : (100 * x).toFixed(1)
 const fmtS = (s) => (s === null || s === undefined ? "–" : s < 90 ? s.toFixed(1) + " s" : s < 5400
   ? (s / 60).toFixed(1) + " min" : (s / 3600).toFixed(1) + " h");
 const fmtB = (b) => (b >= 2 ** 30 ? (b / 2 ** 30).toFixed(2) + " GiB" : b >= 2 ** 20 ? (b / 2 ** 20).toFixed(1) + " MiB"
-  : (b / 1024).toFixed(0) + " KiB");
+  : b >= 1024 ? (b / 1024).toFixed(0) + " KiB" : b + " B");
 
 // -- the API ------------------------------------------------------------------------------------------------
 class ApiError extends Error {
