@@ -27,13 +27,13 @@ SHOTS = os.environ.get("TIDAL_DASHBOARD_SHOTS")
 
 
 def shot(page: Any, name: str) -> None:
-    """The page as docs/dashboard.md shows it: a PNG of at most 128 colours (small enough to commit)."""
+    """The page as docs/dashboard.md shows it: a PNG of at most 256 colours (small enough to commit)."""
     if SHOTS:
         from PIL import Image
 
         Path(SHOTS).mkdir(parents=True, exist_ok=True)
         image = Image.open(io.BytesIO(page.screenshot(full_page=True))).convert("RGB")
-        image.quantize(colors=128).save(Path(SHOTS) / f"dashboard-{name}.png", optimize=True)
+        image.quantize(colors=256).save(Path(SHOTS) / f"dashboard-{name}.png", optimize=True)
 
 
 def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: Path, gate: Path) -> None:

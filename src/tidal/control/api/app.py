@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from tidal.control.api import auth, handlers, latency
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
+from tidal.control.api.nodefigures import NodeFigures
 from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream, ui
 from tidal.control.metrics import TidalCollector
 from tidal.core import limits
@@ -32,6 +33,8 @@ def create_app(ctx: Context) -> FastAPI:
     # What GET /metrics serves: the database's metrics, this process's and the API's request latency.
     app.state.metrics = registry = CollectorRegistry()
     registry.register(TidalCollector(ctx.db))
+    app.state.node_figures = NodeFigures()  # what the agents' heartbeats say of their nodes
+    registry.register(app.state.node_figures)
     ProcessCollector(registry=registry)
     app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)

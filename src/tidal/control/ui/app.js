@@ -179,7 +179,8 @@ function chart(title, series, targets = [], w = 520, h = 170) {
   series.forEach((s, i) => {
     if (!s.points.length) return;
     const d = s.points.map((p, k) => (k ? "L" : "M") + x(p[0]).toFixed(1) + " " + y(p[1]).toFixed(1)).join(" ");
-    g.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": 2, class: "series", "data-name": s.name }));
+    g.append(svg("path", { d, fill: "none", stroke: s.color, "stroke-width": s.width || 2, "stroke-opacity": s.opacity || 1,
+                           class: "series", "data-name": s.name }));
     g.append(svg("rect", { x: w - pad.r + 8, y: pad.t + i * 16, width: 10, height: 10, fill: s.color }));
     g.append(svg("text", { x: w - pad.r + 22, y: pad.t + i * 16 + 9 }, document.createTextNode(s.name)));
   });
@@ -213,7 +214,7 @@ function drawCluster(c) {
     el("h2", { text: "Utilisation and goodput" }),
     el("p", { class: "muted", text: "Utilisation: devices held by jobs / devices of nodes that are up. Goodput: devices whose job is running (not checkpointing, restoring or moving) / devices." }),
     chart("utilisation, goodput", [
-      { name: "utilisation", color: COLORS.utilisation, points: hist.map((h, i) => [times[i], h.utilisation]) },
+      { name: "utilisation", color: COLORS.utilisation, width: 6, opacity: 0.35, points: hist.map((h, i) => [times[i], h.utilisation]) },
       { name: "goodput", color: COLORS.goodput, points: hist.map((h, i) => [times[i], h.goodput]) }]),
   );
 }
