@@ -147,6 +147,14 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         page2.click("#logout")
         expect(page2.locator("#login")).to_be_visible()
         assert ctx2.cookies() == []
+        # An admin sees every user's jobs, and who holds each device.
+        page2.fill("#token", c.token("admin"))
+        page2.click("#login-form button")
+        expect(page2.locator("#who")).to_have_text("admin (admin)")
+        page2.evaluate("location.hash = '#/jobs'")
+        expect(page2.locator(".table p")).to_have_text("3 of 3 jobs (all users')")
+        page2.evaluate("location.hash = '#/cluster'")
+        expect(page2.locator(f'.node[data-node="{first}"] .dev[data-tier="basic"]')).to_have_attribute("data-job", job)
     assert c.job(job)["state"] == "running"
 
 

@@ -348,8 +348,9 @@ function drawTimeline(events) {
       if (ranOn !== null && on !== ranOn) extra.push(el("span", { class: "move", text: `${ranOn} → ${on}` }));
       ranOn = on;
     }
-    const d = /(\d+) device/.exec(e.detail || "");
-    if ((e.kind === "resizing" || e.kind === "resize") && d) extra.push(el("span", { class: "move", text: `D = ${d[1]}` }));
+    // A resize is a move onto another number of devices: "…, to node-1 on 2 device(s) (was 4)".
+    const d = /on (\d+) device\(s\) \(was (\d+)\)/.exec(e.detail || "");
+    if (d) extra.push(el("span", { class: "move resize", text: `D ${d[2]} → ${d[1]}` }));
     items.push(el("li", { class: "ev ev-" + e.kind, "data-kind": e.kind, "data-node": e.node || "", "data-seq": e.seq },
       el("span", { class: "t", text: "+" + (e.time - t0).toFixed(1) + "s" }), " ",
       el("span", { class: "k", text: e.kind }), e.node ? " on " + e.node : "", " ",

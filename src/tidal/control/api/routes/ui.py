@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from tidal.control import jobs, metrics, tally, tokens
 from tidal.control.api import views
-from tidal.control.api.auth import COOKIE, UI_HEADER, Principal, User, forget_principals, same_origin
+from tidal.control.api.auth import COOKIE, UI_HEADER, Principal, User, same_origin
 from tidal.control.api.context import Context, Ctx
 from tidal.control.clock import now
 from tidal.control.store.models import JobRow, NodeRow
@@ -95,8 +95,7 @@ def login(body: Login, request: Request, ctx: Ctx) -> JSONResponse:
 def logout(request: Request) -> JSONResponse:
     if request.headers.get(UI_HEADER) != "1":
         raise Forbidden(f"log out from the dashboard (the request lacks {UI_HEADER}: 1)")
-    forget_principals(request)
-    r = JSONResponse({"logged_out": True})
+    r = JSONResponse({"logged_out": True})  # the token itself stays valid: revoking it is an admin's
     r.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
     return r
 
