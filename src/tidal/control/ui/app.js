@@ -129,7 +129,11 @@ function route() {
   st.arg = parts[1] ? decodeURIComponent(parts[1]) : null;
   for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== "view-" + st.view;
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.view === st.view);
-  if (st.view !== "job") st.job = null;
+  st.job = null;
+  if (st.view === "job" && $("view-job").dataset.job !== st.arg) { // nothing of another job meanwhile
+    $("view-job").replaceChildren();
+    delete $("view-job").dataset.job;
+  }
   showError(null);
   refresh(true);
 }
@@ -275,7 +279,7 @@ async function drawJob(fresh) {
   const v = $("view-job");
   if (fresh || v.dataset.job !== id) {
     v.dataset.job = id;
-    st.log = { job: id, offset: null, text: "" };
+    st.log = { job: id, offset: null, text: "", decoder: new TextDecoder() };
     v.replaceChildren(
       el("h1", {}, "Job ", el("span", { id: "job-id", text: id }), " ", el("span", { class: "muted", id: "job-name" })),
       el("div", { class: "cards", id: "job-cards" }),
@@ -394,12 +398,13 @@ async function tailLog(j) {
   for (let k = 0; k < 8; k++) {
     const r = await api(`/v1/jobs/${encodeURIComponent(j.id)}/logs?rank=${rank}&offset=${st.log.offset}`, { raw: true });
     const size = +r.headers.get("X-Tidal-Log-Size");
-    const text = await r.text();
-    if (size < st.log.offset) { st.log.offset = 0; st.log.text = ""; continue; } // a restore rolled it back
-    st.log.offset += new TextEncoder().encode(text).length;
+    const bytes = await r.arrayBuffer();
+    if (size < st.log.offset) { st.log.offset = 0; st.log.text = ""; st.log.decoder = new TextDecoder(); continue; } // rolled back
+    st.log.offset += bytes.byteLength;
+    const text = st.log.decoder.decode(bytes, { stream: true }); // a character split between reads is kept for the next
     st.log.text = (st.log.text + text).slice(-LOG_TAIL);
     $("log-size").textContent = fmtB(size);
-    if (!text || st.log.offset >= size) break;
+    if (!bytes.byteLength || st.log.offset >= size) break;
   }
   const pre = $("log");
   const atEnd = pre.scrollTop + pre.clientHeight >= pre.scrollHeight - 4;
