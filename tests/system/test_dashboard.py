@@ -61,6 +61,8 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
     with chromium() as browser:
         ctx = browser.new_context(viewport={"width": 1280, "height": 860})
         page = ctx.new_page()
+        errors: list[str] = []  # uncaught errors of the page's script
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
         page.goto(f"{c.url}/ui")
         expect(page.locator("#login")).to_be_visible()
         page.fill("#token", "not-a-token")
@@ -129,9 +131,12 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         expect(page.locator("#preemptions")).to_contain_text("scheduler")
         shot(page, "sla")
 
+        assert errors == []
+
         # Another user: none of these jobs in the table, the job's page is "no job", its device anonymous.
         ctx2 = browser.new_context(viewport={"width": 1280, "height": 860})
         page2 = ctx2.new_page()
+        page2.on("pageerror", lambda exc: errors.append(str(exc)))
         page2.goto(f"{c.url}/ui")
         page2.fill("#token", bob)
         page2.click("#login-form button")
@@ -155,6 +160,7 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         expect(page2.locator(".table p")).to_have_text("3 of 3 jobs (all users')")
         page2.evaluate("location.hash = '#/cluster'")
         expect(page2.locator(f'.node[data-node="{first}"] .dev[data-tier="basic"]')).to_have_attribute("data-job", job)
+        assert errors == []
     assert c.job(job)["state"] == "running"
 
 
