@@ -11,7 +11,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from tidal.control.api import auth, handlers, latency
+from tidal.control.api import auth, handlers, latency, trend
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
 from tidal.control.api.nodefigures import NodeFigures
@@ -23,8 +23,9 @@ __all__ = ["Context", "create_app"]
 
 
 def create_app(ctx: Context) -> FastAPI:
-    app = FastAPI(title="Tidal control plane", version="1")
+    app = FastAPI(title="Tidal control plane", version="1", lifespan=trend.sampling)
     app.state.ctx = ctx
+    app.state.trend = trend.Trend()  # the cluster's figures over time, for the dashboard
     app.state.principals = auth.Principals()  # who each token is, once looked up
     app.state.streams = stream.Streams()  # event streams open
     # Log chunks from agents are larger than anything else a client sends.

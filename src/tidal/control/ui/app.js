@@ -5,9 +5,8 @@
 "use strict";
 
 const TIERS = ["premium", "standard", "basic"];
-const HISTORY = 600; // samples kept for the charts (the last half hour or so)
 const LOG_TAIL = 64 * 1024;
-const st = { me: null, view: null, arg: null, history: [], events: null, timer: null, pending: null,
+const st = { me: null, view: null, arg: null, events: null, timer: null, pending: null,
              job: null, log: { job: null, offset: 0, text: "" }, filters: { state: "", tier: "", user: "", q: "" } };
 
 // -- small DOM helpers ----------------------------------------------------------------------------------
@@ -86,8 +85,7 @@ function loggedIn() {
   $("logout").hidden = false;
   $("who").textContent = st.me.name + " (" + st.me.role + ")";
   follow();
-  if (!st.timer) st.timer = setInterval(() => { sample(); refresh(); }, 3000);
-  sample();
+  if (!st.timer) st.timer = setInterval(refresh, 3000); // figures that change without an event (steps/s)
   route();
 }
 function loggedOut() {
@@ -140,9 +138,9 @@ function route() {
 async function refresh(fresh) {
   if (!st.me) return;
   try {
-    if (st.view === "cluster") drawCluster(record(await api("/v1/ui/cluster")));
+    if (st.view === "cluster") drawCluster(await api("/v1/ui/cluster"));
     else if (st.view === "jobs") drawJobs(await api("/v1/ui/jobs"));
-    else if (st.view === "sla") drawSla(record(await api("/v1/ui/cluster")));
+    else if (st.view === "sla") drawSla(await api("/v1/ui/cluster"));
     else if (st.view === "job") await drawJob(fresh);
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
@@ -150,18 +148,6 @@ async function refresh(fresh) {
   }
 }
 
-// Figures over time: the dashboard samples the cluster's figures while it is open (each few seconds, and at
-// each redraw of the views that show them). Prometheus (GET /metrics) keeps the long history.
-function record(c) {
-  const last = st.history[st.history.length - 1];
-  if (!last || c.time > last.c.time) st.history.push({ t: c.time, c });
-  if (st.history.length > HISTORY) st.history.shift();
-  return c;
-}
-async function sample() {
-  if (st.view === "cluster" || st.view === "sla") return; // refresh() samples
-  try { record(await api("/v1/ui/cluster")); } catch (e) { /* shown by refresh */ }
-}
 
 // -- charts -------------------------------------------------------------------------------------------------
 // A line chart of series [{name, cls, points: [[t, y]]}] with y in [0, 1] and dashed target lines.
@@ -189,8 +175,15 @@ function chart(title, series, targets = [], w = 520, h = 170) {
     g.append(svg("text", { x: w - pad.r + 22, y: pad.t + i * 16 + 9 }, document.createTextNode(s.name)));
   });
   if (all.length) g.append(svg("text", { x: pad.l, y: h - 5 }, document.createTextNode(
-    "last " + fmtS(t1 - t0) + " (since this page opened)")));
+    "the last " + fmtS(t1 - t0))));
   return g;
+}
+// The control plane's samples (oldest first), and the figures of this moment after them.
+function withNow(c) {
+  const last = c.trend[c.trend.length - 1];
+  const now = { time: c.time, utilisation: c.utilisation, goodput: c.goodput,
+                sla: Object.fromEntries(TIERS.map((t) => [t, c.sla[t].attainment])) };
+  return last && last.time >= c.time ? c.trend : [...c.trend, now];
 }
 const COLORS = { premium: "#c0392b", standard: "#e67e22", basic: "#2e86c1", utilisation: "#566573", goodput: "#27ae60" };
 
@@ -204,8 +197,7 @@ function drawCluster(c) {
     groups.get(key).push(n);
   }
   const lost = c.nodes.filter((n) => !n.up).length;
-  const hist = st.history.map((h) => h.c);
-  const times = st.history.map((h) => h.t);
+  const trend = withNow(c);
   v.replaceChildren(
     el("h1", { text: "Cluster" }),
     el("div", { class: "cards" },
@@ -216,10 +208,10 @@ function drawCluster(c) {
     ...[...groups.entries()].map(([key, nodes]) => el("div", { class: "group" }, el("h3", { text: key }),
       el("div", { class: "nodes" }, ...nodes.map(drawNode)))),
     el("h2", { text: "Utilisation and goodput" }),
-    el("p", { class: "muted", text: "Utilisation: devices held by jobs / devices of nodes that are up. Goodput: devices whose job is running (not checkpointing, restoring or moving) / devices." }),
+    el("p", { class: "muted", text: "Utilisation: devices held by jobs / devices of nodes that are up. Goodput: devices whose job is running (not checkpointing, restoring or moving) / devices. Sampled by the control plane every 10 s, the last hour; Prometheus keeps more." }),
     chart("utilisation, goodput", [
-      { name: "utilisation", color: COLORS.utilisation, width: 6, opacity: 0.35, points: hist.map((h, i) => [times[i], h.utilisation]) },
-      { name: "goodput", color: COLORS.goodput, points: hist.map((h, i) => [times[i], h.goodput]) }]),
+      { name: "utilisation", color: COLORS.utilisation, width: 6, opacity: 0.35, points: trend.map((p) => [p.time, p.utilisation]) },
+      { name: "goodput", color: COLORS.goodput, points: trend.map((p) => [p.time, p.goodput]) }]),
   );
 }
 function card(label, value) { return el("div", { class: "card" }, el("b", { text: String(value) }), label); }
@@ -434,7 +426,6 @@ async function act(what) {
 // -- SLA ----------------------------------------------------------------------------------------------------
 function drawSla(c) {
   const v = $("view-sla");
-  const times = st.history.map((h) => h.t);
   const causes = Object.entries(c.preemptions).sort();
   v.replaceChildren(
     el("h1", { text: "SLA" }),
@@ -453,7 +444,7 @@ function drawSla(c) {
     el("h2", { text: "Attainment over time" }),
     chart("SLA attainment per tier (dashed: targets)", TIERS.map((t) => ({
       name: t, color: COLORS[t],
-      points: st.history.map((h, i) => [times[i], h.c.sla[t].attainment]).filter((p) => p[1] !== null) })),
+      points: withNow(c).map((p) => [p.time, p.sla[t]]).filter((p) => p[1] !== null) })),
     TIERS.filter((t) => c.sla[t] && c.sla[t].target !== null).map((t) => ({ y: c.sla[t].target, color: COLORS[t] }))),
     el("h2", { text: "Preemptions by cause" }),
     causes.length ? el("table", { id: "preemptions" }, el("tr", {}, el("th", { text: "cause" }), el("th", { text: "preemptions" })),

@@ -7,6 +7,8 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from tidal.control import tokens
+from tidal.control.api.trend import Trend
+from tidal.testing import wait_until
 from tidal.testing.control import FakeAgent, Plane
 
 UI = {"X-Tidal-UI": "1"}
@@ -106,3 +108,17 @@ def test_the_cluster_view_hides_who_holds_another_users_device(plane: Plane) -> 
     assert (row["id"], row["state"], row["devices"], row["nodes"]) == (jid, "running", 1, ["node-1"])
     r = logged_in(plane, bob).get(f"/v1/jobs/{jid}")
     assert r.status_code == 404 and r.json()["message"] == f"no job {jid}"
+
+
+def test_the_trend_is_sampled_while_the_app_serves(plane: Plane) -> None:
+    running_job(plane)
+    with TestClient(plane.http.app) as c:  # its lifespan: the sampler runs
+        trend: Trend = c.app.state.trend  # type: ignore[attr-defined]
+        wait_until(lambda: trend.samples(), timeout=30, what="the first sample")
+        c.post("/ui/login", json={"token": plane.user}, headers=UI)
+        got = c.get("/v1/ui/cluster").json()
+    (sample,) = got["trend"]  # the request found a sample younger than 10 s: it added none
+    assert (sample["utilisation"], sample["goodput"]) == (0.5, 0.5)
+    assert 0 < sample["sla"]["premium"] <= 1
+    assert sample["sla"]["standard"] is None and sample["sla"]["basic"] is None
+    assert sample["time"] <= got["time"]

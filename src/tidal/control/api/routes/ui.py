@@ -7,25 +7,24 @@ user's job on a device is shown by its tier only."""
 
 from __future__ import annotations
 
-import json
 from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
-from sqlalchemy import func, select
+from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from tidal.control import jobs, metrics, tally, tokens
+from tidal.control import jobs, tokens
 from tidal.control.api import views
-from tidal.control.api.auth import COOKIE, UI_HEADER, Principal, User, same_origin
-from tidal.control.api.context import Context, Ctx
-from tidal.control.clock import now
-from tidal.control.store.models import JobRow, NodeRow
-from tidal.core import JobState, Tier, limits
+from tidal.control.api.auth import COOKIE, UI_HEADER, User, same_origin
+from tidal.control.api.context import Ctx
+from tidal.control.api.overview import overview
+from tidal.control.api.trend import Trend
+from tidal.control.store.models import JobRow
+from tidal.core import limits
 from tidal.errors import Forbidden, NotFound, Unauthorized
-from tidal.sim.metrics import weighted_attainment
 
 router = APIRouter()
 
@@ -36,7 +35,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 #: Tokens are ~43 characters: a longer one is no token (and is not looked up).
 MAX_TOKEN = 256
-WORKING = (JobState.RUNNING.value,)
 
 
 def _asset(name: str) -> bytes:
@@ -119,62 +117,11 @@ def job_rows(p: User, ctx: Ctx, all_users: Annotated[bool, Query(alias="all")] =
 
 
 @router.get("/v1/ui/cluster")
-async def cluster(p: User, ctx: Ctx) -> dict[str, Any]:
-    """Every node (by region and cluster) and device with the job on it, and the figures of the moment."""
-    return await run_in_threadpool(_cluster, ctx, p)
-
-
-def _cluster(ctx: Context, p: Principal) -> dict[str, Any]:
-    metrics.fold(ctx.db)  # the counters (preemptions by cause, queueing) are the folded event log's
-    with ctx.db.read() as s:
-        at = now(s)
-        nodes = list(s.scalars(select(NodeRow).order_by(NodeRow.region, NodeRow.cluster, NodeRow.name)))
-        on: dict[tuple[str, int], dict[str, Any]] = {}
-        active = [st.value for st in jobs.ACTIVE]
-        for j in s.scalars(select(JobRow).where(JobRow.state.in_(active))):
-            mine = p.owner_filter is None or j.owner == p.name
-            for d in jobs.held_devices(j):
-                on[(d.node, d.index)] = {"tier": j.tier, "state": j.state, **(
-                    {"job": j.id, "name": j.name, "owner": j.owner} if mine else {"job": None})}
-        total = used = working = 0
-        out_nodes = []
-        for n in nodes:
-            devs = [{"index": i, **on.get((n.name, i), {})} for i in range(n.devices)]
-            if n.up:
-                total += n.devices
-                held = [d for d in devs if "tier" in d]
-                used += len(held)
-                working += sum(1 for d in held if d["state"] in WORKING)
-            out_nodes.append({"name": n.name, "region": n.region, "cluster": n.cluster, "up": n.up,
-                              "lease_left_s": round(max(0.0, n.lease_until - at), 1) if n.up else 0.0,
-                              "devices": devs})
-        pending = dict(s.execute(select(JobRow.tier, func.count()).where(
-            JobRow.state == JobState.PENDING.value).group_by(JobRow.tier)).all())
-        groups = tally.by_tier(tally.sla_jobs(s, at))
-        sla = {}
-        for t in metrics.TIERS:
-            items = groups.get(t, [])
-            sla[t] = {"attainment": weighted_attainment((j.ranks, j.ideal, j.real) for j in items) if items else None,
-                      "target": Tier(t).target, "jobs": len(items)}
-        queueing: dict[str, dict[str, float]] = {}
-        preemptions: dict[str, float] = {}
-        for r in tally.series(s):
-            lab = _labels(r.labels)
-            if r.name == "tidal_job_queueing_seconds":
-                n_, total_s = sum(float(b) for b in (r.data.get("b") or [])), float(r.data.get("s", 0.0))
-                queueing[lab.get("tier", "")] = {"started": n_, "mean_s": total_s / n_ if n_ else 0.0}
-            elif r.name == "tidal_preemptions_total":
-                cause = lab.get("cause", "")
-                preemptions[cause] = preemptions.get(cause, 0.0) + float(r.data.get("v", 0.0))
-        return {"time": at, "nodes": out_nodes, "devices": total, "used": used, "working": working,
-                "utilisation": used / total if total else 0.0, "goodput": working / total if total else 0.0,
-                "pending": {t: int(pending.get(t, 0)) for t in metrics.TIERS}, "sla": sla, "queueing": queueing,
-                "preemptions": preemptions}
-
-
-def _labels(text: str) -> dict[str, str]:
-    try:
-        got = json.loads(text)
-    except ValueError:
-        return {}
-    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+async def cluster(request: Request, p: User, ctx: Ctx) -> dict[str, Any]:
+    """Every node (by region and cluster) and device with the job on it, the figures of the moment and their
+    trend (``trend``: the samples of :mod:`tidal.control.api.trend`, oldest first)."""
+    out = await run_in_threadpool(overview, ctx.db, p.owner_filter)
+    trend: Trend = request.app.state.trend
+    trend.offer(out)
+    out["trend"] = trend.samples()
+    return out
