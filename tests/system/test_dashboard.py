@@ -117,6 +117,7 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         shot(page, "job")
         page.evaluate("location.hash = '#/cluster'")
         expect(page.locator(f'.node[data-node="{first}"] .dev[data-tier="basic"]')).to_have_count(1)
+        expect(page.locator(f'.node[data-node="{other}"] .dev[data-tier="idle"]')).to_have_count(1)
         shot(page, "cluster")
         page.evaluate("location.hash = '#/jobs'")
         expect(page.locator(f'#jobs tr[data-job="{job}"] td').nth(2)).to_have_text("running")

@@ -128,10 +128,9 @@ function route() {
   for (const v of document.querySelectorAll(".view")) v.hidden = v.id !== "view-" + st.view;
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.view === st.view);
   st.job = null;
-  if (st.view === "job" && $("view-job").dataset.job !== st.arg) { // nothing of another job meanwhile
-    $("view-job").replaceChildren();
-    delete $("view-job").dataset.job;
-  }
+  // Nothing of what the view showed last time (another job, figures of then) until it is drawn anew.
+  $("view-" + st.view).replaceChildren();
+  delete $("view-" + st.view).dataset.job;
   showError(null);
   refresh(true);
 }
@@ -233,8 +232,12 @@ function drawJobs(rows) {
   const f = st.filters;
   if (!v.querySelector(".filters")) {
     const input = (key, attrs) => el("input", { ...attrs, value: f[key], oninput: (e) => { f[key] = e.target.value; refreshSoon(); } });
-    const select = (key, opts) => el("select", { name: key, onchange: (e) => { f[key] = e.target.value; refreshSoon(); } },
-      el("option", { value: "", text: "any " + key }), ...opts.map((o) => el("option", { value: o, text: o })));
+    const select = (key, opts) => {
+      const e = el("select", { name: key, onchange: (ev) => { f[key] = ev.target.value; refreshSoon(); } },
+        el("option", { value: "", text: "any " + key }), ...opts.map((o) => el("option", { value: o, text: o })));
+      e.value = f[key];
+      return e;
+    };
     v.replaceChildren(el("h1", { text: "Jobs" }),
       el("div", { class: "filters" },
         select("state", ["pending", "running", "checkpointing", "preempted", "migrating", "resizing", "restoring",
