@@ -6,7 +6,7 @@
 
 const TIERS = ["premium", "standard", "basic"];
 const LOG_TAIL = 64 * 1024;
-const st = { me: null, view: null, arg: null, events: null, timer: null, pending: null,
+const st = { me: null, view: null, arg: null, events: null, busy: false, again: null, timer: null, pending: null,
              job: null, log: { job: null, offset: 0, text: "" }, filters: { state: "", tier: "", user: "", q: "" } };
 
 // -- small DOM helpers ----------------------------------------------------------------------------------
@@ -134,19 +134,27 @@ function route() {
   showError(null);
   refresh(true);
 }
+// One redraw at a time (two would both append the same log bytes): one asked for meanwhile runs after.
 async function refresh(fresh) {
   if (!st.me) return;
+  if (st.busy) { st.again = st.again === "fresh" || fresh === true ? "fresh" : "again"; return; }
+  st.busy = true;
   try {
     if (st.view === "cluster") drawCluster(await api("/v1/ui/cluster"));
     else if (st.view === "jobs") drawJobs(await api("/v1/ui/jobs"));
     else if (st.view === "sla") drawSla(await api("/v1/ui/cluster"));
-    else if (st.view === "job") await drawJob(fresh);
+    else if (st.view === "job") await drawJob(fresh === true);
   } catch (e) {
-    if (e instanceof ApiError && e.status === 401) return;
-    showError(e);
+    if (!(e instanceof ApiError && e.status === 401)) showError(e);
+  } finally {
+    st.busy = false;
+    if (st.again) {
+      const again = st.again;
+      st.again = null;
+      refresh(again === "fresh");
+    }
   }
 }
-
 
 // -- charts -------------------------------------------------------------------------------------------------
 // A line chart of series [{name, cls, points: [[t, y]]}] with y in [0, 1] and dashed target lines.
