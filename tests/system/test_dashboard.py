@@ -39,6 +39,7 @@ def shot(page: Any, name: str) -> None:
 def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: Path, gate: Path) -> None:
     from playwright.sync_api import expect
 
+    expect.set_options(timeout=20_000)  # a loaded machine: what the page shows may take a few seconds
     c = make_cluster(nodes=2, devices=1)
     with c.api() as api:
         me = api.get("/v1/whoami").json()["name"]
