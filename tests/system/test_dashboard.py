@@ -2,7 +2,8 @@
 a wrong token is refused; the user logs in (an HttpOnly, SameSite=Strict cookie); a premium job makes the
 scheduler preempt the user's basic job, which the job's page shows in its timeline, live, and then running on
 the other node, without the page being reloaded; the user presses Migrate and sees the placement change;
-another user sees neither the job nor who holds its device. And ``tidal sim --report`` writes a page that
+another user sees neither the job nor who holds its device, an admin sees both; a node whose agent died shows
+lost. And ``tidal sim --report`` writes a page that
 opens offline with its plots.
 
 With TIDAL_DASHBOARD_SHOTS=DIR the test also saves the screenshots docs/dashboard.md shows into DIR."""
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -162,6 +164,10 @@ def test_dashboard_shows_a_preemption_live_and_migrates(make_cluster, workdir: P
         expect(page2.locator(".table p")).to_have_text("3 of 3 jobs (all users')")
         page2.evaluate("location.hash = '#/cluster'")
         expect(page2.locator(f'.node[data-node="{first}"] .dev[data-tier="basic"]')).to_have_attribute("data-job", job)
+        # A node whose agent is gone is shown lost once its lease has run out, its devices hatched.
+        os.kill(c.state.agents[other].pid, signal.SIGKILL)
+        expect(page2.locator(f'.node.lost[data-node="{other}"] .dev.lost')).to_have_count(1)
+        expect(page2.locator(".card", has_text="nodes lost").locator("b")).to_have_text("1")
         assert errors == []
     assert c.job(job)["state"] == "running"
 
