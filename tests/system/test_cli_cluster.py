@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tidal.testing import pid_alive, wait_until
@@ -27,11 +28,15 @@ def _tidal(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_up_status_down(tmp_path: Path) -> None:
     home = tmp_path / "home"
     try:
-        p = _tidal(home, "up", "--nodes", "3", "--devices-per-node", "2")
+        p = _tidal(home, "up", "--nodes", "3", "--devices-per-node", "2", "--metrics-public")
         assert p.returncode == 0, p.stderr
         assert "started control plane, node-1, node-2, node-3" in p.stdout
         state = json.loads((home / "cluster.json").read_text())
         assert sorted(state["agents"]) == ["node-1", "node-2", "node-3"]
+        assert f"dashboard at {state['url']}/ui" in p.stdout
+        # --metrics-public: a scrape needs no token (anything else still does)
+        assert "tidal_devices 6.0" in httpx.get(f"{state['url']}/metrics", timeout=10).text
+        assert httpx.get(f"{state['url']}/v1/jobs", timeout=10).status_code == 401
         nodes = _tidal(home, "nodes").stdout
         rows = [line.split() for line in nodes.splitlines()]
         assert rows[0][:4] == ["NODE", "ADDRESS", "REGION/CLUSTER", "DEVICES"]

@@ -4,28 +4,53 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tidal.testing import wait_until
 
 
 @pytest.mark.slow
 def test_demo_story_end_to_end(tmp_path: Path) -> None:
+    """The story, then its cluster left up (--keep-for) with its dashboard reachable at the address it printed;
+    interrupted there, the demo still removes everything."""
     tidal = Path(sys.executable).with_name("tidal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
-    env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="120")
-    out = subprocess.run([str(tidal), "demo"], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    text = out.stdout
-    for line in ("Premium job", "preempts the basic job", "resumes where there is room", "we migrate the basic job",
-                 "Basic job succeeded"):
-        assert line in text, text
-    assert "Per-step output vs the uninterrupted run: identical" in text
-    assert "final parameters: identical" in text
+    env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="300")
+    proc = subprocess.Popen([str(tidal), "demo", "--keep-for", "300"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_until(lambda: any("The cluster stays up for 300 s" in ln for ln in lines) or proc.poll() is not None,
+                   timeout=300, what="the demo's story to end")
+        text = "".join(lines)
+        assert proc.poll() is None, text
+        for line in ("Premium job", "preempts the basic job", "resumes where there is room",
+                     "we migrate the basic job", "Basic job succeeded"):
+            assert line in text, text
+        assert "Per-step output vs the uninterrupted run: identical" in text
+        assert "final parameters: identical" in text
+        found = re.search(r"Dashboard: (http://127\.0\.0\.1:\d+)/ui \(log in with the token in (\S+)\)", text)
+        assert found, text
+        url, token = found.group(1), Path(found.group(2)).read_text().strip()
+        page = httpx.get(f"{url}/ui", timeout=10)
+        assert page.status_code == 200 and "<title>Tidal</title>" in page.text
+        cluster = httpx.get(f"{url}/v1/ui/cluster", headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
+        assert [n["name"] for n in cluster["nodes"]] == ["node-1", "node-2"]
+    finally:
+        proc.send_signal(signal.SIGINT)  # as ^C: the demo stops its cluster and removes its state
+        proc.wait(timeout=120)
+        reader.join(timeout=10)
     # The demo cleans up after itself: no cluster processes, no state left behind.
-    assert not any((tmp_path / "home").glob("demo-cluster-*"))
+    assert not any((tmp_path / "home").glob("demo-cluster-*")), "".join(lines)
 
 
 @pytest.mark.slow

@@ -130,6 +130,9 @@ def test_prometheus_counts_one_preemption_and_one_migration(make_cluster, workdi
     wait_until(lambda: prom.query(f'count(tidal_job_memory_rss_bytes{{job_id="{job}",node="{moved}"}} > 0)') == 1,
                timeout=30, what="the agent's figures of the job on its node")
     assert (prom.query('sum(tidal_http_request_duration_seconds_count{route="/v1/jobs/{job_id}/migrate"})') or 0) >= 1
+    # And of each node: its staging usage, in memory and on disk.
+    wait_until(lambda: prom.query("count(tidal_node_staging_bytes)") == 4, timeout=30,
+               what="the agents' staging usage of both nodes")
 
     c.cli("cancel", job)
     wait_until(lambda: prom.query('sum(tidal_jobs_finished_total{state="cancelled"})') == 1, timeout=30,

@@ -609,6 +609,11 @@ class Executor:
         self.outbox.put("exits", protocol.ExitReport(agent_id=self.agent_id, job_id=run.job_id,
                                                      attempt=run.attempt, ranks=statuses))
 
+    def node_figures(self) -> dict[str, float]:
+        """What the node's staging areas hold (checkpoint images in memory and on disk)."""
+        usage = self.node.staging_usage()
+        return {"staging_memory_bytes": float(usage["memory"]), "staging_disk_bytes": float(usage["disk"])}
+
     def progress(self) -> dict[str, dict[str, float]]:
         """What can be seen of each running job: CPU time, memory, output so far and, from the interposer,
         optimizer steps and collectives (with steps per second since the previous report)."""

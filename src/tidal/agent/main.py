@@ -62,6 +62,8 @@ EXIT_REFUSED = 78
 #: How long a registration may take: it is not pressed for time (no lease is held meanwhile), and a
 #: control plane busy starting up should not be sent the same registration again and again.
 REGISTER_TIMEOUT_S = 10.0
+#: How often the heartbeat measures the node's staging areas (a walk of their files): not at every beat.
+NODE_FIGURES_EVERY_S = 10.0
 
 
 class Stop(TidalError):
@@ -274,13 +276,17 @@ class Agent:
         """Renew the lease every fifth of it, one heartbeat at a time (none piles up behind a slow one):
         each gives up after a quarter of the lease, and a failed one is tried again soon, so that the lease
         is renewed if the control plane answers at all before the watchdog's deadline."""
+        figures: dict[str, float] = {}
+        measured = -NODE_FIGURES_EVERY_S
         while True:
             self.registered.wait()
             agent_id, lease_s = self.agent_id, self.lease.lease_s
             t0 = time.monotonic()
             pause = lease_s / 5
             try:
-                beat = protocol.Heartbeat(agent_id=agent_id, jobs=self.executor.progress())
+                if t0 - measured >= NODE_FIGURES_EVERY_S:
+                    figures, measured = self.executor.node_figures(), t0
+                beat = protocol.Heartbeat(agent_id=agent_id, jobs=self.executor.progress(), node=figures)
                 attempt = self.lease.attempt()
                 r = self.client.send(f"/v1/agent/{self.name}/heartbeat", beat, retry=False,
                                      timeout=request_timeout(lease_s))

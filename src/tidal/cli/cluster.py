@@ -19,7 +19,11 @@ def register(app: typer.Typer) -> None:
            devices_per_node: int = typer.Option(1, "--devices-per-node", "-d",
                                              help="virtual devices per node"),
            lease: float = typer.Option(5.0, help="seconds an agent's lease lasts (fencing)"),
-           policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit")) -> None:
+           policy: str = typer.Option("singularity", help="scheduling policy: singularity | firstfit"),
+           metrics_public: bool = typer.Option(False, "--metrics-public",
+                                               help="serve GET /metrics without a token (a new cluster's control "
+                                                    "plane; by default a scrape needs a token of role metrics)"),
+           ) -> None:
         """Start a local cluster (control plane and agents in the background; state in TIDAL_HOME)."""
         from tidal.control.localcluster import up as start
         from tidal.policy.registry import make_live_policy
@@ -29,9 +33,10 @@ def register(app: typer.Typer) -> None:
         settings = load_settings()
         with console.status("starting the cluster…"):
             st, started = start(settings, nodes=nodes, devices_per_node=devices_per_node, lease_s=lease,
-                                policy=policy)
+                                policy=policy, metrics_public=metrics_public)
         what = ", ".join(started) if started else "nothing (already running)"
         console.print(f"cluster at [bold]{st.url}[/]; started {what}")
+        console.print(f"dashboard at [bold]{st.url}/ui[/]", highlight=False)
         console.print(f"state in {settings.home}; user token in {settings.home}/tokens/user.token")
 
     @app.command()

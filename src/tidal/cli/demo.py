@@ -66,14 +66,16 @@ def _own_home(prefix: str) -> tuple[Settings, Path, Path]:
 
 @contextlib.contextmanager
 def _cluster_beside(reference: subprocess.Popen[bytes], settings: Settings, devices_per_node: int,
-                    keep: bool) -> Iterator[Client]:
+                    keep: bool, urls: list[str] | None = None) -> Iterator[Client]:
     """The demo's local cluster of 2 nodes, started while ``reference`` (the uninterrupted run, in a session
     of its own) goes on. After: the reference's processes killed, the cluster stopped, and its state
     removed unless ``keep``."""
     from tidal.control.localcluster import down, up  # the launcher of `tidal up`: heavy, needed here only
 
     try:
-        up(settings, nodes=2, devices_per_node=devices_per_node, lease_s=5.0)
+        state, _ = up(settings, nodes=2, devices_per_node=devices_per_node, lease_s=5.0)
+        if urls is not None:
+            urls.append(state.url)
         yield Client()
     finally:
         with contextlib.suppress(ProcessLookupError):  # torchrun and its workers too
@@ -107,6 +109,7 @@ class _Stage:
     addr: dict[str, str]
     opening: str
     store: str | None
+    dashboard: str | None = None  # where the dashboard is, and how to log in
 
 
 @contextlib.contextmanager
@@ -143,15 +146,18 @@ def _hosts_beside(reference: subprocess.Popen[bytes], settings: Settings) -> Ite
 @contextlib.contextmanager
 def _local_beside(reference: subprocess.Popen[bytes], settings: Settings, workdir: Path,
                   keep: bool) -> Iterator[_Stage]:
-    with _cluster_beside(reference, settings, 1, keep) as api:
+    urls: list[str] = []
+    with _cluster_beside(reference, settings, 1, keep, urls) as api:
         yield _Stage(api, ["node-1", "node-2"], workdir, {},
                      "Cluster up: control plane and agents node-1, node-2 (an uninterrupted reference run of the "
-                     "same training script goes on in the background)", None)
+                     "same training script goes on in the background)", None,
+                     f"{urls[0]}/ui (log in with the token in {settings.home / 'tokens' / 'user.token'})")
 
 
-def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False) -> bool:
+def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False, keep_for: float = 0.0) -> bool:
     """Preemption by a premium job, resume on another node, migration, identical output; ``hosts``: on 3
-    test hosts with PostgreSQL and S3, the job moving from host to host."""
+    test hosts with PostgreSQL and S3, the job moving from host to host. ``keep_for``: seconds the local
+    cluster stays up after the story, for its dashboard."""
     script = example_script("train.py")
     settings, workdir, refdir = _own_home("demo-hosts-" if hosts else "demo-cluster-")
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
@@ -170,6 +176,8 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False) 
     with stage as st:
         api = st.api
         story.say(st.opening)
+        if st.dashboard:
+            console.print(f"Dashboard: [bold]{st.dashboard}[/]", highlight=False)
 
         def submit(name: str, tier: str, argv: list[str]) -> str:
             job = api.post("/v1/jobs", json={"name": name, "tier": tier, "command": argv,
@@ -240,6 +248,10 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False) 
         console.print(f"Checkpoints: {len(final['checkpoints'])}; restarts: {final['restarts']}")
         console.print(f"Per-step output vs the uninterrupted run: {_verdict(same_log)} ({len(out.splitlines())} "
                       f"lines); final parameters: {_verdict(same_params)}")
+        if keep_for > 0 and st.dashboard:
+            console.print(f"The cluster stays up for {keep_for:.0f} s: dashboard at [bold]{st.dashboard}[/]",
+                          highlight=False)
+            time.sleep(keep_for)  # the feature itself: the cluster stays reachable this long
         return same_log and same_params and final["state"] == "succeeded"
 
 
@@ -326,6 +338,9 @@ def register(app: typer.Typer) -> None:
                                         "control plane on PostgreSQL and checkpoints in S3 (SeaweedFS)"),
         keep: bool = typer.Option(False, help="keep the demo's state directory (not with --hosts: the hosts and "
                                               "all on them are removed)"),
+        keep_for: float = typer.Option(0.0, "--keep-for", min=0, max=24 * 3600, metavar="SECONDS",
+                                       help="leave the first story's cluster up this long after the story, to "
+                                            "look at it in its dashboard (the address is printed)"),
     ) -> None:
         """A basic job preempted by a premium one, resumed on the other node, migrated, finishing identically
         (--distributed: a 4-rank DDP job resized and moved, identical to torchrun; --hosts: the story across
@@ -335,6 +350,6 @@ def register(app: typer.Typer) -> None:
         elif distributed:
             ok = run_distributed_demo(steps or 150, keep)
         else:
-            ok = run_cluster_demo(steps or 300, keep, hosts=hosts)
+            ok = run_cluster_demo(steps or 300, keep, hosts=hosts, keep_for=keep_for)
         if not ok:
             raise typer.Exit(1)

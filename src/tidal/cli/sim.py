@@ -25,6 +25,8 @@ def sim(
     policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = DEFAULT_POLICIES,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the results as JSON here.")] = None,
     plots: Annotated[Path | None, typer.Option(help="Write PNG plots into this directory.")] = None,
+    report: Annotated[Path | None, typer.Option(help="Write one self-contained HTML file with the tables and the "
+                                                     "plots (embedded) here: it opens offline.")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the tier assignment rule.")] = 0,
     tier_mix: Annotated[
         str, typer.Option(help="premium,standard,basic shares for traces without tiers.")
@@ -46,7 +48,7 @@ def sim(
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
-    from tidal.sim.report import to_json, write_json, write_plots
+    from tidal.sim.report import to_json, write_json, write_plots, write_report
     from tidal.sim.samples import resolve
 
     given = {"trace": trace, "cluster": cluster}  # as the user named them, for the JSON
@@ -111,11 +113,14 @@ def sim(
                      for t, a in s["admission"].items()]
             out.print(f"{n}: admitted as basic (over quota): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
+    meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
+            "quota": quota, "quota_scale": quota_scale,
+            "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
     if json_out is not None:
-        meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
-                "quota": quota, "quota_scale": quota_scale,
-                "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
         write_json(str(json_out), to_json(p, summaries, meta))
+    if report is not None:
+        write_report(str(report), to_json(p, summaries, meta), summaries, series)
+        out.print(f"wrote {report}", highlight=False)
     if plots is not None:
         for path in write_plots(str(plots), summaries, series):
             out.print(f"wrote {path}", highlight=False)

@@ -95,10 +95,12 @@ def agent_argv(home: Path, url: str, name: str, devices: int, region: str | None
 
 def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: float = 5.0,
        port: int | None = None, policy: str = "singularity", regions: Sequence[str] = (),
-       stores: Sequence[str] = ()) -> tuple[ClusterState, list[str]]:
+       stores: Sequence[str] = (), metrics_public: bool = False) -> tuple[ClusterState, list[str]]:
     """Start the cluster, or whatever of it is not running. Returns the state and what was started.
     ``regions``: node i's region, and its cluster of the same name (default: all in one); ``stores``: the
-    control plane's ``--store`` values (``REGION=URL`` for a region's own)."""
+    control plane's ``--store`` values (``REGION=URL`` for a region's own); ``metrics_public``: the control
+    plane serves GET /metrics without a token (a new cluster's only: a running one keeps how it was
+    started)."""
     if nodes < 1 or devices_per_node < 1:
         raise ConfigError("a cluster needs at least one node with at least one device")
     if regions and len(regions) != nodes:
@@ -113,7 +115,8 @@ def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: f
         port = port or _free_port()
         url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "tidal.control.server", "--port", str(port), "--lease", str(lease_s),
-                "--policy", policy, *(a for store in stores for a in ("--store", store))]
+                "--policy", policy, *(a for store in stores for a in ("--store", store)),
+                *(["--metrics-public"] if metrics_public else [])]
         st = ClusterState(url, port, Proc(0, argv, str(home / "logs" / "control.log")))
         for i in range(1, nodes + 1):
             name = f"node-{i}"

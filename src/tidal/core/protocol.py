@@ -402,6 +402,9 @@ class Heartbeat(_FromAgent):
     # running on the node
     jobs: dict[JobId, Annotated[dict[Figure, float], Field(max_length=limits.MAX_PROGRESS_FIGURES)]] = Field(
         default_factory=dict, max_length=limits.MAX_HEARTBEAT_JOBS)
+    # Figures of the node itself: {"staging_memory_bytes", "staging_disk_bytes"} (its checkpoint images staged
+    # in memory and on disk). Absent from older agents.
+    node: dict[Figure, float] = Field(default_factory=dict, max_length=limits.MAX_PROGRESS_FIGURES)
 
     @field_validator("jobs")
     @classmethod
@@ -409,6 +412,11 @@ class Heartbeat(_FromAgent):
         # A figure that is not a finite number (a rate over no time, say) is left out, not refused: a
         # refused heartbeat would cost the node its lease. JSON cannot carry it back to users anyway.
         return {j: {k: v for k, v in figures.items() if math.isfinite(v)} for j, figures in jobs.items()}
+
+    @field_validator("node")
+    @classmethod
+    def _finite_node(cls, figures: dict[str, float]) -> dict[str, float]:
+        return {k: v for k, v in figures.items() if math.isfinite(v)}
 
 
 class ActionResult(_FromAgent):

@@ -1,9 +1,14 @@
-"""The report: the JSON of issue 6 and matplotlib plots (PNG)."""
+"""The report: the JSON of issue 6, matplotlib plots (PNG), and one self-contained HTML page of both (the
+plots embedded as base64 PNG, the tables as HTML: it opens offline, with nothing beside it)."""
 
 from __future__ import annotations
 
+import base64
+import html
+import io
 import json
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from tidal.sim.experiment import Prepared
@@ -46,13 +51,17 @@ def write_json(path: str, doc: dict[str, Any]) -> None:
 
 
 def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: dict[str, dict[str, Any]]) -> list[str]:
+    os.makedirs(directory, exist_ok=True)
+    return [_save(fig, directory, name) for name, fig in figures(summaries, series)]
+
+
+def figures(summaries: dict[str, dict[str, Any]], series: dict[str, dict[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """The plots of a run, each as (file name, matplotlib figure); the caller saves and closes each."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    os.makedirs(directory, exist_ok=True)
-    out = []
     # JCT CDF per policy.
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name, s in series.items():
@@ -66,7 +75,7 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     ax.set_title("JCT CDF")
     ax.grid(alpha=0.3)
     ax.legend()
-    out.append(_save(fig, directory, "jct_cdf.png"))
+    yield "jct_cdf.png", fig
     # Goodput and allocation over time.
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     for name, s in series.items():
@@ -82,7 +91,7 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     for a in axes:
         a.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
-    out.append(_save(fig, directory, "goodput_allocation.png"))
+    yield "goodput_allocation.png", fig
     # SLA attainment per tier.
     tiers = ["premium", "standard", "basic"]
     names = list(summaries)
@@ -97,8 +106,59 @@ def write_plots(directory: str, summaries: dict[str, dict[str, Any]], series: di
     ax.set_ylabel("SLA attainment (GPU-time weighted)")
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
-    out.append(_save(fig, directory, "sla_attainment.png"))
-    return out
+    yield "sla_attainment.png", fig
+
+
+#: The report's columns: (heading, key of a policy's summary, format).
+COLUMNS = (("avg JCT (s)", "avg_jct_s", "{:.0f}"), ("p50 JCT (s)", "p50_jct_s", "{:.0f}"),
+           ("p99 JCT (s)", "p99_jct_s", "{:.0f}"), ("avg queue (s)", "avg_queue_s", "{:.0f}"),
+           ("makespan (s)", "makespan_s", "{:.0f}"), ("goodput", "goodput", "{:.3f}"),
+           ("allocation", "allocation", "{:.3f}"), ("lost dev-h", "lost_device_hours", "{:.1f}"),
+           ("preemptions", "preemptions", "{}"), ("migrations", "migrations", "{}"), ("resizes", "resizes", "{}"))
+TITLES = {"jct_cdf.png": "Job completion time (CDF)", "goodput_allocation.png": "Goodput and allocation over time",
+          "sla_attainment.png": "SLA attainment per tier (dashed: premium's 95 % target; dotted: standard's 70 %)"}
+STYLE = ("body{font:14px/1.4 system-ui,'DejaVu Sans',sans-serif;margin:1.5em;color:#1c2833}"
+         "table{border-collapse:collapse;margin:.5em 0 1.5em}th,td{padding:.25em .7em;border-bottom:1px solid #ddd;"
+         "text-align:right}th:first-child,td:first-child{text-align:left}th{color:#707b7c;font-size:.85em}"
+         "img{max-width:100%;border:1px solid #eee}figure{margin:1em 0}figcaption{color:#707b7c}")
+
+
+def write_report(path: str, doc: dict[str, Any], summaries: dict[str, dict[str, Any]],
+                 series: dict[str, dict[str, Any]]) -> None:
+    """One HTML file with the run's input, its tables and its plots (``doc``: what :func:`to_json` gives)."""
+    import matplotlib.pyplot as plt
+
+    e = html.escape
+    inp = doc["input"]
+    out = ["<!doctype html><html lang='en'><head><meta charset='utf-8'><title>Tidal simulation report</title>",
+           f"<style>{STYLE}</style></head><body><h1>Tidal simulation report</h1>",
+           f"<p>Trace <code>{e(str(inp.get('trace')))}</code> on <code>{e(str(inp.get('cluster')))}</code>: "
+           f"{inp['simulated_jobs']} of {inp['trace_jobs']} jobs simulated on {inp['capacity_devices']} devices, "
+           f"offered load {inp['offered_load']:.3f} (trace: {inp['offered_load_before_rescaling']:.3f}).</p>",
+           "<h2>Policies</h2><table id='policies'><tr><th>policy</th>",
+           *(f"<th>{e(h)}</th>" for h, _, _ in COLUMNS), "</tr>"]
+    for name, s in summaries.items():
+        out.append(f"<tr><td>{e(name)}</td>" + "".join(f"<td>{e(fmt.format(s[k]))}</td>" for _, k, fmt in COLUMNS)
+                   + "</tr>")
+    out.append("</table><h2>SLA attainment per tier</h2><table id='sla'><tr><th>policy</th>"
+               "<th>premium</th><th>standard</th><th>basic</th></tr>")
+    for name, s in summaries.items():
+        cells = "".join(f"<td>{s['sla'][t]['attainment']:.3f}</td>" if t in s["sla"] else "<td>-</td>"
+                        for t in ("premium", "standard", "basic"))
+        out.append(f"<tr><td>{e(name)}</td>{cells}</tr>")
+    out.append("</table><h2>Plots</h2>")
+    for name, fig in figures(summaries, series):
+        buf = io.BytesIO()
+        fig.tight_layout()
+        fig.savefig(buf, format="png", dpi=110)
+        plt.close(fig)
+        data = base64.b64encode(buf.getvalue()).decode()
+        title = TITLES.get(name, name)
+        out.append(f"<figure><img alt='{e(title)}' data-plot='{e(name)}' src='data:image/png;base64,{data}'>"
+                   f"<figcaption>{e(title)}</figcaption></figure>")
+    out.append("<h2>Input</h2><pre>" + e(json.dumps(inp, indent=2)) + "</pre></body></html>\n")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(out))
 
 
 def _save(fig: Any, directory: str, name: str) -> str:

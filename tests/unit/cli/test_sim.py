@@ -76,3 +76,21 @@ def test_event_log_uses_the_shared_record_format(tmp_path: Path) -> None:
     actions = [x for x in recs if x["type"] == "action"]
     assert [e["kind"] for e in events].count("job_submitted") == 3 and events[0]["id"] == "e1"
     assert all(a["cause"] in {e["id"] for e in events} for a in actions)  # every action names its cause
+
+
+def test_sim_report_is_one_html_file_with_tables_and_embedded_plots(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--workers", "1",
+                                   "--policies", "fifo,singularity", "--report", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"wrote {out}" in r.output
+    text = out.read_text()
+    assert text.startswith("<!doctype html>") and "<title>Tidal simulation report</title>" in text
+    assert [line.split("'")[0] for line in text.split("data-plot='")[1:]] == [
+        "jct_cdf.png", "goodput_allocation.png", "sla_attainment.png"]
+    assert text.count("src='data:image/png;base64,iVBORw0KGgo") == 3  # PNGs, inline: nothing beside the file
+    assert "<tr><td>fifo</td>" in text and "<tr><td>singularity</td>" in text
+    assert "http://" not in text and "https://" not in text  # it loads nothing: it opens offline
+    assert sorted(tmp_path.iterdir()) == sorted([trace, out])

@@ -11,10 +11,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from tidal.control.api import auth, handlers, latency
+from tidal.control.api import auth, handlers, latency, trend
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
-from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream
+from tidal.control.api.nodefigures import NodeFigures
+from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream, ui
 from tidal.control.metrics import TidalCollector
 from tidal.core import limits
 
@@ -22,8 +23,9 @@ __all__ = ["Context", "create_app"]
 
 
 def create_app(ctx: Context) -> FastAPI:
-    app = FastAPI(title="Tidal control plane", version="1")
+    app = FastAPI(title="Tidal control plane", version="1", lifespan=trend.sampling)
     app.state.ctx = ctx
+    app.state.trend = trend.Trend()  # the cluster's figures over time, for the dashboard
     app.state.principals = auth.Principals()  # who each token is, once looked up
     app.state.streams = stream.Streams()  # event streams open
     # Log chunks from agents are larger than anything else a client sends.
@@ -32,9 +34,11 @@ def create_app(ctx: Context) -> FastAPI:
     # What GET /metrics serves: the database's metrics, this process's and the API's request latency.
     app.state.metrics = registry = CollectorRegistry()
     registry.register(TidalCollector(ctx.db))
+    app.state.node_figures = NodeFigures()  # what the agents' heartbeats say of their nodes
+    registry.register(app.state.node_figures)
     ProcessCollector(registry=registry)
     app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)
-    for area in (service, jobs, cluster, store, stream, agents, admin, metrics):
+    for area in (service, jobs, cluster, store, stream, agents, admin, metrics, ui):
         app.include_router(area.router)
     return app

@@ -1,5 +1,11 @@
 """Who is calling: every route authenticates with a bearer token, and each role may use its own routes
-(users and admins: jobs; admins: users; agents: /v1/agent/*, each node credential for its node only)."""
+(users and admins: jobs; admins: users; agents: /v1/agent/*, each node credential for its node only).
+
+The dashboard (``/ui``) logs in once and its browser then sends the token in an HttpOnly cookie
+(:data:`COOKIE`), which stands for the bearer header. A cross-site page could make the browser send that
+cookie, so a request that changes anything and authenticates by the cookie alone must also carry
+:data:`UI_HEADER` (a custom header: a cross-site page cannot set one without a CORS preflight, which this
+server never grants) and, where the browser says where it comes from (``Origin``), come from this server."""
 
 from __future__ import annotations
 
@@ -44,8 +50,38 @@ class Principals:
         self.known = {}
 
 
+#: The dashboard's session cookie: the API token, HttpOnly, SameSite=Strict.
+COOKIE = "tidal_token"
+#: The header the dashboard's requests that change anything carry (CSRF: see above).
+UI_HEADER = "X-Tidal-UI"
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+
+
+def cookie_token(request: Request) -> str | None:
+    """The dashboard's token from its cookie, where the request may be authenticated by it."""
+    token = request.cookies.get(COOKIE)
+    if not token:
+        return None
+    if request.method not in SAFE_METHODS:
+        if request.headers.get(UI_HEADER) != "1":
+            raise Forbidden(f"a request that changes anything and is authenticated by the dashboard's cookie must "
+                            f"carry the header {UI_HEADER}: 1", hint="send it from the dashboard, or use "
+                            "'Authorization: Bearer TOKEN'")
+        origin = request.headers.get("origin")
+        if origin is not None and not same_origin(request, origin):
+            raise Forbidden(f"cross-site request from {origin!r} refused", hint="use the dashboard itself")
+    return token
+
+
+def same_origin(request: Request, origin: str) -> bool:
+    host = request.headers.get("host", "")
+    return origin.rstrip("/") in (f"{request.url.scheme}://{host}", f"http://{host}", f"https://{host}")
+
+
 async def principal(request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> Principal:
-    token = bearer(authorization)
+    token = bearer(authorization) if authorization or COOKIE not in request.cookies else cookie_token(request)
+    if not token:
+        raise Unauthorized("missing API token", hint="send 'Authorization: Bearer TOKEN'")
     key = tokens.digest(token)
     cache: Principals = request.app.state.principals
     p = cache.known.get(key)

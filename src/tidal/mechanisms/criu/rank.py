@@ -124,6 +124,12 @@ class NodeRoot:
             shutil.rmtree(area, ignore_errors=True)
             empty_trash(area)
 
+    def staging_usage(self) -> dict[str, int]:
+        """Bytes this node root's staging areas hold now, as allocated: ``memory`` (its areas under
+        ``/dev/shm``: images of dumps, the last dump kept for the next one, fetched images) and ``disk``
+        (``staging/``, where images go when memory has no room)."""
+        return {"memory": _allocated(self._fast) + _allocated(self._fetched), "disk": _allocated(self.root / "staging")}
+
     def staging(self, name: str, need_bytes: int = 0, *, fetched: bool = False) -> Path:
         """A private scratch directory for ``need_bytes`` of images: in memory when there is room.
         ``fetched``: for images fetched from the store rather than dumped (see the class)."""
@@ -136,6 +142,25 @@ class NodeRoot:
             if free >= need_bytes * 1.25 + (1 << 30):
                 return private_dir((self._fetched if fetched else self._fast) / name, below=FAST_STAGING)
         return private_dir(self.root / "staging" / name)
+
+
+def _allocated(top: Path) -> int:
+    """Bytes allocated to the files below ``top`` (none where it does not exist); what is removed while it is
+    walked is left out."""
+    total = 0
+    stack = [str(top)]
+    while stack:
+        try:
+            with os.scandir(stack.pop()) as entries:
+                for e in entries:
+                    with contextlib.suppress(OSError):
+                        if e.is_dir(follow_symlinks=False):
+                            stack.append(e.path)
+                        else:
+                            total += e.stat(follow_symlinks=False).st_blocks * 512
+        except OSError:
+            continue
+    return total
 
 
 @dataclass(frozen=True)

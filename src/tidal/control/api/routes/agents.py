@@ -43,10 +43,12 @@ def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
 
 
 @router.post("/{node}/heartbeat")
-def heartbeat(node: str, body: Heartbeat, p: Agent, ctx: Ctx) -> dict[str, Any]:
+def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
     with ctx.db.tx(notify=False) as s:
         agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
+    if body.node:  # the node's holder said so (else the heartbeat was refused above)
+        request.app.state.node_figures.report(node, body.node)
     return {"lease_s": ctx.lease_s}
 
 

@@ -1,0 +1,1 @@
+"""The dashboard's page, script and style sheet, served by the control plane at /ui."""
