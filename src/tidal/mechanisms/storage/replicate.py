@@ -86,7 +86,8 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
             # Another replication began between our look and our start: wait for it instead.
     # Asked in the pool: on an object store each question is a request.
     found = target.pool.map(lambda h: target.backend.exists(chunk_key(h)), list(unique))
-    total = sum(n for (_, n), ok in zip(unique.items(), found, strict=True) if not ok)
+    present = {h for h, ok in zip(unique, found, strict=True) if ok}
+    total = sum(n for h, n in unique.items() if h not in present)
     mu = threading.Lock()
     done = [0, 0, 0]  # logical bytes, stored bytes, chunks
 
@@ -108,7 +109,7 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
         alive.start()
         try:
             for entry in manifest.entries:
-                writer.add_copy(entry, source, copied)
+                writer.add_copy(entry, source, copied, present=present)
             writer.commit(manifest.meta, created_at=manifest.created_at)
         finally:
             stop.set()

@@ -9,7 +9,7 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
@@ -158,15 +158,17 @@ class CheckpointWriter:
         )
 
     def add_copy(self, entry: Entry, source: CheckpointStore,
-                 copied: Callable[[int, int], None] | None = None) -> Entry:
+                 copied: Callable[[int, int], None] | None = None, *, present: Set[str] | None = None) -> Entry:
         """Add ``entry`` of a committed checkpoint in ``source`` (another store): the chunks this store lacks
         are copied as stored (still compressed), each checked against its sha256 on the way; those it holds
-        already are not read at all. ``copied(logical, stored)`` is told each copied chunk's size."""
+        already are not read at all. ``copied(logical, stored)`` is told each copied chunk's size.
+        ``present``: digests found in this store since this writer started (not asked again; should one be
+        collected before the commit, it is copied again then, see :meth:`_outlast_sweeps`)."""
         self._check_new(name := entry.name)
         if entry.kind == "symlink":
             return self._add_entry(entry)
         sizes = dict(entry.chunks)
-        present = self._present(set(sizes))
+        present = set(sizes) & set(present) if present is not None else self._present(set(sizes))
         claimed: set[str] = set()
         futures: list[Future[tuple[str, int]]] = []
         for digest, n in entry.chunks:
