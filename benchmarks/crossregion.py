@@ -35,11 +35,10 @@ from __future__ import annotations
 import os
 import re
 import sys
-import time
 from typing import Any
 
-from crosshost import last_step, plain_migration, rank_log
-from harness import HOLDER, BenchmarkError, arguments, host_ranks, machine, run, say, wait_for, write_json
+from crosshost import last_step, plain_migration, rank_log, tidal_migration
+from harness import HOLDER, arguments, host_ranks, machine, run, say, wait_for, write_json
 from tidal.testing.hostcluster import HostCluster
 from tidal.testing.hosts import TestNet
 
@@ -57,39 +56,10 @@ def cap(net: TestNet, rate: str) -> None:
             net.cap(net[a], net[b], rate)
 
 
-def events(cluster: HostCluster, job: str, after: int) -> list[dict[str, Any]]:
-    with cluster.api() as api:
-        return list(api.get("/v1/events", params={"job": job, "after": after, "limit": 10000}).json())
-
-
 def move(cluster: HostCluster, job: str, to_region: str) -> dict[str, Any]:
     """``migrate --to-region``: request → running there, → first step there; stopped → running (events)."""
-    src, dst = NODE[OTHER[to_region]], NODE[to_region]
-    with cluster.api() as api:
-        seen = max((e["seq"] for e in api.get("/v1/events", params={"job": job, "limit": 10000}).json()),
-                   default=0)
-    step0 = last_step(rank_log(cluster, src, job))
-    dst_log = rank_log(cluster, dst, job)
-    with cluster.api() as api:
-        t0 = time.time()
-        r = api.post(f"/v1/jobs/{job}/migrate", json={"region": to_region})
-        if r.status_code != 200:
-            raise BenchmarkError(f"migrate: {r.status_code} {r.text}")
-        t_running = t_step = None
-        deadline = time.monotonic() + 1800
-        while (t_running is None or t_step is None) and time.monotonic() < deadline:
-            if t_step is None and last_step(dst_log) > step0:
-                t_step = time.time()
-            if t_running is None:
-                j = api.get(f"/v1/jobs/{job}").json()
-                pl = j.get("placement") or []
-                if j["state"] == "running" and not j.get("busy") and pl and all(p.get("pid") and p["node"] == dst
-                                                                                 for p in pl):
-                    t_running = time.time()
-            time.sleep(0.01)
-    if t_running is None or t_step is None:
-        raise BenchmarkError(f"job {job} did not come back on {dst}: {cluster.job(job)}\n{cluster.diagnostics()}")
-    evs = events(cluster, job, seen)
+    out = tidal_migration(cluster, job, NODE[OTHER[to_region]], NODE[to_region], {"region": to_region})
+    evs, t0 = out["events"], out["requested_at"]
     stop = next(e["time"] for e in evs if e["kind"] == "checkpointing")
     back = next(e["time"] for e in evs if e["kind"] == "running" and e["time"] >= stop)
     crossed = []
@@ -98,9 +68,7 @@ def move(cluster: HostCluster, job: str, to_region: str) -> dict[str, Any]:
         if m:
             crossed.append({"ahead": "ahead of the move" in e["detail"], "chunks": int(m.group(1)),
                             "bytes": float(m.group(2)) * UNIT[m.group(3)], "at_s": e["time"] - t0})
-    return {"to_running_s": t_running - t0, "to_next_step_s": t_step - t0, "stopped_to_running_s": back - stop,
-            "stopped_at_s": stop - t0, "crossed": crossed,
-            "events": [{k: e.get(k) for k in ("time", "kind", "node", "detail")} for e in evs]}
+    return {**out, "stopped_to_running_s": back - stop, "stopped_at_s": stop - t0, "crossed": crossed}
 
 
 def placed_region(cluster: HostCluster, job: str) -> str:
