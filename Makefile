@@ -67,6 +67,7 @@ bench: criu
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
 	$(PY) benchmarks/elastic.py --json bench-results/elastic.json
 	$(PY) benchmarks/crosshost.py --json bench-results/crosshost.json
+	$(PY) benchmarks/crossregion.py --json bench-results/crossregion.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -215,17 +215,18 @@ def rank_log(cluster: HostCluster, node: str, job: str) -> Path:
     return cluster.agents[node].root / "ranks" / job / "0" / "output.log"
 
 
-def tidal_migration(cluster: HostCluster, job: str, src: str, dst: str) -> dict[str, Any]:
-    """``POST migrate {"to": dst}`` of the job running on ``src``: seconds to running on ``dst``, and to the
-    first step it prints there."""
+def tidal_migration(cluster: HostCluster, job: str, src: str, dst: str,
+                    body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``POST migrate {"to": dst}`` (or ``body``) of the job running on ``src``: seconds to running on ``dst``,
+    and to the first step it prints there; the job's events since (with the request's wall-clock time)."""
     before = {c["id"] for c in cluster.job(job)["checkpoints"]}
     with cluster.api() as api:
         seen = max((e["seq"] for e in api.get("/v1/events", params={"job": job, "limit": 10000}).json()), default=0)
     step0 = last_step(rank_log(cluster, src, job))
     dst_log = rank_log(cluster, dst, job)
     with cluster.api() as api:
-        t0 = time.perf_counter()
-        r = api.post(f"/v1/jobs/{job}/migrate", json={"to": dst})
+        requested_at, t0 = time.time(), time.perf_counter()
+        r = api.post(f"/v1/jobs/{job}/migrate", json=body or {"to": dst})
         if r.status_code != 200:
             raise BenchmarkError(f"migrate: {r.status_code} {r.text}")
         t_running = t_step = None
@@ -245,7 +246,7 @@ def tidal_migration(cluster: HostCluster, job: str, src: str, dst: str) -> dict[
     new = [c for c in cluster.job(job)["checkpoints"] if c["id"] not in before]
     with cluster.api() as api:
         events = api.get("/v1/events", params={"job": job, "after": seen, "limit": 10000}).json()
-    return {"to_running_s": t_running - t0, "to_next_step_s": t_step - t0,
+    return {"to_running_s": t_running - t0, "to_next_step_s": t_step - t0, "requested_at": requested_at,
             "checkpoint": new[-1] if new else None,
             "events": [{k: e.get(k) for k in ("time", "kind", "node", "detail")} for e in events]}
 

@@ -26,7 +26,8 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
 
     def make(nodes: int = 2, devices: int = 1, lease: float = 3.0, database_url: str | None = None,
              home: Path | None = None, policy: str | None = None, quotas: str | None = None,
-             checkpoint_store: str | None = None) -> LiveCluster:
+             checkpoint_store: str | None = None, regions: tuple[str, ...] = (),
+             stores: tuple[str, ...] = ()) -> LiveCluster:
         home = home or tmp_path_factory.mktemp("tidal-home")
         env = {**os.environ, "TIDAL_HOME": str(home)}
         env.pop("TIDAL_URL", None)
@@ -37,7 +38,7 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
             env["TIDAL_CHECKPOINT_STORE"] = checkpoint_store
         settings = Settings(home=home, database_url=database_url, quotas=quotas,
                             **({"checkpoint_store": checkpoint_store} if checkpoint_store else {}))
-        st, _ = up(settings, nodes=nodes, devices_per_node=devices, lease_s=lease,
+        st, _ = up(settings, nodes=nodes, devices_per_node=devices, lease_s=lease, regions=regions, stores=stores,
                    **({"policy": policy} if policy else {}))
         c = LiveCluster(home, env, st, settings)
         made.append(c)

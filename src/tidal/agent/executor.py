@@ -37,7 +37,8 @@ from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import NodeRoot, RankProcess, RankSpec
 from tidal.mechanisms.interpose.channel import Store
-from tidal.mechanisms.storage import CheckpointStore
+from tidal.mechanisms.storage import CheckpointStore, store_options
+from tidal.mechanisms.storage.replicate import Replicated, replicate
 
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
@@ -217,6 +218,9 @@ class Executor:
             protocol.Kill: self._kill, protocol.Prestage: self._prestage, protocol.Unstage: self._unstage,
         }
         self.prestages = Prestages()
+        self._source_stores: dict[str, CheckpointStore] = {}  # other regions' stores, opened to replicate from
+        # Job → (attempt, bytes copied, bytes to copy) of a replication under way: reported with the progress.
+        self._copying: dict[str, tuple[int, int, int]] = {}
 
     # -- actions --------------------------------------------------------------------------------------------
     def submit(self, data: Any, lease: str | None = None) -> None:
@@ -325,8 +329,14 @@ class Executor:
                                                                track_fs=order.fs))
 
     def _restore(self, order: protocol.Restore) -> protocol.Started:
+        copied: list[Replicated] = []
+
         def restore(placement: list[tuple[RankSpec, NodeRoot]]) -> Job:
+            # A prestage under way is waited for first: its pre-copy leaves this replication only the chunks
+            # the migration's own checkpoint changed.
             staged = self.prestages.take(order.job_id, order.attempt, [r.rank for r in order.ranks])
+            if order.checkpoint.source is not None:
+                copied.extend(self._replicate(order.job_id, order.attempt, order.checkpoint))
             job = Job.restore(self.store, order.job_id, placement, checkpoint_id=order.checkpoint.parts,
                               prestaged=staged[1] if staged else None, rendezvous=_store(order.rendezvous),
                               track_fs=order.fs)
@@ -338,7 +348,45 @@ class Executor:
                          f"prestaged from checkpoint {staged[0]}" if staged else "nothing prestaged", t.total_s)
             return job
 
-        return self._start(order, restore)
+        started = self._start(order, restore)
+        if not copied:
+            return started
+        return started.model_copy(update={"replicated_bytes": sum(r.copied_bytes for r in copied),
+                                          "replicated_chunks": sum(r.copied_chunks for r in copied),
+                                          "replicated_s": round(sum(r.seconds for r in copied), 3)})
+
+    def _replicate(self, job_id: str, attempt: int, checkpoint: protocol.CheckpointRef) -> list[Replicated]:
+        """Copy the checkpoint's parts from the other region's store into this node's, only the chunks it
+        lacks (what an earlier replication of the job's checkpoints brought is not copied again). Its
+        progress goes out with the node's next reports (``tidal show``: what is left to copy)."""
+        url = checkpoint.source
+        assert url is not None
+        source = self._source_stores.get(url)
+        if source is None:
+            settings = load_settings()
+            source = CheckpointStore(url, workers=settings.store_concurrency, **store_options(settings, url))
+            self._source_stores[url] = source
+        out = []
+        try:
+            for part in checkpoint.parts:
+                last = [0.0]
+
+                def progress(done: int, total: int, part: str = part, last: list[float] = last) -> None:
+                    with self.mu:
+                        self._copying[job_id] = (attempt, done, total)
+                    if time.monotonic() - last[0] >= 2 or done == total:
+                        last[0] = time.monotonic()
+                        log.info("job %s: replicating checkpoint %s from %s: %.1f of %.1f MiB copied",
+                                 job_id, part, url, done / MIB, total / MIB)
+
+                r = replicate(source, self.store, job_id, part, progress)
+                log.info("job %s: checkpoint %s replicated from %s: %d of %d chunks copied (%.1f MiB stored) in "
+                         "%.2fs", job_id, part, url, r.copied_chunks, r.chunks, r.copied_bytes / MIB, r.seconds)
+                out.append(r)
+        finally:
+            with self.mu:
+                self._copying.pop(job_id, None)
+        return out
 
     def _prestage(self, order: protocol.Prestage) -> protocol.Prestaged:
         """Fetch the images of the order's ranks from its checkpoint, for the restore of the next attempt
@@ -352,7 +400,11 @@ class Executor:
         t0 = time.monotonic()
         sizes: dict[int, int] = {}
 
+        copied: list[Replicated] = []
+
         def fetch() -> dict[int, LastDump]:
+            if order.checkpoint.source is not None:  # pre-copy into this region's store
+                copied.extend(self._replicate(order.job_id, order.attempt, order.checkpoint))
             staged = Job.prestage(self.store, order.job_id, [(r, self.node) for r in order.ranks],
                                   checkpoint_id=order.checkpoint.parts)
             sizes.update({r: last.nbytes for r, last in staged.items()})  # before a restore may take them
@@ -364,7 +416,9 @@ class Executor:
         log.info("job %s: prestaged %.1f MiB of checkpoint %s (ranks %s) in %.2fs", order.job_id, nbytes / MIB,
                  order.checkpoint.id, sorted(sizes), took)
         return protocol.Prestaged(checkpoint=order.checkpoint.id, ranks=sorted(sizes), bytes=nbytes,
-                                  seconds=round(took, 3))
+                                  seconds=round(took, 3),
+                                  replicated_bytes=sum(r.copied_bytes for r in copied) if copied else None,
+                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None)
 
     def _unstage(self, order: protocol.Unstage) -> protocol.Done:
         if self.prestages.drop(order.job_id, order.attempt):
@@ -586,6 +640,11 @@ class Executor:
             for c in run.job.channels():
                 c.request_stat()  # answered by the next report
             out[run.job_id] = info
+        with self.mu:
+            copying = dict(self._copying)
+        for job_id, (attempt, done, total) in copying.items():
+            out.setdefault(job_id, {"attempt": attempt}).update(copy_to_go_bytes=total - done,
+                                                                 copy_total_bytes=total)
         return out
 
     def ship_all(self) -> None:

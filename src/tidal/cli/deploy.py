@@ -46,9 +46,12 @@ def register(app: typer.Typer) -> None:
         database: str = typer.Option(None, "--database", envvar="TIDAL_DATABASE_URL", show_envvar=True,
                                      help="SQLAlchemy URL, e.g. postgresql+psycopg://tidal@db/tidal (default: "
                                           "SQLite under TIDAL_HOME)"),
-        store: str = typer.Option(None, "--store", envvar="TIDAL_CHECKPOINT_STORE", show_envvar=True,
-                                  help="the checkpoint store every node uses (s3://bucket/prefix, or a directory "
-                                       "at the same path on every node); told to agents when they register"),
+        store: list[str] = typer.Option([], "--store", envvar="TIDAL_CHECKPOINT_STORE", show_envvar=True,
+                                        metavar="[REGION=]URL",
+                                        help="the checkpoint store nodes use (s3://bucket/prefix, or a directory "
+                                             "at the same path on every node), told to agents when they register: "
+                                             "URL for every region, or REGION=URL (repeat) for a region's own, "
+                                             "with a plain URL for the others (docs/deploy.md, Regions)"),
         tls: str = typer.Option(None, "--tls", help="auto (default): a private CA and a server certificate under "
                                                      "TIDAL_HOME/tls; off: plain HTTP (behind a TLS proxy)"),
         tls_cert: Path = typer.Option(None, "--tls-cert", help="your own certificate chain (PEM)"),
@@ -87,8 +90,8 @@ def register(app: typer.Typer) -> None:
             args += ["--tls-key", str(tls_key.absolute())]
         for name in tls_san:
             args += ["--tls-san", name]
-        if store:
-            args += ["--store", store]
+        for one in store:
+            args += ["--store", one]
         if advertise_addr:
             args += ["--advertise-addr", advertise_addr]
         if rendezvous_port:

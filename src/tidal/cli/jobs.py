@@ -148,6 +148,8 @@ def register(app: typer.Typer) -> None:
         project: str = typer.Option(None, "--project",
                                     help="the project whose quota admits premium and standard jobs (default: default)"),
         ranks: int = typer.Option(None, "--ranks", help="world size W"),
+        region: str = typer.Option(None, "--region", help="run only in this region (`tidal nodes`)"),
+        cluster: str = typer.Option(None, "--cluster", help="run only in this cluster"),
         min_devices: int = typer.Option(None, "--min-devices",
                                         help="the fewest devices D it may run on (elastic; default W)"),
         max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),
@@ -165,7 +167,7 @@ def register(app: typer.Typer) -> None:
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
         options = {"command": command, "name": name, "tier": tier, "project": project, "ranks": ranks,
                    "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
-                   "max_restarts": max_restarts, "workdir": workdir}
+                   "max_restarts": max_restarts, "workdir": workdir, "region": region, "cluster": cluster}
         names = {f: flag(f) for f in SUBMITTED if f != "command"}
         try:
             names = submission_terms(file, options)
@@ -283,6 +285,10 @@ def register(app: typer.Typer) -> None:
     def migrate(job_id: str = job_argument(),
                 to: str = typer.Option(None, "--to", help="node (default: other nodes with room)"),
                 rank: int = typer.Option(None, "--rank", min=0, help="move only this rank (needs --to)"),
+                to_region: str = typer.Option(None, "--to-region",
+                                              help="onto nodes of this region (its checkpoint is copied to the "
+                                                   "region's store first where that is another)"),
+                to_cluster: str = typer.Option(None, "--to-cluster", help="onto nodes of this cluster"),
                 no_wait: bool = no_wait_option(),
                 timeout: float = timeout_option()) -> None:
         """Move a running job, or one of its ranks, to other nodes (checkpoint every rank at a consistent
@@ -290,7 +296,8 @@ def register(app: typer.Typer) -> None:
         api = Api()
         before = api.get(f"/v1/jobs/{job_id}")
         seq = before["events"][-1]["seq"] if before["events"] else 0
-        _request(api, job_id, "migrate", timeout, json={"to": to, "rank": rank})
+        body = {"to": to, "rank": rank, "region": to_region, "cluster": to_cluster}
+        _request(api, job_id, "migrate", timeout, json={k: v for k, v in body.items() if v is not None})
         if no_wait:
             return
         job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in STABLE, timeout, "migrating")
@@ -347,7 +354,11 @@ def _show(job: dict[str, Any], wide: bool) -> None:
     if job["error"]:
         console.print(Text.assemble(("error:", "red"), f" {job['error']}"))
     prog = job.get("progress")
-    if prog and job["placement"]:
+    if prog and "copy_to_go_bytes" in prog:
+        console.print(Text(f"copying its checkpoint from another region's store: "
+                           f"{units.size(prog['copy_to_go_bytes'])} of {units.size(prog['copy_total_bytes'])} to go "
+                           f"(at {units.clock(prog['time'])})"))
+    if prog and job["placement"] and "cpu_s" in prog:
         steps = ""
         if "steps" in prog:
             rate = f" ({units.rate(prog['steps_per_s'])})" if "steps_per_s" in prog else ""

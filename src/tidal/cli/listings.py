@@ -69,6 +69,7 @@ CHECKPOINTS = Listing("checkpoints", {
     "stored_bytes": "what it added to the store (bytes: chunks not already there)",
     "parts": "its parts, one a node (their ids)",
     "state": "committed, or bad (it failed verification on restore: kept for inspection, never restored)",
+    "regions": "the regions whose checkpoint store holds it (null: every region shares one store)",
 }, (
     Column("CHECKPOINT", _text("id")),
     Column("CREATED", lambda c: units.ago(c["created_at"])),
@@ -76,6 +77,7 @@ CHECKPOINTS = Listing("checkpoints", {
     Column("SIZE", lambda c: units.size(c["bytes"])),
     Column("STORED", lambda c: units.size(c["stored_bytes"])),
     Column("PARTS", lambda c: str(len(c["parts"])), wide=True),
+    Column("REGIONS", lambda c: ",".join(c.get("regions") or []) or "-", wide=True),
     Column("STATE", lambda c: c["state"] + (" (resumes from it)" if c.get("resumes") else ""),
            style=lambda c: "bold red" if c["state"] == "bad" else None),
 ), note="A job's checkpoints, oldest first.")

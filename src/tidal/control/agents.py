@@ -33,10 +33,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import clock, failures, jobs, operations
+from tidal.control import clock, failures, jobs, operations, prestaging
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import limits, protocol
+from tidal.core.operations import Phase
 from tidal.errors import Conflict, LeaseLost, NotFound, ValidationError
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,13 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
         raise Conflict(f"node {name} is held by another agent for {node.lease_until - now:.1f}s more",
                        hint="retry once its lease has expired", retry_after=node.lease_until - now)
     _within_limits(s, node, name, devices)
+    elsewhere = s.scalar(select(NodeRow.region).where(NodeRow.up.is_(True), NodeRow.cluster == cluster,
+                                                      NodeRow.region != region, NodeRow.name != name).limit(1))
+    if elsewhere is not None:
+        # A cluster lies in one region: the scheduler's topology could not be built with it in two.
+        raise Conflict(f"cluster {cluster} is in region {elsewhere}: node {name} cannot join it in region "
+                       f"{region}", field="cluster", node=name,
+                       hint="give the node's own cluster name (tidal agent --cluster), unique across regions")
     if node is None:
         node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
                        agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now,
@@ -135,6 +143,9 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
     out: dict[str, Any] = {"time": now, "nodes": nodes}
     for key in ("cpu_s", "rss_bytes", "output_bytes"):
         out[key] = round(sum(float(v.get(key, 0)) for v in nodes.values()), 2)
+    for key in ("copy_to_go_bytes", "copy_total_bytes"):  # a restore's replication from another region
+        if any(key in v for v in nodes.values()):
+            out[key] = sum(int(v.get(key, 0)) for v in nodes.values())
     for key in ("steps", "collectives"):
         if any(key in v for v in nodes.values()):
             out[key] = max(int(v[key]) for v in nodes.values() if key in v)
@@ -160,6 +171,8 @@ def expire(s: Session, node: NodeRow, why: str) -> None:
             # where they are, so they must not be requeued; the job lands wherever there is room instead.
             job.target = []
             record(s, "migration_target_lost", job_id=job.id, node=node.name, cause=eid)
+            if jobs.phase(job) is Phase.PRECOPY:  # its pre-copy there will not answer: go on without it
+                prestaging.precopied(s, job, eid)
 
 
 def take_actions(s: Session, name: str, agent_id: str) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from tidal.control.jobs import (
 )
 from tidal.control.launch import start
 from tidal.control.reasons import set_reason
+from tidal.control.regionstores import regions_holding
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
@@ -48,11 +49,17 @@ from tidal.policy import reasons
 S = JobState
 
 
-def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None) -> None:
+def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, *,
+               prestaged: dict[str, Any] | None = None) -> None:
     """Checkpoint a running job. ``purpose``: periodic (it continues), hold / preempt (stopped; a hold is
-    not resumed automatically), migrate or resize (stopped, then restored on ``job.target``)."""
+    not resumed automatically), migrate or resize (stopped, then restored on ``job.target``; into a region
+    whose store lacks the job's last checkpoint, that is copied there first while the job runs:
+    :func:`~tidal.control.prestaging.precopy`). ``prestaged``: what a pre-copy prestaged, for the restore."""
     if state(job) is not S.RUNNING or job.op is not None:
         raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
+    if purpose in ("migrate", "resize") and job.target and prestaged is None and prestaging.needs_precopy(s, job):
+        prestaging.precopy(s, job, purpose, cause)
+        return
     nodes = nodes_of(job.placement)
     transition(s, job, S.CHECKPOINTING, cause, f"{purpose} checkpoint")
     then: protocol.Then = "continue" if purpose == "periodic" else "kill"
@@ -72,7 +79,9 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None) -> None
             new_action(s, job, node, protocol.CutCounts(job_id=job.id, attempt=job.attempt, epoch=epoch),
                        cause, op=op)
     job.op_purpose = purpose
-    if purpose in ("migrate", "resize") and job.target:
+    if prestaged is not None:  # fetched by the pre-copy: the restore takes it there
+        job.opstate = {**job.opstate, "prestaged": prestaged}
+    elif purpose in ("migrate", "resize") and job.target:
         prestaging.order(s, job, cause)  # the targets fetch the last checkpoint meanwhile
 
 
@@ -178,7 +187,8 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
     """The job checkpoint exists from here on: every part is stored. Older ones beyond ``keep`` are no
     longer retained (the agents delete their parts from the store)."""
     s.add(CheckpointRow(id=ck, job_id=job.id, created_at=created, bytes=nbytes, stored_bytes=stored,
-                        retained=True, parts=parts, state=CheckpointState.COMMITTED))
+                        retained=True, parts=parts, state=CheckpointState.COMMITTED,
+                        regions=regions_holding(s, nodes_of(job.placement))))
     s.flush()
     for row in retired(checkpoints(s, job.id), keep, job.resume_from):
         row.retained = False

@@ -81,6 +81,8 @@ def end_op(s: Session, job: JobRow) -> None:
 def busy(job: JobRow) -> str:
     if job.op_purpose in ("launch", "restore"):
         return "starting"
+    if phase(job) is Phase.PRECOPY:
+        return f"{job.op_purpose}: its last checkpoint is being copied to the target region's store"
     return (job.op_purpose and f"{job.op_purpose} checkpoint in progress") or job.state
 
 

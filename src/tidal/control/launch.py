@@ -12,10 +12,12 @@ from tidal.control.clock import now
 from tidal.control.dispatch import kill, new_action
 from tidal.control.history import new_id, record
 from tidal.control.jobs import parts_of, restore_source, set_phase, spec_of, state, transition
+from tidal.control.regionstores import replicated, source_for
 from tidal.control.rendezvous import rendezvous
-from tidal.control.store.models import ActionRow, JobRow, NodeRow, User
+from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow, User
 from tidal.core import DeviceRef, JobState, protocol
 from tidal.core.operations import Phase
+from tidal.core.units import size
 from tidal.errors import Conflict
 
 S = JobState
@@ -63,7 +65,9 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
             master_addr=master,
         )
         order: protocol.Order = (protocol.Launch(**fields) if source is None else protocol.Restore(
-            **fields, checkpoint=protocol.CheckpointRef(id=source.id, parts=parts_of(source))))
+            **fields, checkpoint=protocol.CheckpointRef(
+                id=source.id, parts=parts_of(source),
+                source=source_for(s, source, noderow.region) if noderow else None)))
         new_action(s, job, node, order, cause, op=op)
     job.op_purpose = "restore" if source is not None else "launch"
 
@@ -87,6 +91,8 @@ def started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: 
         job.error = err
         transition(s, job, S.FAILED, cause, f"{kind} failed: {err}")
         return
+    if kind == "restore":
+        _replicated(s, job, group, cause)
     pids = {int(r["rank"]): r["pid"] for g in group for r in (g.result or {}).get("ranks", [])}
     job.placement = [{**p, "pid": pids.get(int(p["rank"]))} for p in job.placement]
     job.started_at = now(s)
@@ -95,3 +101,21 @@ def started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: 
         transition(s, job, S.RUNNING, cause, f"restored, {detail}")
     else:
         record(s, "started", job_id=job.id, node=group[0].node, cause=cause, detail=detail)
+
+
+def _replicated(s: Session, job: JobRow, group: list[ActionRow], cause: str) -> None:
+    """The restore's nodes that replicated its checkpoint from another region's store first: the checkpoint
+    is in their regions' stores now too."""
+    copied = [g for g in group if (g.result or {}).get("replicated_bytes") is not None]
+    ck = s.get(CheckpointRow, str(group[0].payload["checkpoint"]["id"])) if copied else None
+    if ck is None:
+        return
+    regions = {row.region for g in copied if (row := s.get(NodeRow, g.node)) is not None}
+    source = ", ".join(ck.regions or ())
+    replicated(s, ck, regions)
+    nbytes = sum(int((g.result or {})["replicated_bytes"]) for g in copied)
+    chunks = sum(int((g.result or {}).get("replicated_chunks") or 0) for g in copied)
+    took = max(float((g.result or {}).get("replicated_s") or 0) for g in copied)
+    record(s, "replicated", job_id=job.id, node=copied[0].node, cause=cause,
+           detail=f"checkpoint {ck.id} copied from region {source} to {', '.join(sorted(regions))}: "
+                  f"{chunks} chunk(s), {size(nbytes)} crossed in {took:.1f}s")

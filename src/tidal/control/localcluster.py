@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,20 +87,24 @@ def _nodes_up(url: str, token: str, names: list[str]) -> bool:
     return set(names) <= up
 
 
-def agent_argv(home: Path, url: str, name: str, devices: int) -> list[str]:
+def agent_argv(home: Path, url: str, name: str, devices: int, region: str | None = None) -> list[str]:
     return [sys.executable, "-m", "tidal.agent", "--name", name, "--server", url,
             "--token-file", str(token_path(home, "cluster")), "--root", str(home / "nodes" / name),
-            "--devices", str(devices)]
+            "--devices", str(devices), *(["--region", region, "--cluster", region] if region else [])]
 
 
 def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: float = 5.0,
-       port: int | None = None, policy: str = "singularity",
-       metrics_public: bool = False) -> tuple[ClusterState, list[str]]:
+       port: int | None = None, policy: str = "singularity", regions: Sequence[str] = (),
+       stores: Sequence[str] = (), metrics_public: bool = False) -> tuple[ClusterState, list[str]]:
     """Start the cluster, or whatever of it is not running. Returns the state and what was started.
-    ``metrics_public``: the control plane serves GET /metrics without a token (a new cluster's only: a running
-    one keeps how it was started)."""
+    ``regions``: node i's region, and its cluster of the same name (default: all in one); ``stores``: the
+    control plane's ``--store`` values (``REGION=URL`` for a region's own); ``metrics_public``: the control
+    plane serves GET /metrics without a token (a new cluster's only: a running one keeps how it was
+    started)."""
     if nodes < 1 or devices_per_node < 1:
         raise ConfigError("a cluster needs at least one node with at least one device")
+    if regions and len(regions) != nodes:
+        raise ConfigError(f"{len(regions)} regions for {nodes} nodes: give one per node")
     if devices_per_node > limits.MAX_DEVICES_PER_NODE:
         raise ConfigError(f"{devices_per_node} devices per node: a node has at most {limits.MAX_DEVICES_PER_NODE}")
     home = Path(settings.home)
@@ -110,11 +115,13 @@ def up(settings: Settings, nodes: int = 2, devices_per_node: int = 1, lease_s: f
         port = port or _free_port()
         url = f"http://127.0.0.1:{port}"
         argv = [sys.executable, "-m", "tidal.control.server", "--port", str(port), "--lease", str(lease_s),
-                "--policy", policy, *(["--metrics-public"] if metrics_public else [])]
+                "--policy", policy, *(a for store in stores for a in ("--store", store)),
+                *(["--metrics-public"] if metrics_public else [])]
         st = ClusterState(url, port, Proc(0, argv, str(home / "logs" / "control.log")))
         for i in range(1, nodes + 1):
             name = f"node-{i}"
-            st.agents[name] = Proc(0, agent_argv(home, url, name, devices_per_node),
+            st.agents[name] = Proc(0, agent_argv(home, url, name, devices_per_node,
+                                                 regions[i - 1] if regions else None),
                                    str(home / "logs" / f"{name}.log"))
     if not alive(st.server.pid) if st.server.pid else True:
         st.server = _respawn(st.server, settings)

@@ -29,9 +29,10 @@ def on_result(s: Session, a: ActionRow, data: dict[str, Any], keep: int) -> None
             failures.merge_exits(job, data.get("ranks", ()))
             failures.settle_failure(s, job, a.id)
         return
-    if a.kind in ("prestage", "unstage"):  # side orders: never a step of the operation
+    if a.kind in ("prestage", "unstage"):  # side orders, but a pre-copy's step
         prestaging.on_result(s, job, a, a.status == "done", data)
-        return
+        if not (ph is Phase.PRECOPY and job.op == a.op):
+            return
     if job.op != a.op:
         return
     if a.kind not in AWAITS[ph]:
@@ -46,6 +47,8 @@ def on_result(s: Session, a: ActionRow, data: dict[str, Any], keep: int) -> None
     job.op = None
     if ph is Phase.STARTING:
         launch.started(s, job, a.kind, group, failed, err, cause)
+    elif ph is Phase.PRECOPY:
+        prestaging.precopied(s, job, cause)  # failed ones too: their restore copies the whole checkpoint
     elif ph is Phase.CUT:
         checkpointing.cut_done(s, job, group, failed, err, cause)
     elif ph is Phase.PARK:

@@ -251,7 +251,8 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
         views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=tier, submitted_at=j.submitted_at,
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
                               started_at=j.started_at, project=spec.project or "default",
-                              requested_tier=spec.tier if spec.tier > tier else None)
+                              requested_tier=spec.tier if spec.tier > tier else None,
+                              home_cluster=spec.cluster, home_region=spec.region)
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tidal.control.checkpointing import checkpoint
@@ -68,17 +69,36 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
         clear(job)
 
 
-def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | None = None) -> str:
+def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | None = None,
+            region: str | None = None, cluster: str | None = None) -> str:
     """Checkpoint the job, stop it and restore it elsewhere: every rank on ``to`` (default: other nodes
-    with room, as few as possible), or only rank ``rank`` onto ``to`` (the others stay where they are). A job
-    pinned to D devices stays pinned: moved whole onto D devices, or, when one rank of a shared device moved
-    away, pinned to the devices it then runs on (see :mod:`~tidal.control.checkpointing`)."""
+    with room, as few as possible; in ``region`` or ``cluster`` where given), or only rank ``rank`` onto
+    ``to`` (the others stay where they are). A job pinned to D devices stays pinned: moved whole onto D
+    devices, or, when one rank of a shared device moved away, pinned to the devices it then runs on (see
+    :mod:`~tidal.control.checkpointing`). Into another region whose store is not the job's, the restore
+    replicates its checkpoint there first (:mod:`~tidal.control.regionstores`)."""
     st = state(job)
     if st is not S.RUNNING or job.op is not None:
         if st in TERMINAL or st in (S.PENDING, S.HELD, S.PREEMPTED):
             raise Conflict(f"job {job.id} is not running (it is {job.state})", job=job.id, state=job.state)
         raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
     free = free_devices(s)
+    asked: set[str] = set()
+    if region is not None or cluster is not None:
+        if to is not None or rank is not None:
+            raise ValidationError("give a node (--to, --rank) or a region or cluster to move to, not both",
+                                  field="to")
+        asked = _nodes_in(s, region, cluster)
+        free = {n: idx for n, idx in free.items() if n in asked}
+    spec = spec_of(job)
+    if spec.region is not None or spec.cluster is not None:
+        allowed = _nodes_in(s, spec.region, spec.cluster, check=False)
+        if (to is not None and to not in allowed) or ((region or cluster) and not asked & allowed):
+            pin = " and ".join(f"{k} {v}" for k, v in (("region", spec.region), ("cluster", spec.cluster)) if v)
+            where = to or " ".join(f"{k} {v}" for k, v in (("region", region), ("cluster", cluster)) if v)
+            raise Conflict(f"job {job.id} is pinned to {pin}: it cannot move to {where}", field="to",
+                           hint="submit it again without --region/--cluster to let it run anywhere")
+        free = {n: idx for n, idx in free.items() if n in allowed}
     if to is not None:
         if s.get(NodeRow, to) is None:
             raise NotFound(f"no node {to}", field="to", node=to)
@@ -204,3 +224,14 @@ def cancel(s: Session, job: JobRow, cause: str) -> None:
     for node in {p["node"] for p in job.placement}:
         kill(s, job, node, cause)
     transition(s, job, S.CANCELLED, cause)
+
+
+def _nodes_in(s: Session, region: str | None, cluster: str | None, *, check: bool = True) -> set[str]:
+    """The nodes of ``region`` and ``cluster`` (either may be None: any); with ``check``, NotFound when no
+    node was ever in the one asked for."""
+    rows = list(s.scalars(select(NodeRow)))
+    for kind, name in (("region", region), ("cluster", cluster)):
+        if check and name is not None and not any(getattr(r, kind) == name for r in rows):
+            known = sorted({getattr(r, kind) for r in rows})
+            raise NotFound(f"no {kind} {name}", field=kind, hint=f"the {kind}s are: {', '.join(known)}")
+    return {r.name for r in rows if region in (None, r.region) and cluster in (None, r.cluster)}

@@ -181,15 +181,18 @@ def usage(s: Session, owner: str | None) -> dict[str, Any]:
 
 
 class Collector:
-    """Applies :class:`Rules` to the database and ``store`` every ``interval`` seconds, in its own thread."""
+    """Applies :class:`Rules` to the database and its stores (one, or one per region: a checkpoint may have
+    been replicated to several) every ``interval`` seconds, in its own thread."""
 
-    def __init__(self, db: Database, store: CheckpointStore, rules: Rules, *, interval: float = 300.0) -> None:
+    def __init__(self, db: Database, stores: CheckpointStore | Sequence[CheckpointStore], rules: Rules, *,
+                 interval: float = 300.0) -> None:
         self.db = db
-        self.store = store
+        self.stores = [stores] if isinstance(stores, CheckpointStore) else list(stores)
         self.rules = rules
         self.interval = interval
         self._over: set[str] = set()  # users told they are over quota, until they are under again
-        self._undone: list[tuple[str, list[str], bool]] = []  # store deletions that failed: tried again
+        # Store deletions that failed, per store: tried again at the next pass.
+        self._undone: dict[int, list[tuple[str, list[str], bool]]] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -233,28 +236,32 @@ class Collector:
             self._over = set(p.over)
             work = [(job_id, [part for d in ds for part in parts_of(d.row)], job_id in p.whole)
                     for job_id, ds in per_job.items()]
-        self._delete(self._undone + work)
+        for i, store in enumerate(self.stores):
+            self._delete(i, store, self._undone.pop(i, []) + work)
         return [d.row.id for d in p.doomed]
 
-    def _delete(self, work: list[tuple[str, list[str], bool]]) -> None:
-        self._undone = []
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+    def _delete(self, i: int, store: CheckpointStore, work: list[tuple[str, list[str], bool]]) -> None:
         deleted = False
         for job_id, parts, whole in work:
             try:
                 if whole:
-                    self.store.delete_job(job_id, collect=False)
+                    store.delete_job(job_id, collect=False)
                 else:
                     for part in parts:
-                        self.store.delete(job_id, part)
+                        store.delete(job_id, part)
                 deleted = True
             except TidalError as e:
-                log.warning("deleting checkpoints of job %s from the store failed (tried again): %s", job_id, e)
-                self._undone.append((job_id, parts, whole))
+                log.warning("deleting checkpoints of job %s from %s failed (tried again): %s", job_id, store.url, e)
+                self._undone.setdefault(i, []).append((job_id, parts, whole))
         if deleted:
             try:
-                self.store.gc()
+                store.gc()
             except TidalError as e:
-                log.warning("garbage collection of the checkpoint store failed: %s", e)
+                log.warning("garbage collection of the checkpoint store %s failed: %s", store.url, e)
 
 
 _WHY = {"keep": "beyond the newest kept per job", "finished": "the job finished", "quota": "over the store quota"}

@@ -25,6 +25,7 @@ from tidal.control.clusterfile import token_path
 from tidal.control.history import record
 from tidal.control.pki import ServerTLS
 from tidal.control.reconcile import Reconciler
+from tidal.control.regionstores import RegionStores, parse_stores
 from tidal.control.rendezvous import RendezvousHost
 from tidal.control.retention import Collector, Rules, parse_store_quotas
 from tidal.control.store.db import Database
@@ -72,8 +73,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--lease", type=float, default=5.0, help="seconds an agent's lease lasts")
     ap.add_argument("--policy", default=DEFAULT_LIVE_POLICY, choices=LIVE_POLICIES)
     ap.add_argument("--database", help="SQLAlchemy URL (default TIDAL_DATABASE_URL, else SQLite under TIDAL_HOME)")
-    ap.add_argument("--store", help="the checkpoint store every node uses, told to agents at registration "
-                                    "(default TIDAL_CHECKPOINT_STORE; without either, each agent's own)")
+    ap.add_argument("--store", action="append", default=[], metavar="[REGION=]URL",
+                    help="the checkpoint store, told to agents at registration: URL for every region, or "
+                         "REGION=URL (repeated) for a region's own, with URL for the others (default "
+                         "TIDAL_CHECKPOINT_STORE; without either, each agent's own)")
     ap.add_argument("--tls", choices=("auto", "off"), help="auto: a private CA and a server certificate under "
                                                            "TIDAL_HOME/tls; off: plain HTTP")
     ap.add_argument("--tls-cert", help="the server's certificate chain (PEM), with --tls-key")
@@ -115,13 +118,18 @@ def _store_quotas(text: str | None) -> dict[str, int]:
                                "'alice=2TiB,*=500GiB', or unset it") from None
 
 
-def _collector(db: Database, settings: Settings, store: str | None, rules: Rules) -> Collector | None:
-    """Checkpoint retention and garbage collection, over the store the agents are told to use (without one,
+def _collector(db: Database, settings: Settings, stores: RegionStores, rules: Rules) -> Collector | None:
+    """Checkpoint retention and garbage collection, over every store the agents are told to use (without one,
     TIDAL_HOME/checkpoints: the agents' own under `tidal up`)."""
+    urls = dict.fromkeys([*stores.regions.values(), stores.default or settings.store_url])
+    opened = []
     try:
-        opened = open_store(settings.model_copy(update={"checkpoint_store": store or settings.store_url}))
+        for url in urls:
+            opened.append(open_store(settings.model_copy(update={"checkpoint_store": url})))
     except TidalError as exc:
-        log.warning("checkpoint retention is off: the control plane cannot open the checkpoint store: %s", exc)
+        log.warning("checkpoint retention is off: the control plane cannot open a checkpoint store: %s", exc)
+        for store in opened:
+            store.close()
         return None
     collector = Collector(db, opened, rules, interval=settings.collect_every)
     collector.start()
@@ -187,12 +195,12 @@ def public_url(host: str, port: int, tls: ServerTLS | None, sans: list[str], adv
     return f"{'https' if tls else 'http'}://{name}:{port}"
 
 
-def banner(url: str, home: Path, tls: ServerTLS | None, db_url: str, store: str | None, lease_s: float) -> str:
+def banner(url: str, home: Path, tls: ServerTLS | None, db_url: str, stores: RegionStores, lease_s: float) -> str:
     """What `tidal server` prints at start: where it serves, what it trusts, and how a node joins."""
     trust = ""
     lines = [f"Tidal control plane at {url}",
              f"  database: {_hide_password(db_url)}",
-             f"  checkpoint store: {store or 'each agent’s own setting (TIDAL_CHECKPOINT_STORE)'}",
+             f"  checkpoint store: {stores.describe()}",
              f"  agent lease: {lease_s:g}s",
              f"  admin token: {token_path(home, 'admin')}"]
     if tls is not None:
@@ -231,7 +239,10 @@ def serve(args: argparse.Namespace) -> None:
     settings = load_settings()
     if args.database:
         settings = settings.model_copy(update={"database_url": args.database})
-    store = args.store or settings.checkpoint_store
+    try:
+        stores = parse_stores(args.store or ([settings.checkpoint_store] if settings.checkpoint_store else []))
+    except ValidationError as exc:
+        raise ConfigError(exc.message, field="store", hint=exc.hint) from None
     quotas = _quotas(settings.quotas)
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -247,18 +258,19 @@ def serve(args: argparse.Namespace) -> None:
     # Ranks on other hosts are given the rendezvous store at the address the nodes reach this host by.
     host = RendezvousHost(public_host(listen_host, args.tls_san, args.advertise_addr))
     db.info["rendezvous"] = host
+    db.info["stores"] = stores  # which region's store holds a checkpoint, and where a restore copies it from
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S)
     rec.start()
     rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
                   quotas=_store_quotas(settings.store_quota))
-    collector = _collector(db, settings, store, rules)
+    collector = _collector(db, settings, stores, rules)
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
-                             store=store, fingerprint=tls.fingerprint if tls else None, retention=rules,
+                             stores=stores, fingerprint=tls.fingerprint if tls else None, retention=rules,
                              metrics_public=args.metrics_public))
     if args.bootstrap:
         url = public_url(listen_host, port, tls, args.tls_san, args.advertise_addr)
-        print(banner(url, home, tls, settings.db_url, store, args.lease), flush=True)
+        print(banner(url, home, tls, settings.db_url, stores, args.lease), flush=True)
     ssl: dict[str, Any] = {"ssl_certfile": str(tls.certfile), "ssl_keyfile": str(tls.keyfile)} if tls else {}
     try:
         # Long-polling agents must not hold a shutdown up: give open requests one second.
@@ -267,7 +279,7 @@ def serve(args: argparse.Namespace) -> None:
     finally:
         if collector:
             collector.stop()
-            collector.store.close()
+            collector.close()
         rec.stop()
         db.close()
         storeserver.close_shared()

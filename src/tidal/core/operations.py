@@ -5,6 +5,7 @@ them for a purpose (periodic, hold, preempt, migrate, resize). Each phase has th
 on the job's nodes; the phase advances once every node has answered (docs/architecture.md draws it)::
 
     idle ─→ starting ─────────────────────────────────→ idle        launch / restore
+    idle ─→ precopy ──────────────────────────────────→ idle        a move to another region's store
     idle ─→ checkpoint ───────────────────────────────→ idle        a checkpoint on one node
     idle ─→ cut ─→ park ─→ dump ─→ finish ────────────→ idle        a checkpoint over several nodes
               └──────┴───────┴──→ finish (resume: a step failed)
@@ -12,7 +13,9 @@ on the job's nodes; the phase advances once every node has answered (docs/archit
     any phase ─→ idle                                               the job was lost, requeued or ended
 
 A checkpoint that stops the job and restores it elsewhere (migrate, resize) goes idle and then starting
-in the same transaction. Its targets may be sent prestage orders as it starts (and unstage orders when it
+in the same transaction. A move into a region whose store lacks the job's last checkpoint first copies
+it there while the job runs on (precopy, prestage orders awaited), then goes idle and checkpoints in the
+same transaction. Its targets may be sent prestage orders as it starts (and unstage orders when it
 ends): side orders, like kill, which no phase awaits and which never move the operation.
 """
 
@@ -26,6 +29,7 @@ from tidal.errors import Conflict
 class Phase(enum.Enum):
     IDLE = "idle"
     STARTING = "starting"  # launch or restore orders out
+    PRECOPY = "precopy"  # the move's targets copy the last checkpoint into their region's store; the job runs
     CHECKPOINT = "checkpoint"  # the checkpoint order of a job on one node out
     CUT = "cut"  # over several nodes: every rank says how many collectives it announced
     PARK = "park"  # every rank runs to the largest count and waits
@@ -58,8 +62,9 @@ class Purpose(enum.Enum):
 P = Phase
 
 STEPS: dict[Phase, frozenset[Phase]] = {
-    P.IDLE: frozenset({P.STARTING, P.CHECKPOINT, P.CUT, P.FAILING, P.IDLE}),
+    P.IDLE: frozenset({P.STARTING, P.PRECOPY, P.CHECKPOINT, P.CUT, P.FAILING, P.IDLE}),
     P.STARTING: frozenset({P.IDLE, P.FAILING}),
+    P.PRECOPY: frozenset({P.IDLE, P.FAILING}),
     P.CHECKPOINT: frozenset({P.IDLE, P.FAILING}),
     P.CUT: frozenset({P.PARK, P.FINISH, P.FAILING, P.IDLE}),
     P.PARK: frozenset({P.DUMP, P.FINISH, P.FAILING, P.IDLE}),
@@ -72,6 +77,7 @@ STEPS: dict[Phase, frozenset[Phase]] = {
 AWAITS: dict[Phase, frozenset[str]] = {
     P.IDLE: frozenset(),
     P.STARTING: frozenset({"launch", "restore"}),
+    P.PRECOPY: frozenset({"prestage"}),
     P.CHECKPOINT: frozenset({"checkpoint"}),
     P.CUT: frozenset({"cut"}),
     P.PARK: frozenset({"park"}),

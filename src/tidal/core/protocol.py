@@ -130,10 +130,13 @@ class RankSlot(Message):
 
 
 class CheckpointRef(Message):
-    """A job checkpoint: its id and the store checkpoints holding its parts (one per node it spanned)."""
+    """A job checkpoint: its id and the store checkpoints holding its parts (one per node it spanned).
+    ``source``: the checkpoint store of another region that holds it, when this node's store does not yet
+    (the node replicates it from there first, only the chunks its store lacks)."""
 
     id: CheckpointId
     parts: Annotated[list[CheckpointId], Field(min_length=1, max_length=limits.MAX_RANKS)]
+    source: Annotated[str, StringConstraints(max_length=limits.MAX_WORKDIR_BYTES)] | None = None
 
 
 class Cut(Message):
@@ -275,9 +278,13 @@ class RankPid(Message):
 
 
 class Started(Message):
-    """A launch or restore is done: each rank's process id."""
+    """A launch or restore is done: each rank's process id; for a restore that replicated its checkpoint from
+    another region's store first, the stored bytes that crossed and how long it took."""
 
     ranks: Annotated[list[RankPid], Field(max_length=limits.MAX_RANKS)]
+    replicated_bytes: Count | None = None
+    replicated_chunks: Count | None = None
+    replicated_s: Seconds | None = None
 
 
 class Counted(Message):
@@ -316,12 +323,15 @@ class Killed(Message):
 
 
 class Prestaged(Message):
-    """What a prestage fetched: the images of ``ranks`` of ``checkpoint``, ``bytes`` in all, in ``seconds``."""
+    """What a prestage fetched: the images of ``ranks`` of ``checkpoint``, ``bytes`` in all, in ``seconds``;
+    and, where it first replicated the checkpoint from another region's store, what crossed (pre-copy)."""
 
     checkpoint: CheckpointId
     ranks: Annotated[list[Rank], Field(max_length=limits.MAX_RANKS)]
     bytes: Count
     seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    replicated_bytes: Count | None = None
+    replicated_chunks: Count | None = None
 
 
 class Corruption(Message):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import re
 import typing
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -24,6 +25,9 @@ from tidal.errors import ValidationError
 # environment never carries them, so a job can neither impersonate its submitter nor steer Tidal's code
 # that runs inside its ranks.
 RESERVED_ENV_PREFIX = "TIDAL_"
+
+# Names of regions and clusters, as agents give them (tidal.core.protocol's).
+_PLACE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 # Field metadata: how a submission (the API's request body, which the CLI and job files fill) gives a field
 # where that is not as the spec holds it.
@@ -65,6 +69,8 @@ class JobSpec:
     checkpoint_every: float | None = None
     max_restarts: int = 3
     project: str = "default"
+    region: str | None = None  # pinned to this region's clusters (tidal submit --region)
+    cluster: str | None = None  # pinned to this cluster (tidal submit --cluster)
     owner: str = dataclasses.field(default="", metadata={_SUBMITTED: _SET_BY_CONTROL_PLANE})
 
     def __post_init__(self) -> None:
@@ -174,6 +180,13 @@ class JobSpec:
         if not self.project:
             raise ValidationError("project must not be empty", field="project")
         _text(self.project, "project", max_chars=limits.MAX_PROJECT_CHARS)
+        for field in ("region", "cluster"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, str) and _PLACE_NAME.match(value)
+                                          and len(value) <= limits.MAX_ID_CHARS):
+                raise ValidationError(f"{field} {value!r} is not a {field} name (letters, digits, '.', '_', '-', "
+                                      f"at most {limits.MAX_ID_CHARS} characters)", field=field,
+                                      hint=f"`tidal nodes` lists each node's {field}")
 
     @property
     def elastic(self) -> bool:

@@ -39,6 +39,7 @@ class JobView:
     duration_hint: float | None = None  # oracle run time at full size (simulator only: SJF/SRTF)
     remaining_hint: float | None = None  # oracle remaining run time at full size at ``started_at``
     requested_tier: Tier | None = None  # the tier asked for, where admission gave a lower one (``tier``)
+    home_region: str | None = None  # pinned to a region's clusters (tidal submit --region), else anywhere
 
     @property
     def devices(self) -> tuple[DeviceRef, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, rank_map
+from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, Topology, rank_map
 from tidal.policy.reasons import Need, Reason, explain
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
@@ -68,15 +68,18 @@ class FirstFitPolicy:
         waiting = sorted((j for j in view.jobs.values() if j.state in WAITING),
                          key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
         out: list[Action] = []
+        topo = view.topology
         for j in waiting:
             need = j.max_d
-            node = _best_fit(free, need)
+            # A job pinned to a cluster or region (tidal submit --cluster/--region) sees only its nodes.
+            inside = {n: idx for n, idx in free.items() if _within_pins(topo, j, n)}
+            node = _best_fit(inside, need)
             devs = []
             if node is not None:
                 devs = [DeviceRef(node, i) for i in free[node][:need]]
                 del free[node][:need]
-            elif need > max((n.devices for n in view.topology.nodes()), default=0):
-                devs = _spread(free, need)  # larger than any node: fill nodes one after the other
+            elif need > max((topo.node(n).devices for n in inside), default=0):
+                devs = _spread(inside, need)  # larger than any node: fill nodes one after the other
             if devs:
                 kind = ActionKind.RESUME if j.state is JobState.PREEMPTED else ActionKind.PLACE
                 out.append(self._action(kind, j, devs, cause, "fits"))
@@ -84,13 +87,13 @@ class FirstFitPolicy:
             if j.tier is Tier.BASIC:
                 continue
             # Room already being freed for it (an earlier decision's preemptions)? Then wait for it.
-            soon = _best_fit({n: free[n] + draining[n] for n in free}, need)
+            soon = _best_fit({n: free[n] + draining[n] for n in inside}, need)
             if soon is not None:
                 free[soon] = []
                 draining[soon] = []
                 self._room_for.add(j.id)
                 continue
-            victims_at = _cheapest_victims(free, running_basic, need)
+            victims_at = _cheapest_victims(inside, {n: running_basic[n] for n in inside}, need)
             if victims_at is None:
                 continue
             node, victims = victims_at
@@ -108,6 +111,11 @@ class FirstFitPolicy:
         self._n += 1
         return Action(id=f"{self.name}-{self._n}", kind=kind, job_id=j.id,
                       placement=rank_map(tuple(devs), j.ranks) if devs else (), cause=cause, reason=reason)
+
+
+def _within_pins(topo: Topology, j: JobView, node: str) -> bool:
+    cluster = topo.cluster_of(node)
+    return j.home_cluster in (None, cluster) and j.home_region in (None, topo.region_of(cluster))
 
 
 def _spread(free: dict[str, list[int]], need: int) -> list[DeviceRef]:

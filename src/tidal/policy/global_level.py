@@ -1,6 +1,7 @@
 """The global level: which cluster (and so region) a job should go to.
 
-Order: the job's home cluster only if it is pinned (virtual clusters); otherwise clusters where the
+Order: the job's home cluster only if it is pinned (virtual clusters, ``tidal submit --cluster``); the
+clusters of its region if it is pinned to one (``--region``); otherwise clusters where the
 gang fits on the fewest nodes, then the one holding its checkpoint (moving a checkpoint across clusters
 or regions costs transfer time), then the region of its checkpoint, then the most free devices.
 """
@@ -15,9 +16,12 @@ from tidal.policy.state import JobRec, SchedState
 def candidate_clusters(st: SchedState, rec: JobRec) -> list[str]:
     if rec.home is not None:
         return [rec.home] if rec.home in st.cluster_free else []
-    if len(st.cluster_free) == 1:
+    if rec.home_region is not None:
+        clusters = [c for c in st.cluster_names if st.cluster_region[c] == rec.home_region]
+    elif len(st.cluster_free) == 1:
         return st.cluster_names
-    clusters = list(st.cluster_free)
+    else:
+        clusters = list(st.cluster_free)
     home_region = st.cluster_region.get(rec.last_cluster) if rec.last_cluster else None
 
     def score(c: str) -> tuple[int, int, int, str]:

@@ -31,6 +31,7 @@ class JobRec:
         "duration",
         "hi",
         "home",
+        "home_region",
         "id",
         "last_change",
         "last_cluster",
@@ -59,6 +60,7 @@ class JobRec:
         self.submit = jv.submitted_at
         self.seq = seq
         self.home = jv.home_cluster
+        self.home_region = jv.home_region
         self.last_cluster = jv.last_cluster
         self.devices: list[DeviceRef] = _NO_DEVICES  # shared while waiting (never mutated): fewer objects
         self.started_at = jv.started_at if jv.started_at is not None else 0.0

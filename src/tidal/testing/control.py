@@ -59,14 +59,16 @@ class Plane:
 class FakeAgent:
     """The agent of node ``name`` (instance ``agent_id``, with ``devices`` devices), scripted by a test."""
 
-    def __init__(self, plane: Plane, name: str, agent_id: str, devices: int = 1) -> None:
+    def __init__(self, plane: Plane, name: str, agent_id: str, devices: int = 1, region: str = "local",
+                 cluster: str = "local") -> None:
         self.p, self.name, self.id, self.devices = plane, name, agent_id, devices
+        self.region, self.cluster = region, cluster
 
     def register(self) -> int:
         """Register the node; the HTTP status."""
         r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
             "name": self.name, "agent_id": self.id, "devices": self.devices,
-            "cpus": [[i] for i in range(self.devices)]})
+            "cpus": [[i] for i in range(self.devices)], "region": self.region, "cluster": self.cluster})
         return int(r.status_code)
 
     def actions(self) -> list[dict[str, Any]]:

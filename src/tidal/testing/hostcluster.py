@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
 import signal
 import ssl
 import subprocess
@@ -99,19 +100,37 @@ class HostCluster:
     ``database``, ``store``: the hosts of the control plane, PostgreSQL and SeaweedFS (one host may hold
     several). ``lease``: the agents' lease (seconds). Jobs run as ``unix_user`` (the user "ops" the cluster
     makes, whose token the CLI uses by default). ``agent_env``: more environment for every agent (e.g.
-    ``TIDAL_STORE_CONCURRENCY``); ``seaweedfs``: keyword arguments of :class:`SeaweedFS` (its volumes)."""
+    ``TIDAL_STORE_CONCURRENCY``); ``seaweedfs``: keyword arguments of :class:`SeaweedFS` (its volumes).
+
+    ``regions``: region → (the hosts of its store, then of its nodes): each region's nodes join it (and a
+    cluster of the same name), and each region keeps its checkpoints in a SeaweedFS of its own
+    (``tidal server --store REGION=URL``, the URL naming its server); ``nodes`` and ``store`` are then
+    ignored. Every store takes the same credentials, as one site's would."""
 
     def __init__(self, net: TestNet, nodes: Sequence[str] = ("n1", "n2"), *, server: str = "cp",
                  database: str = "db", store: str = "s3", lease: float = 5.0, devices: int = 1,
                  unix_user: str = "root", policy: str | None = None, server_args: Sequence[str] = (),
-                 agent_env: Mapping[str, str] | None = None, seaweedfs: Mapping[str, Any] | None = None) -> None:
+                 agent_env: Mapping[str, str] | None = None, seaweedfs: Mapping[str, Any] | None = None,
+                 regions: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> None:
         self.net, self.lease, self.policy, self.server_args = net, lease, policy, list(server_args)
         self.agent_env = dict(agent_env or {})
         self.server_host = net[server]
         self.postgres = PostgresServer(host=net[database])
         self.database_url = self.postgres.create_database("tidal")
-        self.s3 = SeaweedFS(host=net[store], **(seaweedfs or {}))
+        self.region_of: dict[str, str] = {}
+        self.region_s3: dict[str, SeaweedFS] = {}
+        if regions:
+            secret = secrets.token_hex(16)
+            for region, (store_host, region_nodes) in regions.items():
+                self.region_s3[region] = SeaweedFS(host=net[store_host], secret_key=secret, **(seaweedfs or {}))
+                self.region_of.update(dict.fromkeys(region_nodes, region))
+            nodes = list(self.region_of)
+            self.s3 = next(iter(self.region_s3.values()))
+        else:
+            self.s3 = SeaweedFS(host=net[store], **(seaweedfs or {}))
         self.store_url = self.s3.url(STORE_PREFIX)
+        #: ``tidal server --store`` values: one store, or each region's (its URL naming its own server).
+        self.stores = [f"{r}={self.region_store_url(r)}" for r in self.region_s3] or [self.store_url]
         self.home = self.server_host.dir / "home"
         self.server_log = self.server_host.dir / "server.log"
         self.url = f"https://{self.server_host.addr}:{SERVER_PORT}"
@@ -134,6 +153,10 @@ class HostCluster:
         for name in nodes:
             self.wait_node_up(name)
 
+    def region_store_url(self, region: str) -> str:
+        weed = self.region_s3[region]
+        return f"{weed.url(STORE_PREFIX)}?endpoint={weed.endpoint_url}&addressing=path"
+
     # the control plane
 
     def start_server(self) -> None:
@@ -141,7 +164,8 @@ class HostCluster:
         until it serves over TLS."""
         host = self.server_host
         argv = [sys.executable, "-m", "tidal.cli.main", "server", "--listen", f"{host.addr}:{SERVER_PORT}",
-                "--database", self.database_url, "--store", self.store_url, "--tls", "auto",
+                "--database", self.database_url, *(a for url in self.stores for a in ("--store", url)),
+                "--tls", "auto",
                 "--tls-san", host.addr, "--lease", f"{self.lease:g}", "--rendezvous-port", str(RENDEZVOUS_PORT),
                 *(["--policy", self.policy] if self.policy else []), *self.server_args]
         with self.server_log.open("ab") as out:
@@ -164,6 +188,8 @@ class HostCluster:
         argv = [sys.executable, "-m", "tidal.cli.main", "agent", "--server", self.url, "--name", name,
                 "--devices", str(node.devices), "--root", str(node.root), "--ca-fingerprint", self.fingerprint,
                 "--advertise-addr", node.host.addr]
+        if name in self.region_of:
+            argv += ["--region", self.region_of[name], "--cluster", self.region_of[name]]
         env = clean_env(TIDAL_HOME=str(node.host.dir / "home"), **{**self.s3.store_env(), **self.agent_env})
         if join:
             with self.api(self.admin_token) as c:

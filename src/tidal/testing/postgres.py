@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tempfile
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -69,19 +70,27 @@ class PostgresServer:
         self.port: int = port or 5432
         self.proc: subprocess.Popen[bytes] | None = None
         self._removed = False
+        # On loopback nothing else ends the server if this process is killed: it dies with the thread that
+        # started it (``setpriv --pdeathsig``), a thread of its own that lives until stop().
+        self._spawner = ThreadPoolExecutor(1, thread_name_prefix="postgres") if host is None else None
         self.start()
         if host is not None:
             host.net.on_close(self.stop)
 
     def start(self) -> None:
         """Start the server on its data (again), and wait until it accepts connections."""
-        argv = ["runuser", "-u", "postgres", "--", self._postgres, "-D", str(self.data), "-p", str(self.port),
-                "-h", self.addr, "-k", str(self.dir), "-c", "fsync=off"]
+        server = [self._postgres, "-D", str(self.data), "-p", str(self.port), "-h", self.addr, "-k", str(self.dir),
+                  "-c", "fsync=off"]
         with open(self.dir / "server.log", "ab") as log:
-            if self.host is not None:
-                self.proc = self.host.popen(argv, stdout=subprocess.DEVNULL, stderr=log)
-            else:
-                self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            if self._spawner is None:
+                assert self.host is not None
+                self.proc = self.host.popen(["runuser", "-u", "postgres", "--", *server], stdout=subprocess.DEVNULL,
+                                            stderr=log)
+            else:  # setpriv, not runuser: it changes the account and execs, so the death signal stays set
+                argv = ["setpriv", "--reuid", "postgres", "--regid", "postgres", "--init-groups", "--pdeathsig",
+                        "KILL", "--", *server]
+                self.proc = self._spawner.submit(subprocess.Popen, argv, stdout=subprocess.DEVNULL, stderr=log,
+                                                 start_new_session=True).result()
         self._wait_ready()
 
     def _as_postgres(self, argv: list[str]) -> None:
@@ -140,6 +149,8 @@ class PostgresServer:
     def stop(self) -> None:
         """Stop the server and remove its files (again: nothing)."""
         self.shutdown()
+        if self._spawner is not None:
+            self._spawner.shutdown()
         if not self._removed:
             self._removed = True
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -121,7 +121,9 @@ def test_a_result_is_checked_against_its_kind_of_order_before_it_is_applied(plan
     assert r.status_code == 200 and r.json()["applied"] is True
     with plane.db.read() as s:
         row = s.get(ActionRow, act["id"])
-        assert row is not None and row.result == {"ok": True, "error": None, "ranks": [{"rank": 0, "pid": 4242}]}
+        assert row is not None and row.result == {"ok": True, "error": None, "ranks": [{"rank": 0, "pid": 4242}],
+                                                  "replicated_bytes": None, "replicated_chunks": None,
+                                                  "replicated_s": None}
     assert plane.job(jid)["placement"][0]["pid"] == 4242
     # A stale result is ignored before its data is looked at.
     assert post(True, {"nonsense": 1}).json() == {"applied": False}
@@ -184,3 +186,22 @@ def test_an_unknown_field_in_an_agent_body_is_a_422_naming_it(plane: Plane) -> N
         for key, field in (("colour", "colour"), ("\ud800", "\\ud800")):
             r = raw(plane, "POST", path, {**body, key: None}, plane.as_agent())
             assert r.status_code == 422 and r.json()["field"] == field, (path, r.text)
+
+
+def test_a_cluster_lies_in_one_region(plane: Plane) -> None:
+    """A node joining a cluster name already in another region is refused: the scheduler's topology could not
+    hold it (every pass would fail), so the node learns why at registration and the cluster goes on."""
+    def register(name: str, region: str, cluster: str) -> httpx.Response:
+        return plane.http.post("/v1/agent/register", headers=plane.as_agent(), json={
+            "name": name, "agent_id": f"A-{name}", "devices": 1, "cpus": [[0]], "region": region,
+            "cluster": cluster})
+
+    assert register("w1", "west", "local").status_code == 200
+    r = register("e1", "east", "local")
+    assert r.status_code == 409
+    assert r.json()["message"] == "cluster local is in region west: node e1 cannot join it in region east"
+    assert register("e1", "east", "east-1").status_code == 200
+    assert register("w1", "west", "local").status_code == 200  # the same node again: no conflict with itself
+    jid = plane.submit()
+    plane.rec.once()
+    assert plane.job(jid)["state"] == "running"  # the scheduler's passes still work

@@ -70,7 +70,7 @@ def states(p: Plane, jid: str) -> list[tuple[str, str]]:
 
 def test_a_damaged_checkpoint_is_marked_bad_and_the_job_resumes_from_the_one_before(plane: Plane) -> None:
     a, jid, (c1, c2), act = resumed(plane, 2)
-    assert act["kind"] == "restore" and act["payload"]["checkpoint"] == {"id": c2, "parts": [c2]}
+    assert act["kind"] == "restore" and act["payload"]["checkpoint"] == {"id": c2, "parts": [c2], "source": None}
     assert a.result(act, ok=False, **corrupt(c2))
 
     j = plane.job(jid)
@@ -86,7 +86,7 @@ def test_a_damaged_checkpoint_is_marked_bad_and_the_job_resumes_from_the_one_bef
 
     plane.rec.once()
     (act,) = a.actions()
-    assert act["kind"] == "restore" and act["payload"]["checkpoint"] == {"id": c1, "parts": [c1]}
+    assert act["kind"] == "restore" and act["payload"]["checkpoint"] == {"id": c1, "parts": [c1], "source": None}
     assert a.result(act, ranks=[{"rank": 0, "pid": 9}])
     j = plane.job(jid)
     assert j["state"] == "running" and j["restarts"] == 0

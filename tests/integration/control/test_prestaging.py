@@ -88,7 +88,8 @@ def test_the_target_prestages_the_last_checkpoint_while_the_source_checkpoints(
     # Both at once: the checkpoint on the node it runs on, the prestage on the one it moves to.
     (prestage,) = a.actions()
     assert prestage["kind"] == "prestage"
-    assert prestage["payload"]["checkpoint"] == {"id": last, "parts": ["000001-a"]}  # as the store names it
+    # The parts as the store names them.
+    assert prestage["payload"]["checkpoint"] == {"id": last, "parts": ["000001-a"], "source": None}
     assert prestage["payload"]["ranks"] == [0] and prestage["payload"]["attempt"] == 2
     with p.db.read() as s:
         job = s.get(JobRow, jid)

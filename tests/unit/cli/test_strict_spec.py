@@ -24,7 +24,7 @@ def _submit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, " \
-       "max_restarts, project"
+       "max_restarts, project, region, cluster"
 
 
 @pytest.mark.parametrize(("yaml", "flags", "error", "hint"), [

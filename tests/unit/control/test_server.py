@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tidal.control import pki
+from tidal.control.regionstores import RegionStores
 from tidal.control.server import MIN_LEASE_S, banner, check_lease, listen_address, public_host, public_url, tls_of
 from tidal.errors import ConfigError
 
@@ -54,8 +55,10 @@ def test_the_banner_says_what_to_trust_and_how_a_node_joins(tmp_path: Path) -> N
     tls = pki.ensure_auto(tmp_path, ["tidal.example"])
     url = public_url("0.0.0.0", 8470, tls, ["tidal.example"])
     assert url == "https://tidal.example:8470"
-    text = banner(url, tmp_path, tls, "postgresql+psycopg://tidal:s3cret@db/tidal", "s3://b/p", 10)
+    text = banner(url, tmp_path, tls, "postgresql+psycopg://tidal:s3cret@db/tidal",
+                  RegionStores("s3://b/p", {"east": "s3://e/p"}), 10)
     assert "s3cret" not in text and "postgresql+psycopg://tidal:***@db/tidal" in text
+    assert "checkpoint store: east: s3://e/p; other regions: s3://b/p" in text
     assert f"CA fingerprint (SHA-256): {tls.fingerprint}" in text
     assert f"tidal agent --server {url} --ca-fingerprint {tls.fingerprint} --join-token TOKEN --name NODE" in text
     assert f"export TIDAL_CA={tls.ca}" in text and "tidal token create --node NODE" in text

@@ -3,10 +3,14 @@ premium/standard ones (never more than needed), devices being freed set aside.""
 
 from __future__ import annotations
 
+import dataclasses
+
 from tidal.core import ActionKind, ClusterView, DeviceRef, JobState, JobView, Tier, Topology
 from tidal.core import Node as TNode
 from tidal.core.topology import Cluster, Region
 from tidal.policy.firstfit import FirstFitPolicy
+from tidal.policy.global_level import candidate_clusters
+from tidal.policy.state import SchedState
 
 
 def topo(*devices: int) -> Topology:
@@ -71,3 +75,24 @@ def test_reserved_target_devices_are_not_free() -> None:
     out = decide(topo(1, 1), job("m", state=JobState.RUNNING, on=(DeviceRef("n1", 0),)),
                  job("m@target", Tier.PREMIUM, state=JobState.MIGRATING, on=tgt), job("b", t=1))
     assert out == []
+
+
+def two_regions() -> Topology:
+    return Topology((Region("west", (Cluster("w-a", (TNode("w1", 2),)), Cluster("w-b", (TNode("w2", 4),)))),
+                     Region("east", (Cluster("e-a", (TNode("e1", 1),)),))))
+
+
+def test_pins_to_a_cluster_or_region_are_kept() -> None:
+    east = dataclasses.replace(job("east"), home_region="east")
+    wb = dataclasses.replace(job("wb"), home_cluster="w-b")
+    out = decide(two_regions(), east, wb)
+    assert {a.job_id: {d.node for d in a.placement} for a in out} == {"east": {"e1"}, "wb": {"w2"}}
+    # Pinned where there is no room: not placed, whatever is free elsewhere.
+    big = dataclasses.replace(job("big", ranks=2), home_region="east")
+    premium = dataclasses.replace(job("p", Tier.PREMIUM, ranks=2), home_region="east")
+    assert decide(two_regions(), big) == []
+    assert decide(two_regions(), premium) == []
+    # Tidal's own policy's choice of clusters for a job pinned to a region.
+    st = SchedState(ClusterView(two_regions(), {}))
+    rec = st.add_pending(dataclasses.replace(job("r"), home_region="west"))
+    assert sorted(candidate_clusters(st, rec)) == ["w-a", "w-b"]

@@ -9,6 +9,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tidal.control.regionstores import RegionStores
 from tidal.control.retention import Rules
 from tidal.control.store.db import Database
 from tidal.policy.admission import Quotas
@@ -21,9 +22,9 @@ class Context:
     keep: int = 3
     lease_s: float = 5.0
     quotas: Quotas | None = None  # premium and standard are admitted against these
-    # The checkpoint store every node uses, told to agents at registration (`tidal server --store`); None:
-    # each agent's own setting (TIDAL_CHECKPOINT_STORE, else its TIDAL_HOME/checkpoints).
-    store: str | None = None
+    # The checkpoint store of each region, told to an agent at registration (`tidal server --store`); a
+    # region without one: each agent's own setting (TIDAL_CHECKPOINT_STORE, else its TIDAL_HOME/checkpoints).
+    stores: RegionStores = field(default_factory=RegionStores)
     # The SHA-256 fingerprint agents pin the server's certificate by (`tidal server --tls auto`: its CA's),
     # shown with a new join token; None without TLS, or with the operator's own certificate.
     fingerprint: str | None = None

@@ -30,6 +30,8 @@ from tidal.core.submission_body import JobSubmit as JobSubmit
 class MigrateRequest(BaseModel):
     to: NodeName | None = None
     rank: int | None = None  # move only this rank (to ``to``)
+    region: Ident | None = None  # onto nodes of this region (not with ``to``)
+    cluster: Ident | None = None  # onto nodes of this cluster
 
 
 class ResizeRequest(BaseModel):

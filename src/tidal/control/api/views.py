@@ -22,7 +22,7 @@ def summary(j: JobRow) -> dict[str, Any]:
 
 def checkpoint(c: CheckpointRow) -> dict[str, Any]:
     return {"id": c.id, "created_at": c.created_at, "bytes": c.bytes, "stored_bytes": c.stored_bytes,
-            "parts": list(c.parts or [c.id]), "state": c.state.value}
+            "parts": list(c.parts or [c.id]), "state": c.state.value, "regions": c.regions}
 
 
 def event(e: EventRow) -> dict[str, Any]:

@@ -156,6 +156,9 @@ class CheckpointRow(Base):
     bytes: Mapped[int] = mapped_column(BigInteger)  # logical size of the images and files
     stored_bytes: Mapped[int] = mapped_column(BigInteger)  # new bytes the store had to write
     parts: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # store checkpoints, one per node
+    # The regions whose store holds every part (its nodes', then those it was replicated to); None: taken
+    # when every region shared one store.
+    regions: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     retained: Mapped[bool] = mapped_column(Boolean, default=True)
     state: Mapped[CheckpointState] = mapped_column(
         Enum(CheckpointState, native_enum=False, length=16, validate_strings=True, create_constraint=True,

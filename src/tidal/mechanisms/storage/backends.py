@@ -12,12 +12,13 @@ import errno
 import os
 import secrets
 import threading
+import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from tidal.errors import StorageError
+from tidal.errors import ConfigError, StorageError
 
 from .retry import RetryPolicy, retrying
 
@@ -421,5 +422,26 @@ def open_backend(url: str | os.PathLike[str], **storage_options: Any) -> LocalBa
     if s.startswith(("s3://", "s3a://")):
         from .s3 import S3Backend
 
-        return S3Backend(s, **storage_options)
+        base, given = split_s3_url(s)
+        return S3Backend(base, **{**storage_options, **given})
     return FsspecBackend(s, **storage_options)
+
+
+#: What an ``s3://`` URL may say of its server after ``?``: a store per region may be on another one.
+_URL_OPTIONS = {"endpoint": "endpoint_url", "region": "region", "addressing": "addressing_style"}
+
+
+def split_s3_url(url: str) -> tuple[str, dict[str, str]]:
+    """``s3://BUCKET/PREFIX?endpoint=URL&region=R&addressing=path`` → the URL without its query, and the
+    options it names (they win over the node's settings: they are this store's own)."""
+    base, sep, query = url.partition("?")
+    if not sep:
+        return url, {}
+    out: dict[str, str] = {}
+    for item in query.split("&"):
+        key, eq, value = item.partition("=")
+        if key not in _URL_OPTIONS or not eq or not value:
+            raise ConfigError(f"the checkpoint store {url}: {item!r} is not an option of an S3 store's URL",
+                              hint="an s3:// URL may end in ?endpoint=URL&region=R&addressing=path|virtual")
+        out[_URL_OPTIONS[key]] = urllib.parse.unquote(value)
+    return base, out

@@ -9,13 +9,13 @@ import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import Future
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import CheckpointError, StorageError, ValidationError
+from tidal.errors import CheckpointCorrupt, CheckpointError, StorageError, UndecodableChunk, ValidationError
 
 from .chunks import chunk_key, is_zero, plan, zero_digest
 from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, file_digest, normalise_meta
@@ -45,7 +45,8 @@ class CheckpointWriter:
         self._entries: dict[str, Entry] = {}
         self._seen: set[str] = set(present)  # digests present in the store and protected by our pending refs
         self._new: list[str] = []  # chunk keys this writer wrote itself
-        self._sources: dict[str, Path | bytes] = {}  # where each file's bytes can be read again
+        # Where each file's bytes can be read again: a local file, the bytes, or (a replica) the source store.
+        self._sources: dict[str, Path | bytes | CheckpointStore] = {}
         self._chunk_bytes = 0
         self._refs_seq = 0
         self._state = "open"
@@ -156,6 +157,49 @@ class CheckpointWriter:
             )
         )
 
+    def add_copy(self, entry: Entry, source: CheckpointStore,
+                 copied: Callable[[int, int], None] | None = None, *, present: Set[str] | None = None) -> Entry:
+        """Add ``entry`` of a committed checkpoint in ``source`` (another store): the chunks this store lacks
+        are copied as stored (still compressed), each checked against its sha256 on the way; those it holds
+        already are not read at all. ``copied(logical, stored)`` is told each copied chunk's size.
+        ``present``: digests found in this store since this writer started (not asked again; should one be
+        collected before the commit, it is copied again then, see :meth:`_outlast_sweeps`)."""
+        self._check_new(name := entry.name)
+        if entry.kind == "symlink":
+            return self._add_entry(entry)
+        sizes = dict(entry.chunks)
+        present = set(sizes) & set(present) if present is not None else self._present(set(sizes))
+        claimed: set[str] = set()
+        futures: list[Future[tuple[str, int]]] = []
+        for digest, n in entry.chunks:
+            if digest in present:
+                futures.append(_known(digest, n))
+            else:
+                futures.append(self._store.pool.submit(self._copy_chunk, source, name, digest, n, claimed, copied))
+        chunks = self._collect(futures, claimed)
+        if file_digest(entry.size, chunks) != entry.sha256:
+            raise CheckpointError(f"{name}: its chunk list does not match its sha256 in {source.url}",
+                                  object=name, hint="the source checkpoint is damaged: replicate an older one")
+        self._sources[name] = source
+        return self._add_entry(entry)
+
+    def _copy_chunk(self, source: CheckpointStore, name: str, digest: str, n: int, claimed: set[str],
+                    copied: Callable[[int, int], None] | None) -> tuple[str, int]:
+        """Copy one stored chunk object from ``source``, verified. Runs in the pool."""
+        with self._mu:
+            if digest in self._seen or digest in claimed:
+                return digest, n
+            claimed.add(digest)
+        key = chunk_key(digest)
+        raw = _verified_object(source, name, digest, n)
+        written = self._store.backend.put_chunk(key, raw[:1], memoryview(raw)[1:])
+        with self._mu:
+            self._new.append(key)
+            self._chunk_bytes += written
+        if copied is not None:
+            copied(n, written)
+        return digest, n
+
     def _check_new(self, name: str) -> None:
         if self._state != "open":
             raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
@@ -263,8 +307,9 @@ class CheckpointWriter:
 
     # --- ending ------------------------------------------------------------------------------------
 
-    def commit(self, meta: dict[str, Any] | None = None) -> CheckpointInfo:
-        """Make the checkpoint exist: chunks are made durable, then the manifest is put atomically."""
+    def commit(self, meta: dict[str, Any] | None = None, *, created_at: float | None = None) -> CheckpointInfo:
+        """Make the checkpoint exist: chunks are made durable, then the manifest is put atomically.
+        ``created_at``: when the checkpoint was taken, if not now (a replica keeps its original's)."""
         if self._state != "open":
             raise CheckpointError(f"checkpoint {self._prefix} is already {self._state}", object=self._prefix)
         store = self._store
@@ -272,7 +317,7 @@ class CheckpointWriter:
         manifest = Manifest(
             job_id=self.job_id,
             id=self.id,
-            created_at=time.time(),
+            created_at=time.time() if created_at is None else created_at,
             chunk_bytes=self._chunk_bytes,
             meta=normalise_meta(meta or {}),
             entries=tuple(self._entries.values()),
@@ -314,6 +359,12 @@ class CheckpointWriter:
     def _put_again(self, name: str, digest: str, off: int, n: int) -> None:
         source = self._sources.get(name)
         data = b""
+        if source is not None and not isinstance(source, bytes | Path):  # a replica's: copy it again
+            raw = _verified_object(source, name, digest, n)
+            written = self._store.backend.put_chunk(chunk_key(digest), raw[:1], memoryview(raw)[1:])
+            self._new.append(chunk_key(digest))
+            self._chunk_bytes += written
+            return
         if isinstance(source, bytes):
             data = source[off : off + n]
         elif source is not None:
@@ -340,6 +391,25 @@ class CheckpointWriter:
     @property
     def state(self) -> str:
         return self._state
+
+
+def _verified_object(source: CheckpointStore, name: str, digest: str, n: int) -> bytes:
+    """A chunk object of ``source`` as stored, once its content is checked against ``digest``."""
+    key = chunk_key(digest)
+    try:
+        raw = source.backend.get(key)
+    except FileNotFoundError:
+        raise CheckpointCorrupt(f"{name}: chunk {digest} is missing from {source.url}", object=name, chunk=digest,
+                                reason="missing") from None
+    try:
+        data = source.codec.decode(raw, n)
+    except UndecodableChunk as e:
+        raise CheckpointCorrupt(f"{name}: chunk {digest} in {source.url} is {e.message}", object=name,
+                                chunk=digest, reason=e.fields["reason"]) from None
+    if hashlib.sha256(data).hexdigest() != digest:
+        raise CheckpointCorrupt(f"{name}: chunk {digest} in {source.url} is corrupt (sha256 mismatch)", object=name,
+                                chunk=digest, reason="sha256 mismatch")
+    return raw
 
 
 def _known(digest: str, n: int) -> Future[tuple[str, int]]:

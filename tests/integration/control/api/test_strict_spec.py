@@ -11,7 +11,7 @@ import pytest
 from tidal.testing.control import Plane
 
 KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, " \
-       "max_restarts, project"
+       "max_restarts, project, region, cluster"
 
 
 @pytest.mark.parametrize(("extra", "field", "message", "hint"), [

@@ -8,7 +8,7 @@ import pytest
 
 from tidal.config import Settings
 from tidal.errors import ConfigError
-from tidal.mechanisms.storage import open_store
+from tidal.mechanisms.storage import CheckpointStore, open_store
 from tidal.mechanisms.storage.backends import FsspecBackend, LocalBackend
 from tidal.mechanisms.storage.s3 import MiB, S3Backend
 from tidal.mechanisms.storage.store import store_options
@@ -64,3 +64,25 @@ def test_other_urls_get_retries() -> None:
     store = open_store(s)
     assert isinstance(store.backend, FsspecBackend) and store.backend.retry.attempts == 4
     store.close()
+
+
+def test_an_s3_url_may_name_its_own_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store per region (tidal server --store REGION=URL) may be on another server than the node's settings
+    name: the URL's own endpoint, region and addressing win."""
+    for k in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(k, raising=False)
+    url = "s3://ck-east/tidal?endpoint=http%3A//198.18.0.9%3A8333&region=east-1&addressing=path"
+    s = Settings(checkpoint_store="s3://ck-west/tidal", store_endpoint_url="http://198.18.0.8:8333",
+                 store_access_key_id="AKID", store_secret_access_key="s3cret")
+    store = CheckpointStore(url, **store_options(s, url))
+    b = store.backend
+    assert isinstance(b, S3Backend)
+    assert (b.bucket, b.prefix, b.url) == ("ck-east", "tidal", "s3://ck-east/tidal")
+    assert b.fs.endpoint_url == "http://198.18.0.9:8333"
+    assert b.fs.client_kwargs["region_name"] == "east-1"
+    assert b.fs.key == "AKID"  # the node's credentials
+    store.close()
+    with pytest.raises(ConfigError) as e:
+        CheckpointStore("s3://b/p?endpont=http://x")
+    assert e.value.message == "the checkpoint store s3://b/p?endpont=http://x: 'endpont=http://x' is not an option " \
+                              "of an S3 store's URL"

@@ -33,13 +33,13 @@ def join(body: Join, request: Request, ctx: Ctx,
 @router.post("/register")
 def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
     """The node's agent takes the node's lease. It is told how long a lease lasts, and the checkpoint store
-    every node shares where the control plane was given one (else it uses its own setting)."""
+    of its region where the control plane was given one (else it uses its own setting)."""
     for_node(p, body.name)
     with ctx.db.tx() as s:
         agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
                         cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s,
                         advertise_addr=body.advertise_addr)
-    return {"lease_s": ctx.lease_s, "store": ctx.store}
+    return {"lease_s": ctx.lease_s, "store": ctx.stores.for_region(body.region)}
 
 
 @router.post("/{node}/heartbeat")

@@ -63,7 +63,8 @@ def _op(ctx: Context, job_id: str, p: Principal, what: str, **kw: Any) -> dict[s
         elif what == "resize":
             extra.update(requests.resize(s, job, kw.get("devices"), cause))
         elif what == "migrate":
-            extra["to"] = requests.migrate(s, job, kw.get("to"), cause, rank=kw.get("rank"))
+            extra["to"] = requests.migrate(s, job, kw.get("to"), cause, rank=kw.get("rank"),
+                                           region=kw.get("region"), cluster=kw.get("cluster"))
         return {"id": job.id, "state": job.state, "held": job.held, **extra}
 
 
@@ -84,7 +85,8 @@ def cancel(job_id: str, p: User, ctx: Ctx) -> dict[str, Any]:
 
 @router.post("/{job_id}/migrate")
 def migrate(job_id: str, p: User, ctx: Ctx, body: MigrateRequest | None = None) -> dict[str, Any]:
-    return _op(ctx, job_id, p, "migrate", to=body.to if body else None, rank=body.rank if body else None)
+    body = body or MigrateRequest()
+    return _op(ctx, job_id, p, "migrate", to=body.to, rank=body.rank, region=body.region, cluster=body.cluster)
 
 
 @router.post("/{job_id}/resize")

@@ -1,0 +1,196 @@
+"""Regions in the control plane (real API and database, scripted agents): pins to a region or a cluster are
+kept by the scheduler and by `tidal migrate`; a checkpoint knows the regions whose store holds it, and a
+restore in another region is told where to copy it from, then recorded as a replica there."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tidal.control.regionstores import RegionStores
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result
+
+
+@pytest.fixture
+def plane(tmp_path: Path) -> Iterator[Plane]:
+    p = Plane(tmp_path)
+    p.db.info["stores"] = RegionStores(None, {"west": "s3://ck-west/t", "east": "s3://ck-east/t"})
+    yield p
+    p.db.close()
+
+
+def agents(plane: Plane) -> tuple[FakeAgent, FakeAgent]:
+    w = FakeAgent(plane, "w1", "W", region="west", cluster="west-a")
+    e = FakeAgent(plane, "e1", "E", region="east", cluster="east-a")
+    assert w.register() == 200 and e.register() == 200
+    return w, e
+
+
+def started(agent: FakeAgent, pid: int, **extra: Any) -> dict[str, Any]:
+    (act,) = [a for a in agent.actions() if a["kind"] in ("launch", "restore")]
+    assert agent.result(act, ranks=[{"rank": 0, "pid": pid}], **extra)
+    return act
+
+
+def migrate(plane: Plane, jid: str, **body: Any) -> Any:
+    return plane.http.post(f"/v1/jobs/{jid}/migrate", headers=plane.as_user(), json=body)
+
+
+def test_a_job_pinned_to_a_region_or_cluster_starts_only_there(plane: Plane) -> None:
+    w, e = agents(plane)
+    east = plane.submit(region="east")
+    plane.rec.once()
+    assert plane.job(east)["placement"][0]["node"] == "e1"
+    started(e, 10)
+    west = plane.submit(cluster="west-a")
+    plane.rec.once()
+    assert plane.job(west)["placement"][0]["node"] == "w1"
+    # Pinned where nothing is free: it waits, though a device is free elsewhere.
+    started(w, 11)
+    assert plane.http.post(f"/v1/jobs/{west}/cancel", headers=plane.as_user()).status_code == 200
+    waiting = plane.submit(region="east")
+    plane.rec.once()
+    assert plane.job(waiting)["state"] == "pending"
+
+
+def test_a_move_to_another_region_copies_the_checkpoint_there_first(plane: Plane) -> None:
+    w, e = agents(plane)
+    jid = plane.submit(region=None, cluster=None)
+    plane.rec.once()
+    first = plane.job(jid)["placement"][0]["node"]
+    here, there = (w, e) if first == "w1" else (e, w)
+    started(here, 10)
+    r = migrate(plane, jid, region=there.region)
+    assert r.status_code == 200 and r.json()["to"] == there.name, r.text
+    (ck,) = [a for a in here.actions() if a["kind"] == "checkpoint"]
+    assert here.result(ck, **checkpoint_result("000001-a"))
+    # While it copies, its node reports what is left (tidal show: "copying its checkpoint ... to go").
+    attempt = plane.job(jid)["attempt"]
+    r = plane.http.post(f"/v1/agent/{there.name}/heartbeat", headers=plane.as_agent(), json={
+        "agent_id": there.id, "jobs": {jid: {"attempt": attempt, "copy_to_go_bytes": 3 << 20,
+                                             "copy_total_bytes": 5 << 20}}})
+    assert r.status_code == 200, r.text
+    prog = plane.job(jid)["progress"]
+    assert (prog["copy_to_go_bytes"], prog["copy_total_bytes"]) == (3 << 20, 5 << 20)
+    restore = started(there, 20, replicated_bytes=5 << 20, replicated_chunks=7, replicated_s=1.5)
+    assert restore["kind"] == "restore"
+    assert restore["payload"]["checkpoint"]["parts"] == ["000001-a"]
+    assert restore["payload"]["checkpoint"]["source"] == f"s3://ck-{here.region}/t"
+    j = plane.job(jid)
+    assert j["state"] == "running" and j["placement"][0]["node"] == there.name
+    assert j["checkpoints"][-1]["regions"] == sorted([here.region, there.region])
+    (ev,) = [x for x in j["events"] if x["kind"] == "replicated"]
+    ck = j["checkpoints"][-1]["id"]
+    assert ev["detail"] == (f"checkpoint {ck} copied from region {here.region} to {there.region}: 7 chunk(s), "
+                            "5.0 MiB crossed in 1.5s")
+
+    # Back again: this region's store holds that checkpoint already, so nothing is to be copied for it;
+    # the new checkpoint (taken there) is.
+    r = migrate(plane, jid, region=here.region)
+    (ck,) = [a for a in there.actions() if a["kind"] == "checkpoint"]
+    assert there.result(ck, **checkpoint_result("000002-b"))
+    restore = started(here, 30)
+    assert restore["payload"]["checkpoint"]["source"] == f"s3://ck-{there.region}/t"
+    assert plane.job(jid)["checkpoints"][-1]["regions"] == [there.region]  # not replicated: no bytes reported
+
+
+def test_moves_outside_a_pin_and_to_unknown_places_are_refused(plane: Plane) -> None:
+    w, _ = agents(plane)
+    jid = plane.submit(region="west")
+    plane.rec.once()
+    started(w, 10)
+    r = migrate(plane, jid, region="east")
+    assert r.status_code == 409 and r.json()["message"] == f"job {jid} is pinned to region west: it cannot move to " \
+                                                            "region east"
+    r = migrate(plane, jid, to="e1")
+    assert r.status_code == 409 and r.json()["message"] == f"job {jid} is pinned to region west: it cannot move to e1"
+    r = migrate(plane, jid, region="north")
+    assert r.status_code == 404 and r.json()["message"] == "no region north"
+    assert r.json()["hint"] == "the regions are: east, west"
+    r = migrate(plane, jid, cluster="east-a", to="e1")
+    assert r.status_code == 422
+    assert plane.job(jid)["state"] == "running"
+
+
+def test_a_pin_is_a_name(plane: Plane) -> None:
+    r = plane.http.post("/v1/jobs", headers=plane.as_user(), json={"command": ["true"], "workdir": "/tmp",
+                                                                    "region": "../west"})
+    assert r.status_code == 422
+    assert r.json()["message"].startswith("region '../west' is not a region name")
+
+
+def _running_with_a_checkpoint_in_west(plane: Plane) -> tuple[str, FakeAgent, FakeAgent, str]:
+    """A job on w1 (west) with a committed checkpoint there, and node e1 (east) free."""
+    w = FakeAgent(plane, "w1", "W", region="west", cluster="west-a")
+    assert w.register() == 200
+    jid = plane.submit()
+    plane.rec.once()
+    started(w, 10)
+    assert plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user()).status_code == 200
+    (ck,) = w.actions()
+    assert w.result(ck, **checkpoint_result("000001-a"))
+    assert plane.http.post(f"/v1/jobs/{jid}/resume", headers=plane.as_user()).status_code == 200
+    plane.rec.once()
+    started(w, 11)
+    e = FakeAgent(plane, "e1", "E", region="east", cluster="east-a")
+    assert e.register() == 200
+    return jid, w, e, plane.job(jid)["checkpoints"][-1]["id"]
+
+
+def test_a_move_to_another_region_pre_copies_the_last_checkpoint_while_the_job_runs(plane: Plane) -> None:
+    jid, w, e, last = _running_with_a_checkpoint_in_west(plane)
+    assert migrate(plane, jid, region="east").status_code == 200
+    # First the copy, while the job runs on: no checkpoint is asked of its node yet.
+    (prestage,) = e.actions()
+    assert prestage["kind"] == "prestage"
+    assert prestage["payload"]["checkpoint"]["id"] == last
+    assert prestage["payload"]["checkpoint"]["source"] == "s3://ck-west/t"
+    assert w.actions() == []
+    j = plane.job(jid)
+    assert j["state"] == "running" and j["busy"]
+    assert [x["kind"] for x in j["events"]][-1] == "precopying"
+    r = plane.http.post(f"/v1/jobs/{jid}/preempt", headers=plane.as_user())
+    assert r.status_code == 409 and "copied to the target region's store" in r.json()["message"]
+
+    assert e.result(prestage, checkpoint=last, ranks=[0], bytes=3 << 20, seconds=2.0, replicated_bytes=2 << 20,
+                    replicated_chunks=40)
+    j = plane.job(jid)
+    assert j["checkpoints"][-1]["regions"] == ["east", "west"]
+    (ev,) = [x for x in j["events"] if x["kind"] == "replicated"]
+    assert ev["detail"] == (f"checkpoint {last} copied from region west to east: 40 chunk(s), 2.0 MiB crossed "
+                            "ahead of the move")
+    # Then the move's checkpoint; what the copy prestaged stays for the restore (no second prestage).
+    (ck,) = w.actions()
+    assert ck["kind"] == "checkpoint" and j["state"] == "checkpointing"
+    assert w.result(ck, **checkpoint_result("000002-b"))
+    restore = started(e, 20, replicated_bytes=1 << 20, replicated_chunks=3, replicated_s=0.5)
+    assert restore["payload"]["checkpoint"]["source"] == "s3://ck-west/t"
+    assert e.actions() == []  # nothing dropped: the restore took what was prestaged
+    assert plane.job(jid)["state"] == "running" and plane.job(jid)["placement"][0]["node"] == "e1"
+
+
+def test_a_failed_pre_copy_does_not_hold_the_move(plane: Plane) -> None:
+    jid, w, e, _ = _running_with_a_checkpoint_in_west(plane)
+    assert migrate(plane, jid, region="east").status_code == 200
+    (prestage,) = e.actions()
+    assert e.result(prestage, ok=False)
+    (ck,) = w.actions()  # the move goes on: its restore copies the whole checkpoint
+    assert ck["kind"] == "checkpoint"
+    assert w.result(ck, **checkpoint_result("000002-b"))
+    started(e, 20)
+    assert plane.job(jid)["placement"][0]["node"] == "e1"
+
+
+def test_a_target_lost_during_the_pre_copy_does_not_hold_the_move(plane: Plane) -> None:
+    jid, w, e, _ = _running_with_a_checkpoint_in_west(plane)
+    assert migrate(plane, jid, region="east").status_code == 200
+    assert [a["kind"] for a in e.actions()] == ["prestage"]
+    assert plane.http.post("/v1/agent/e1/leave", headers=plane.as_agent(), json={"agent_id": "E"}).status_code in (
+        200, 204)
+    j = plane.job(jid)
+    assert any(x["kind"] == "migration_target_lost" for x in j["events"]), j["events"]
+    (ck,) = w.actions()  # the checkpoint goes ahead; the job lands wherever there is room
+    assert ck["kind"] == "checkpoint" and j["state"] == "checkpointing"

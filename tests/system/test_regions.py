@@ -1,0 +1,131 @@
+"""Regions with a checkpoint store each: a job migrated to another region has its checkpoint copied to that
+region's store first (only the chunks it lacks), resumes there and finishes byte-identical to an
+uninterrupted run; moved back, only what changed crosses again."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.system.cluster import JOB, reference_run
+from tidal.mechanisms.storage import CheckpointStore
+from tidal.testing import wait_until
+
+pytestmark = pytest.mark.criu
+
+_CROSSED = re.compile(r"checkpoint (\S+) copied from region (\S+) to (\S+): (\d+) chunk\(s\), ([\d.]+ \S+) crossed")
+
+
+def crossed(job: dict) -> list[tuple[str, str, str]]:
+    return [m.groups()[:3] for e in job["events"] if e["kind"] == "replicated"
+            and (m := _CROSSED.search(e["detail"]))]
+
+
+@pytest.mark.slow
+def test_a_job_moves_between_regions_and_back(make_cluster, workdir: Path, gate: Path, tmp_path: Path) -> None:
+    west, east = tmp_path / "store-west", tmp_path / "store-east"
+    c = make_cluster(nodes=2, devices=1, regions=("west", "east"), stores=(f"west={west}", f"east={east}"))
+    expected_out, expected_progress = reference_run(tmp_path)
+    nodes = {n["name"]: n for n in c.api().get("/v1/nodes").json()}
+    assert {n: v["region"] for n, v in nodes.items()} == {"node-1": "west", "node-2": "east"}
+    region_of = {"node-1": "west", "node-2": "east"}
+    other = {"west": "east", "east": "west"}
+
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,
+                env={"GATE": str(gate)}).stdout.strip()
+    j = c.wait_state(job, "running")
+    first = region_of[j["placement"][0]["node"]]
+    progress = workdir / "progress.txt"
+    wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= 10, timeout=30, what="progress")
+
+    # To the other region: its checkpoint is taken into this region's store, then copied to the other's.
+    c.cli("migrate", job, "--to-region", other[first])
+    j = c.show(job)
+    assert j["state"] == "running" and region_of[j["placement"][0]["node"]] == other[first]
+    ck1 = j["checkpoints"][-1]
+    assert ck1["regions"] == sorted([first, other[first]])
+    assert crossed(j) == [(ck1["id"], first, other[first])]
+    stores = {"west": CheckpointStore(west), "east": CheckpointStore(east)}
+    part = ck1["parts"][0]
+    for store in stores.values():  # the same checkpoint, byte for byte, in both regions' stores
+        store.verify(job, part)
+    names = stores[first].reader(job, part).names()
+    assert stores[other[first]].reader(job, part).names() == names
+
+    # And back: the new checkpoint crosses the other way, only the chunks the first region lacks.
+    wait_until(lambda: len(progress.read_text().split()) >= 40, timeout=30, what="progress after the move")
+    c.cli("migrate", job, "--to-region", first)
+    j = c.show(job)
+    assert j["state"] == "running" and region_of[j["placement"][0]["node"]] == first
+    ck2 = j["checkpoints"][-1]
+    assert crossed(j)[-1] == (ck2["id"], other[first], first)
+    # Exactly the chunks of the new checkpoint that the first region's store did not hold crossed.
+    taken_first = _chunks(stores[first], job, ck1["parts"][0])  # taken in the first region
+    taken_second = _chunks(stores[other[first]], job, ck2["parts"][0])  # taken in the other
+    copied = [int(m.group(4)) for e in j["events"] if e["kind"] == "replicated"
+              and (m := _CROSSED.search(e["detail"]))]
+    assert copied == [len(taken_first), len(taken_second - taken_first)]
+    assert copied[1] < copied[0]
+
+    gate.touch()
+    done = c.cli("wait", job, check=False)
+    assert done.returncode == 0, done.stderr
+    assert c.cli("logs", job).stdout.encode() == expected_out
+    assert progress.read_bytes() == expected_progress
+
+
+@pytest.mark.slow
+def test_the_last_checkpoint_is_copied_ahead_of_a_move(make_cluster, workdir: Path, gate: Path,
+                                                       tmp_path: Path) -> None:
+    """Pre-copy: while the job is checkpointed for the move, the target region's node copies the job's last
+    checkpoint into its store; the move itself then copies only the chunks the migration's checkpoint has
+    that the last one had not."""
+    west, east = tmp_path / "store-west", tmp_path / "store-east"
+    c = make_cluster(nodes=2, devices=1, regions=("west", "east"), stores=(f"west={west}", f"east={east}"))
+    expected_out, expected_progress = reference_run(tmp_path)
+    region_of = {"node-1": "west", "node-2": "east"}
+    other = {"west": "east", "east": "west"}
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--checkpoint-every", "3s", "--", "sh", "-c", JOB,
+                cwd=workdir, env={"GATE": str(gate)}).stdout.strip()
+    first = region_of[c.wait_state(job, "running")["placement"][0]["node"]]
+    wait_until(lambda: c.show(job)["checkpoints"], timeout=60, what="a periodic checkpoint")
+
+    c.cli("migrate", job, "--to-region", other[first])
+    j = c.show(job)
+    assert j["state"] == "running" and region_of[j["placement"][0]["node"]] == other[first]
+    copies = [(m.group(1), int(m.group(4)), "ahead of the move" in e["detail"]) for e in j["events"]
+              if e["kind"] == "replicated" and (m := _CROSSED.search(e["detail"]))]
+    (ahead, ahead_chunks, _), (moved, moved_chunks, _) = sorted(copies, key=lambda x: not x[2])
+    assert [x[2] for x in sorted(copies, key=lambda x: not x[2])] == [True, False], copies
+    stores = {"west": CheckpointStore(west), "east": CheckpointStore(east)}
+    last = _chunks(stores[first], job, ahead)
+    taken = _chunks(stores[first], job, moved)
+    assert ahead_chunks == len(last)
+    assert moved_chunks == len(taken - last) < len(taken)
+
+    gate.touch()
+    done = c.cli("wait", job, check=False)
+    assert done.returncode == 0, done.stderr
+    assert c.cli("logs", job).stdout.encode() == expected_out
+    assert (workdir / "progress.txt").read_bytes() == expected_progress
+
+
+def test_migrating_to_an_unknown_region_says_which_there_are(make_cluster, workdir: Path, gate: Path) -> None:
+    c = make_cluster(nodes=2, devices=1, regions=("west", "east"))
+    job = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,
+                env={"GATE": str(gate)}).stdout.strip()
+    c.wait_state(job, "running")
+    bad = c.cli("migrate", job, "--to-region", "north", check=False)
+    assert bad.returncode != 0
+    assert "no region north" in bad.stderr and "the regions are: east, west" in bad.stderr
+    both = c.cli("migrate", job, "--to-region", "east", "--to", "node-2", check=False)
+    assert "give a node (--to, --rank) or a region or cluster to move to, not both" in both.stderr
+    assert c.job(job)["state"] == "running"
+    c.cli("cancel", job)
+
+
+def _chunks(store: CheckpointStore, job: str, part: str) -> set[str]:
+    reader = store.reader(job, part)
+    return {h for name in reader.names() for h, _ in reader.entry(name).chunks}
