@@ -31,7 +31,7 @@ KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_device
     ("command: python train.py\nrankz: 4\n", [], "unknown key 'rankz' in job.yaml: did you mean 'ranks'?", KEYS),
     ("command: python train.py\nmin_device: 2\n", [],
      "unknown key 'min_device' in job.yaml: did you mean 'min_devices'?", KEYS),
-    ("command: python train.py\ncolour: blue\n", [], "unknown key 'colour' in job.yaml", KEYS),
+    ("command: python train.py\nshoe_size: 44\n", [], "unknown key 'shoe_size' in job.yaml", KEYS),
     ("command: python train.py\ntier: premum\n", [],
      "job.yaml: unknown tier 'premum': did you mean 'premium'?", "valid tiers: premium, standard, basic"),
     ("command: python train.py\n", ["--tier", "premum"],
