@@ -1,7 +1,8 @@
 """Two regions of test hosts, each with its own SeaweedFS, their link capped at 200 Mbit/s: a job moved to the
 other region has its last checkpoint copied ahead and then only what changed, resumes there and finishes
 byte-identical to an uninterrupted run; a region's store going down leaves the jobs running in it running
-(their checkpoints fail and say why) and the other region's jobs checkpointing as before."""
+(their checkpoints fail and say why) and the other region's jobs checkpointing as before; a node cut off
+from everything fences its job, which resumes in the other region from the store of its own."""
 
 from __future__ import annotations
 
@@ -97,6 +98,18 @@ def test_two_regions_over_a_capped_link(test_net: TestNet, tmp_path: Path) -> No
 
     cluster.region_s3[first].start()
     cluster.cli("cancel", stay)
+
+    # The moved job's node is cut off: its agent fences the rank, the control plane requeues the job once
+    # the lease is out, and it resumes in the first region from its newest checkpoint, which that region's
+    # node copies from the other region's store (reachable: only the node was cut off).
+    net[moved_node].link_down()
+    wait_until(lambda: not pid_alive(moved_pid), timeout=LEASE * 2, what="the cut-off node's agent to fence the "
+               "rank", hint=diag())
+    ((back_node, _),) = cluster.running_on(job, timeout=120).values()
+    assert cluster.region_of[back_node] == first
+    j = cluster.job(job)
+    assert any(f"node {moved_node} lost" in (e["detail"] or "") for e in j["events"]), j["events"]
+    assert any(e["kind"] == "replicated" and f"to {first}:" in e["detail"] for e in j["events"]), j["events"]
     gate.touch()
     assert cluster.cli("wait", job, check=False).returncode == 0, diag()
     assert cluster.cli("logs", job).stdout.encode() == expected_out
