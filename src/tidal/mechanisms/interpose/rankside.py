@@ -282,8 +282,57 @@ class TidalGroupBase:
 IP: Interposer | None = None
 
 
+def _make_work_class(dist: Any) -> type:
+    class TidalWork(dist.Work):  # type: ignore[misc]
+        """The inner group's work, let go of at a teardown: a work the script keeps (the last ``isend`` of
+        a loop) would otherwise keep the inner group's connections open, and CRIU cannot dump them."""
+
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self._w = inner
+            self._fut: Any = None
+
+        def wait(self, timeout: Any = None) -> bool:
+            w = self._w
+            if w is None:
+                return True
+            return bool(w.wait() if timeout is None else w.wait(timeout))
+
+        def is_completed(self) -> bool:
+            w = self._w
+            return w is None or bool(w.is_completed())
+
+        def is_success(self) -> bool:
+            w = self._w
+            return w is None or bool(w.is_success())
+
+        def exception(self) -> Any:
+            w = self._w
+            return None if w is None else w.exception()
+
+        def source_rank(self) -> int:
+            return int(self._w.source_rank())
+
+        def result(self) -> Any:
+            return [] if self._w is None else self._w.result()  # let go of only once completed
+
+        def get_future(self) -> Any:
+            if self._fut is None and self._w is not None:
+                self._fut = self._w.get_future()
+            return self._fut
+
+        def _let_go(self) -> None:
+            self._w = None
+
+    return TidalWork
+
+
 def _make_group_class(dist: Any) -> type:
     gloo = dist.ProcessGroupGloo
+    work_cls = _make_work_class(dist)
+    import weakref
+
+    handed: weakref.WeakSet[Any] = weakref.WeakSet()  # every work handed out, until the script drops it
 
     class TidalGroup(dist.ProcessGroup, TidalGroupBase):  # type: ignore[misc]
         """A tearable group: the world (``ranks`` empty) or a sub-group, keyed by torch's group name."""
@@ -328,6 +377,8 @@ def _make_group_class(dist: Any) -> type:
             self._inner = gloo(self._store, self._rank, self._size, self._timeout)
 
         def _drop_inner(self) -> None:
+            for w in list(handed):
+                w._let_go()  # every rank is parked: all of them have completed
             inner, self._inner, self._store = self._inner, None, None
             if inner is not None:
                 import contextlib
@@ -345,7 +396,10 @@ def _make_group_class(dist: Any) -> type:
             IP.enter(key, members)
             work = None
             try:
-                work = getattr(self._inner, name)(*args, **kw)
+                inner = getattr(self._inner, name)(*args, **kw)
+                work = work_cls(inner) if inner is not None else None
+                if work is not None:
+                    handed.add(work)
                 return work
             finally:
                 IP.leave(key, work)
