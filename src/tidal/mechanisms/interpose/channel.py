@@ -207,7 +207,8 @@ def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: floa
         c.expect(("parked",), epoch, deadline, f"reach the cut at collective {target}")
 
 
-def _next_reply(live: Sequence[RankChannel], deadline: float, waiting: Sequence[str]) -> tuple[RankChannel, dict[str, Any]]:
+def _next_reply(live: Sequence[RankChannel], deadline: float,
+                waiting: Sequence[str]) -> tuple[RankChannel, dict[str, Any]]:
     with _replied:
         while True:
             for c in live:
