@@ -355,6 +355,9 @@ def _show(job: dict[str, Any], wide: bool) -> None:
             steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
         console.print(Text(f"progress: {steps}{units.duration(prog['cpu_s'])} of CPU, {units.size(prog['rss_bytes'])} "
                            f"resident, {units.size(prog['output_bytes'])} of output (at {units.clock(prog['time'])})"))
+        if prog.get("stalled"):
+            console.print(Text.assemble(("stalled:", "red"), f" no step and no collective since "
+                                        f"{units.clock(prog['still_since'])}; its ranks may be waiting on each other"))
     if job["placement"]:
         pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
         console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "
