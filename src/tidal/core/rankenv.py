@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from tidal.errors import ValidationError
+
 # What torchrun's local agent sets for every worker and never takes from the caller's environment.
 SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
 
@@ -29,10 +31,12 @@ def torchrun_env(*, rank: int, local_rank: int, world_size: int, local_world_siz
     ``group_world_size`` nodes; ``user_env`` is the job's own environment, which only ``OMP_NUM_THREADS``
     consults (torchrun sets it to 1 for several workers on a node unless the caller set it)."""
     if not 0 <= rank < world_size or not 0 <= local_rank < local_world_size <= world_size:
-        raise ValueError(f"rank {rank} (local {local_rank}) does not fit a world of {world_size} with "
-                         f"{local_world_size} on its node")
+        raise ValidationError(f"rank {rank} (local {local_rank}) does not fit a world of {world_size} with "
+                              f"{local_world_size} on its node", field="rank",
+                              hint="0 <= local rank < ranks on the node <= world size, 0 <= rank < world size")
     if not 0 <= group_rank < group_world_size:
-        raise ValueError(f"node index {group_rank} does not fit {group_world_size} node(s)")
+        raise ValidationError(f"node index {group_rank} does not fit {group_world_size} node(s)",
+                              field="group_rank", hint="0 <= node index < number of nodes")
     env = {
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(local_world_size), "GROUP_RANK": str(group_rank),
