@@ -11,27 +11,24 @@ their place.
 as usual and results are bit-identical to ``torchrun``). The inner group can be dropped before a dump
 (no socket left) and rebuilt after a restore from a rendezvous store hosted by Tidal, not by rank 0.
 
-**The cut.** Per rank, under one lock: ``announced`` = collectives the script has committed to issue
-(``init_process_group`` counts as the first), ``issued`` = those handed to the inner group. The agent's
-request runs on a thread of this module, never on the script's thread, so it is answered even while the
-script is blocked inside a collective:
+**The cut.** Ops are counted per communicator (a group's collectives; one direction of a point-to-point
+pair with one tag). Per rank and communicator, under one lock: ``announced`` = ops the script has
+committed to issue (building a group counts as its first), ``issued`` = those handed to the inner group.
+The agent's requests run on threads of this module, never on the script's, so they are answered even
+while the script is blocked inside an op:
 
-1. ``cut``: the rank sets *pending* and replies ``announced`` = c_r. From then on the script may not
-   announce a collective beyond the target, which it does not know yet, so it waits at the gate.
-2. The coordinator sets T = max c_r and sends ``target T``. Every rank may now announce up to T.
-3. A rank replies ``parked`` once issued = announced = T and every inner work has completed.
-4. ``teardown`` drops the inner group; ``resume`` rebuilds it (a new store prefix) and opens the gate.
+1. ``cut``: the rank sets *pending* and replies its counts. From then on the script may not announce an
+   op beyond its communicator's target, which it does not know yet, so it waits at the gate.
+2. ``target``: the targets per communicator (versioned). A script thread held at a target while the rank
+   still owes ops elsewhere sends ``need`` (one more op there); the coordinator raises that target and
+   sends new ones to every rank.
+3. A rank replies ``parked`` (for a version) once issued = announced = target everywhere it belongs and
+   every inner work has completed.
+4. ``teardown`` drops every inner group; ``resume`` rebuilds them (a new store prefix, creation order)
+   and opens the gate.
 
-Why it cannot deadlock: all ranks issue the same sequence of collectives on the default group (sub-groups
-and point-to-point refuse the cut, below). Collective k completes once every rank has issued it. Before
-T is known a rank can block only at the gate (it then has issued all it announced, ≤ c_r ≤ T) or inside a
-collective k ≤ c_r. After ``target T`` every rank can issue every collective up to T, since the gate
-lets through all k ≤ T and each rank had announced at least k-1 ≤ T-1 of them; so each k ≤ T is issued by
-all ranks and completes; none issues T+1. Announcing and reading *pending* happen under the same lock as
-the reply, so a script thread descheduled between the check and the call has already been counted. The
-replies come from this module's thread, which waits on nothing but the pipe and (for ``parked``) works
-that are bound to complete, so the coordinator always gets them unless a rank is stopped (it times out
-then, and ``resume`` lets every rank go on).
+Why this ends, and ends consistent, is argued in docs/distributed.md ("The consistent cut") and checked on
+a model in tests/unit/core/test_cutplan.py.
 """
 
 from __future__ import annotations
