@@ -57,3 +57,27 @@ def test_a_tidal_rank_sees_torchrun_s_environment(make_cluster, tmp_path: Path) 
                             group_world_size=2, master_addr=env["MASTER_ADDR"], master_port=int(env["MASTER_PORT"]),
                             run_id=job)
         assert {k: env.get(k) for k in want} == want, r
+
+
+TORCHRUN_ONLY = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
+
+
+@pytest.mark.criu
+def test_without_ranks_a_job_sees_plain_python_s_environment_and_ranks_1_torchrun_s(make_cluster,
+                                                                                    tmp_path: Path) -> None:
+    c = make_cluster(nodes=1, devices=1)
+    seen = {}
+    for how, extra in (("plain", []), ("ranks 1", ["--ranks", "1"])):
+        work = tmp_path / how.replace(" ", "")
+        work.mkdir()
+        job = c.cli("submit", "-q", *extra, "--", sys.executable, str(PRINT_ENV), cwd=work).stdout.strip()
+        assert c.cli("wait", job, check=False, timeout=300).returncode == 0
+        seen[how] = (job, json.loads(c.cli("logs", job).stdout.strip().splitlines()[-1]))
+    _, plain = seen["plain"]
+    assert not TORCHRUN_ONLY & set(plain), sorted(TORCHRUN_ONLY & set(plain))
+    job, one = seen["ranks 1"]
+    assert {k: one.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                    "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")} == {
+        "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
+        "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": job}

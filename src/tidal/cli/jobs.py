@@ -147,7 +147,9 @@ def register(app: typer.Typer) -> None:
         tier: str = typer.Option(None, "--tier", help="premium | standard | basic (default basic)"),
         project: str = typer.Option(None, "--project",
                                     help="the project whose quota admits premium and standard jobs (default: default)"),
-        ranks: int = typer.Option(None, "--ranks", help="world size W"),
+        ranks: int = typer.Option(None, "--ranks", help="world size W; given (even 1), each rank sees torchrun's "
+                                  "environment (RANK, WORLD_SIZE, MASTER_ADDR, ...); left out, one process "
+                                  "that sees what plain `python` would"),
         min_devices: int = typer.Option(None, "--min-devices",
                                         help="the fewest devices D it may run on (elastic; default W)"),
         max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),

@@ -61,6 +61,7 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
             rendezvous=rdv,
             fs=any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
             master_addr=master,
+            torchrun=spec.torchrun,
         )
         order: protocol.Order = (protocol.Launch(**fields) if source is None else protocol.Restore(
             **fields, checkpoint=protocol.CheckpointRef(id=source.id, parts=parts_of(source))))

@@ -442,6 +442,11 @@ def _patch(dist: Any) -> None:
         if backend not in (None, "gloo", "cpu:gloo") and str(backend) != "gloo":
             raise RuntimeError(f"Tidal runs torch.distributed on CPU with gloo; backend {backend!r} is not "
                                "supported on this node")
+        if rank == -1 and "RANK" not in os.environ and store is None:
+            # Not started as a rank of torchrun's (a job submitted without ranks): torch says what is missing.
+            return original(backend=backend, init_method=init_method, timeout=timeout, world_size=world_size,
+                            rank=rank, store=store, group_name=group_name, pg_options=pg_options,
+                            device_id=device_id, **kw)
         _register(dist)
         if rank == -1:
             rank = int(os.environ["RANK"])
