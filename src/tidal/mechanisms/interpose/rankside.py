@@ -56,6 +56,9 @@ COLLECTIVES = (
     "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier", "gather", "scatter",
     "monitored_barrier",
 )
+# ProcessGroup's names for collectives a backend calls otherwise (FSDP2 uses them).
+ALIASES = {"all_gather_single": "_allgather_base", "reduce_scatter_single": "_reduce_scatter_base",
+           "all_to_all_single": "alltoall_base"}
 
 
 class Interposer:
@@ -414,16 +417,19 @@ def _make_group_class(dist: Any) -> type:
             IP.unsupported = IP.unsupported or UNSUPPORTED_ANYSOURCE
             return self._call(self._key, self._ranks, "recv_anysource", (tensors, tag), {})
 
-    def forward(name: str) -> Any:
+    def forward(name: str, inner: str) -> Any:
         def call(self: Any, *args: Any, **kw: Any) -> Any:
-            return self._call(self._key, self._ranks, name, args, kw)
+            return self._call(self._key, self._ranks, inner, args, kw)
 
         call.__name__ = name
         return call
 
     for name in COLLECTIVES:
         if hasattr(gloo, name):
-            setattr(TidalGroup, name, forward(name))
+            setattr(TidalGroup, name, forward(name, name))
+    for name, inner in ALIASES.items():
+        if hasattr(gloo, inner):
+            setattr(TidalGroup, name, forward(name, inner))
     return TidalGroup
 
 
