@@ -216,8 +216,13 @@ class Interposer:
                     return
                 self.cond.wait()
             works = list(self.works)
+        # Polled, not waited: a second wait() on a point-to-point work the script waits on too can block
+        # for ever although the work has completed (seen with torch.distributed.pipelining).
+        delay = 0.001
         for w in works:
-            w.wait()
+            while not _done(w):
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
         with self.cond:
             if self.version == version and self.pending:
                 self.works = [w for w in self.works if not _done(w)]
