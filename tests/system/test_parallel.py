@@ -45,7 +45,7 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
              str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args[m]],
             cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    for m, (d, p) in refs.items():
+    for m, (_, p) in refs.items():
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
     gate.unlink()

@@ -498,3 +498,57 @@ def test_parallel_training_cut_restored_with_a_rank_moved_is_identical(cluster: 
     for r in range(world):
         assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
         assert (cluster.workdir / f"params-{r}.bin").read_bytes() == (ref.out / f"params-{r}.bin").read_bytes()
+
+
+HOLDS = SCRIPTS / "holds.py"
+
+
+def _io_uring_works() -> bool:
+    import ctypes
+
+    fd = ctypes.CDLL(None, use_errno=True).syscall(425, 4, ctypes.create_string_buffer(120))
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
+
+
+@pytest.mark.parametrize("what", ["tcp", "io_uring"])
+def test_what_cannot_be_checkpointed_is_named_and_the_job_goes_on(cluster: Cluster, what: str) -> None:
+    import socket
+
+    if what == "io_uring" and not _io_uring_works():
+        pytest.skip("this kernel refuses io_uring_setup (kernel.io_uring_disabled)")
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    extra = ["--tcp", f"127.0.0.1:{port}"] if what == "tcp" else ["--io-uring"]
+    spec = RankSpec(
+        "job", 0, (sys.executable, str(HOLDS), *extra), cluster.workdir, _env())
+    job = Job.launch("job", [(spec, cluster.nodes[0])], cluster.store)
+    accepted = []
+    try:
+        if what == "tcp":
+            accepted.append(server.accept()[0])  # the outside service's end, open while the job runs
+        wait_for_line(log(job, 0), r"^tick 2$")
+        (pid,) = [p for p in job.ranks[0].pids() if p != job.ranks[0].pid]
+        for then in ("continue", "kill"):
+            with pytest.raises(Unsupported) as err:
+                job.checkpoint(then=then)  # type: ignore[arg-type]
+            if what == "tcp":
+                assert err.value.message.startswith(
+                    f"job job cannot be checkpointed: process {pid} (python"), err.value.message
+                assert "holds a TCP connection 127.0.0.1:" in err.value.message
+                assert f" -> 127.0.0.1:{port} (fd " in err.value.message
+                assert err.value.hint and err.value.hint.startswith("close the connection before a checkpoint")
+            else:
+                assert f"process {pid} (python" in err.value.message
+                assert "holds an io_uring instance (fd " in err.value.message
+                assert err.value.hint == "use ordinary file I/O (CRIU cannot checkpoint io_uring); the job goes on"
+            assert cluster.store.list("job") == []
+            assert job.ranks[0].running
+        # It goes on: more ticks come.
+        n = int(re.findall(rb"^tick (\d+)$", log(job, 0).read_bytes(), re.M)[-1])
+        wait_for_line(log(job, 0), rf"^tick {n + 3}$")
+    finally:
+        job.kill()
+        for sock in [*accepted, server]:
+            sock.close()
