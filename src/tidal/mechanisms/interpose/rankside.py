@@ -56,6 +56,7 @@ COLLECTIVES = (
     "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier", "gather", "scatter",
     "monitored_barrier",
 )
+P2P_OPS = ("send", "recv", "recv_anysource")
 # ProcessGroup's names for collectives a backend calls otherwise (FSDP2 uses them).
 ALIASES = {"all_gather_single": "_allgather_base", "reduce_scatter_single": "_reduce_scatter_base",
            "all_to_all_single": "alltoall_base"}
@@ -221,6 +222,10 @@ class Interposer:
         delay = 0.001
         for w in works:
             while not _done(w):
+                if not w._p2p and delay >= 0.05:
+                    # gloo's reduce-scatter never says it completed: a collective is waited on (again).
+                    w.wait()
+                    break
                 time.sleep(delay)
                 delay = min(delay * 2, 0.05)
         with self.cond:
@@ -292,20 +297,24 @@ def _make_work_class(dist: Any) -> type:
         """The inner group's work, let go of at a teardown: a work the script keeps (the last ``isend`` of
         a loop) would otherwise keep the inner group's connections open, and CRIU cannot dump them."""
 
-        def __init__(self, inner: Any) -> None:
+        def __init__(self, inner: Any, p2p: bool) -> None:
             super().__init__()
             self._w = inner
+            self._p2p = p2p
+            self._finished = False  # a wait() returned: done, whatever is_completed() says
             self._fut: Any = None
 
         def wait(self, timeout: Any = None) -> bool:
             w = self._w
             if w is None:
                 return True
-            return bool(w.wait() if timeout is None else w.wait(timeout))
+            ok = bool(w.wait() if timeout is None else w.wait(timeout))
+            self._finished = self._finished or ok
+            return ok
 
         def is_completed(self) -> bool:
             w = self._w
-            return w is None or bool(w.is_completed())
+            return w is None or self._finished or bool(w.is_completed())
 
         def is_success(self) -> bool:
             w = self._w
@@ -402,7 +411,7 @@ def _make_group_class(dist: Any) -> type:
             work = None
             try:
                 inner = getattr(self._inner, name)(*args, **kw)
-                work = work_cls(inner) if inner is not None else None
+                work = work_cls(inner, name in P2P_OPS) if inner is not None else None
                 if work is not None:
                     handed.add(work)
                 return work
