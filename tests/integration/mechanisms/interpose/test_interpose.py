@@ -473,33 +473,6 @@ def test_checkpoint_before_every_rank_loaded_the_interposer(cluster: Cluster, to
     assert (cluster.workdir / "params.bin").read_bytes() == ref.params
 
 
-PARALLEL = EXAMPLES / "parallel_train.py"
-
-
-@pytest.mark.parametrize("mode", ["fsdp", "hsdp", "tp", "pipeline", "dcp"])
-def test_parallel_training_cut_restored_with_a_rank_moved_is_identical(cluster: Cluster, rendezvous: RendezvousServer,
-                                                                       torchrun: StartRef, mode: str) -> None:
-    world, gate = 4, 10
-    release = cluster.root / "release"
-    argv = [str(PARALLEL), "--mode", mode, "--steps", "14", "--step-time", "0.02", "--gate", f"{release}:{gate}"]
-    ref = torchrun(argv, world)
-    pre = prefix()
-    specs = rank_specs(cluster, [sys.executable, *argv], world, rendezvous.addr, f"{pre}/1")
-    job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
-    wait_step(job, 0, 2)
-    job.checkpoint(then="continue")
-    wait_step(job, 0, 4)
-    job.checkpoint(then="kill")
-    assert [r.wait(30).signal for r in job.ranks] == [signal.SIGKILL] * world
-    moved = [(s, cluster.nodes[2] if s.rank == 1 else cluster.nodes[1]) for s in specs]
-    job = Job.restore(cluster.store, "job", moved, rendezvous=Store(rendezvous.addr, f"{pre}/2"))
-    release.touch()
-    assert [s.code for s in job.wait(180)] == [0] * world
-    for r in range(world):
-        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
-        assert (cluster.workdir / f"params-{r}.bin").read_bytes() == (ref.out / f"params-{r}.bin").read_bytes()
-
-
 HOLDS = SCRIPTS / "holds.py"
 
 
