@@ -34,28 +34,27 @@ def _lines(text: str) -> list[str]:
 
 @pytest.mark.timeout(1500)
 def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(make_cluster, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    args = {m: ["--mode", m, "--steps", str(STEPS), "--step-time", "0.02", "--gate", f"{gate}:{HELD}"] for m in MODES}
-    gate.touch()  # the references run through
+    gate, open_gate = tmp_path / "gate", tmp_path / "open"
+    open_gate.touch()  # the references run through, meanwhile
+
+    def args(m: str, g: Path) -> list[str]:
+        return ["--mode", m, "--steps", str(STEPS), "--step-time", "0.02", "--gate", f"{g}:{HELD}"]
+
     refs = {}
     for m in MODES:
         d = tmp_path / f"ref-{m}"
         d.mkdir()
         refs[m] = (d, subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
-             str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args[m]],
+             str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args(m, open_gate)],
             cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    for m, (_, p) in refs.items():
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
-    gate.unlink()
 
     c = make_cluster(nodes=2, devices=4)
     for m in MODES:
         work = tmp_path / f"work-{m}"
         work.mkdir()
         job = c.cli("submit", "-q", "--name", m, "--ranks", str(WORLD), "--min-devices", "1", "--", sys.executable,
-                    str(SCRIPT), *args[m], cwd=work, env=ENV).stdout.strip()
+                    str(SCRIPT), *args(m, gate), cwd=work, env=ENV).stdout.strip()
         j = c.wait_state(job, "running", timeout=120)
         assert len({p["node"] for p in j["placement"]}) == 1
 
@@ -75,7 +74,9 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
         gate.touch()
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
         gate.unlink()
-        d, _ = refs[m]
+        d, p = refs[m]
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
         for r in range(WORLD):
             (log,) = (d / "logs").glob(f"*/attempt_0/{r}/stdout.log")
             assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(log.read_text()), (m, r)
