@@ -8,8 +8,9 @@ their place.
 **The group.** ``init_process_group`` (any backend the script asks for, on CPU) returns a
 :class:`TidalGroup`: a Python ``ProcessGroup`` that hands every collective to an inner
 ``ProcessGroupGloo`` untouched (same tensors, same order, the inner Work returned in a thin delegating
-Work, so DDP overlaps as usual and results are bit-identical to ``torchrun``). The inner group can be dropped before a dump
-(no socket left) and rebuilt after a restore from a rendezvous store hosted by Tidal, not by rank 0.
+Work, so DDP overlaps as usual and results are bit-identical to ``torchrun``). The inner group can be
+dropped before a dump (no socket left) and rebuilt after a restore from a rendezvous store hosted by
+Tidal, not by rank 0.
 
 **The cut.** Ops are counted per communicator (a group's collectives; one direction of a point-to-point
 pair with one tag). Per rank and communicator, under one lock: ``announced`` = ops the script has
