@@ -326,7 +326,9 @@ def _make_work_class(dist: Any) -> type:
             return None if w is None else w.exception()
 
         def source_rank(self) -> int:
-            return int(self._w.source_rank())
+            return int(self._w._source_rank())
+
+        _source_rank = source_rank  # what dist.recv without src asks
 
         def result(self) -> Any:
             return [] if self._w is None else self._w.result()  # let go of only once completed
