@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     cut_timeout: float = Field(
         default=30.0, gt=0, description="seconds a distributed job's ranks get to reach a consistent cut"
     )
+    stall_after: float = Field(
+        default=300.0, gt=0, description="seconds without a step or collective after which a distributed job is "
+        "reported stalled (an event, and `tidal show`)"
+    )
 
     @property
     def store_url(self) -> str:

@@ -30,6 +30,7 @@ from tidal.agent.devices import CpuQuota
 from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
+from tidal.core.rankenv import torchrun_env
 from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
@@ -314,10 +315,13 @@ class Executor:
         port = 20000 + zlib.crc32(order.job_id.encode()) % 20000
         rdv = order.rendezvous
         for r in order.ranks:
-            env = {**order.env, "RANK": str(r.rank), "LOCAL_RANK": str(r.local_rank),
-                   "WORLD_SIZE": str(order.world_size), "LOCAL_WORLD_SIZE": str(order.local_world_size),
-                   "MASTER_ADDR": order.master_addr or "127.0.0.1", "MASTER_PORT": str(port),
-                   "TIDAL_JOB_ID": order.job_id, "TIDAL_NODE": self.client.node}
+            env = {**order.env, "TIDAL_JOB_ID": order.job_id, "TIDAL_NODE": self.client.node}
+            if order.torchrun:  # else: a job submitted without ranks sees what plain `python` would
+                env |= torchrun_env(
+                    rank=r.rank, local_rank=r.local_rank, world_size=order.world_size,
+                    local_world_size=order.local_world_size, group_rank=order.group_rank,
+                    group_world_size=order.group_world_size, master_addr=order.master_addr or "127.0.0.1",
+                    master_port=port, run_id=order.job_id, user_env=order.env)
             if rdv:
                 env |= {"TIDAL_STORE": rdv.addr, "TIDAL_STORE_PREFIX": rdv.prefix}
             out.append(RankSpec(order.job_id, r.rank, tuple(order.argv), Path(order.workdir), env,

@@ -147,7 +147,9 @@ def register(app: typer.Typer) -> None:
         tier: str = typer.Option(None, "--tier", help="premium | standard | basic (default basic)"),
         project: str = typer.Option(None, "--project",
                                     help="the project whose quota admits premium and standard jobs (default: default)"),
-        ranks: int = typer.Option(None, "--ranks", help="world size W"),
+        ranks: int = typer.Option(None, "--ranks", help="world size W; given (even 1), each rank sees torchrun's "
+                                  "environment (RANK, WORLD_SIZE, MASTER_ADDR, ...); left out, one process "
+                                  "that sees what plain `python` would"),
         region: str = typer.Option(None, "--region", help="run only in this region (`tidal nodes`)"),
         cluster: str = typer.Option(None, "--cluster", help="run only in this cluster"),
         min_devices: int = typer.Option(None, "--min-devices",
@@ -366,6 +368,9 @@ def _show(job: dict[str, Any], wide: bool) -> None:
             steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
         console.print(Text(f"progress: {steps}{units.duration(prog['cpu_s'])} of CPU, {units.size(prog['rss_bytes'])} "
                            f"resident, {units.size(prog['output_bytes'])} of output (at {units.clock(prog['time'])})"))
+        if prog.get("stalled"):
+            console.print(Text.assemble(("stalled:", "red"), f" no step and no collective since "
+                                        f"{units.clock(prog['still_since'])}; its ranks may be waiting on each other"))
     if job["placement"]:
         pinned = " (pinned by resize)" if job.get("pinned_devices") else ""
         console.print(f"ranks: {job['ranks']} on {job['devices']} device(s){pinned}, "

@@ -33,6 +33,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from tidal.config import load_settings
 from tidal.control import clock, failures, jobs, operations, prestaging
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
@@ -133,6 +134,23 @@ def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
         if (job is not None and job.attempt == int(p.get("attempt", -1))
                 and any(q["node"] == name for q in job.placement)):
             job.progress = merge_progress(job, name, {k: v for k, v in p.items() if k != "attempt"}, now)
+            _check_stalled(s, job, now)
+
+
+def _check_stalled(s: Session, job: JobRow, now: float) -> None:
+    """A distributed job whose ranks make no step and no collective for ``stall_after`` seconds is made
+    visible once (an event; `tidal show`): it may hang, holding its devices."""
+    prog = job.progress or {}
+    still = prog.get("still_since")
+    if still is None or prog.get("stalled"):
+        return
+    after = load_settings().stall_after
+    if now - float(still) >= after:
+        job.progress = {**prog, "stalled": True}
+        record(s, "stalled", job_id=job.id,
+               detail=f"no step and no collective for {now - float(still):.0f}s (at {prog.get('steps', 0)} steps, "
+                      f"{prog.get('collectives', 0)} collectives): its ranks may be waiting on each other; "
+                      f"`tidal logs {job.id} --rank R` shows what each printed last")
 
 
 def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -> dict[str, Any]:
@@ -153,6 +171,13 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
         rates = [float(v[key]) for v in nodes.values() if key in v]
         if rates:
             out[key] = min(rates)
+    # Since when the furthest rank has made neither a step nor a collective (stalled: see _check_stalled).
+    prev = job.progress or {}
+    if "collectives" in out:
+        same = (prev.get("steps"), prev.get("collectives")) == (out.get("steps"), out["collectives"])
+        out["still_since"] = prev.get("still_since", now) if same else now
+        if same and prev.get("stalled"):
+            out["stalled"] = True
     return out
 
 

@@ -49,12 +49,12 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
     first = s.get(NodeRow, devices[0].node)
     master = first.advertise_addr if first is not None else None
     op = new_id("o")
-    for node, ranks in by_node.items():
+    for group_rank, (node, ranks) in enumerate(by_node.items()):
         noderow = s.get(NodeRow, node)
         cpus = noderow.cpus if noderow else []
         fields: dict[str, Any] = dict(
             job_id=job.id, attempt=job.attempt, argv=list(spec.command), workdir=spec.workdir, env=dict(spec.env),
-            world_size=job.ranks, local_world_size=len(ranks),
+            world_size=job.ranks, local_world_size=len(ranks), group_rank=group_rank, group_world_size=len(by_node),
             # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
             unix_user=owner.unix_user if owner else None,
             ranks=[protocol.RankSlot(rank=r, local_rank=i, device=d.index,
@@ -63,6 +63,7 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) 
             rendezvous=rdv,
             fs=any(r == 0 for r, _ in ranks),  # the node of rank 0 keeps the working directory
             master_addr=master,
+            torchrun=spec.torchrun,
         )
         order: protocol.Order = (protocol.Launch(**fields) if source is None else protocol.Restore(
             **fields, checkpoint=protocol.CheckpointRef(

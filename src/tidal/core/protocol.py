@@ -159,6 +159,11 @@ class _Start(_JobOrder):
                    Field(max_length=limits.MAX_ENV_VARS)]
     world_size: Annotated[int, Field(ge=1, le=limits.MAX_RANKS)]
     local_world_size: Annotated[int, Field(ge=1, le=limits.MAX_RANKS)]
+    # torchrun's GROUP_RANK / GROUP_WORLD_SIZE: this node's index among the job's nodes, and their number.
+    group_rank: Annotated[int, Field(ge=0, lt=limits.MAX_RANKS)] = 0
+    group_world_size: Annotated[int, Field(ge=1, le=limits.MAX_RANKS)] = 1
+    # False: a job submitted without ranks, which sees the environment plain ``python`` would.
+    torchrun: bool = True
     # The ranks run under the owner's Unix account (the agent drops to it inside the rank).
     unix_user: UnixName | None = None
     ranks: Annotated[list[RankSlot], Field(min_length=1, max_length=limits.MAX_RANKS)]

@@ -62,7 +62,9 @@ class JobSpec:
     # Empty: named for what it runs (tidal.core.jobname: ``python train.py`` is ``train``).
     name: str = dataclasses.field(default="", metadata=_submitted_as(str | None, None))
     tier: Tier = dataclasses.field(default=Tier.BASIC, metadata=_submitted_as(str, Tier.BASIC.value))
-    ranks: int = 1
+    # None in a submission: left out, a single process that sees the environment plain ``python`` would
+    # (no RANK, WORLD_SIZE, MASTER_*); given, even 1: torchrun's (``distributed``).
+    ranks: int = dataclasses.field(default=1, metadata=_submitted_as(int | None, None))
     min_devices: int | None = None  # None: 1
     max_devices: int | None = None  # None: ranks
     env: Mapping[str, str] = dataclasses.field(default_factory=dict, metadata=_submitted_as(dict[str, str]))
@@ -72,6 +74,14 @@ class JobSpec:
     region: str | None = None  # pinned to this region's clusters (tidal submit --region)
     cluster: str | None = None  # pinned to this cluster (tidal submit --cluster)
     owner: str = dataclasses.field(default="", metadata={_SUBMITTED: _SET_BY_CONTROL_PLANE})
+    # The submission gave ranks (or ranks > 1): the ranks get torchrun's environment.
+    distributed: bool = dataclasses.field(default=False, metadata={_SUBMITTED: _SET_BY_CONTROL_PLANE})
+
+    @property
+    def torchrun(self) -> bool:
+        """Whether the ranks see torchrun's environment: a job submitted with ``ranks``, and every job of
+        several ranks (as stored before ``distributed`` was)."""
+        return self.distributed or self.ranks > 1
 
     def __post_init__(self) -> None:
         # Normalise first (frozen: via object.__setattr__), then validate, so a JobSpec is always valid.
@@ -140,7 +150,8 @@ class JobSpec:
     def submitted(cls, values: Mapping[str, Any], *, owner: str) -> JobSpec:
         """The spec of a submission by ``owner``: ``values`` by field name, as :meth:`submission_fields`
         gives them (a null takes the spec's default)."""
-        return cls(**{k: v for k, v in values.items() if v is not None}, owner=owner)
+        return cls(**{k: v for k, v in values.items() if v is not None}, owner=owner,
+                   distributed=values.get("ranks") is not None)
 
     def validate(self) -> None:
         # The command first: a job's name defaults to its program's.

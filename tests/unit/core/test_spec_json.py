@@ -17,7 +17,7 @@ def legacy_spec_to_json(spec: JobSpec) -> dict[str, Any]:
         "name": spec.name, "command": list(spec.command), "workdir": spec.workdir, "ranks": spec.ranks,
         "tier": spec.tier.value, "min_devices": spec.min_devices, "max_devices": spec.max_devices,
         "env": dict(spec.env), "checkpoint_every": spec.checkpoint_every, "max_restarts": spec.max_restarts,
-        "owner": spec.owner, "project": spec.project,
+        "owner": spec.owner, "project": spec.project, "distributed": spec.distributed,
     }
 
 
@@ -69,10 +69,22 @@ def test_a_job_is_named_for_what_it_runs_by_default() -> None:
 
 def test_the_submission_is_every_field_but_the_owner() -> None:
     fields = {f.name: f for f in JobSpec.submission_fields()}
-    assert list(fields) == [f.name for f in dataclasses.fields(JobSpec) if f.name != "owner"]
+    assert list(fields) == [f.name for f in dataclasses.fields(JobSpec) if f.name not in ("owner", "distributed")]
     assert fields["command"].required and fields["workdir"].required
     assert not fields["name"].required and fields["name"].default is None
     assert fields["tier"].type is str and fields["tier"].default == "basic"
-    assert fields["env"].default_factory is dict and fields["ranks"].default == 1
+    assert fields["env"].default_factory is dict and fields["ranks"].default is None
     spec = JobSpec.submitted({"command": ["a/b"], "workdir": "/w", "name": None, "tier": "premium"}, owner="bob")
     assert (spec.name, spec.tier, spec.owner) == ("b", Tier.PREMIUM, "bob")
+
+
+def test_ranks_given_even_one_means_torchrun_s_environment() -> None:
+    plain = JobSpec.submitted({"command": ["python", "t.py"], "workdir": "/w", "ranks": None}, owner="bob")
+    one = JobSpec.submitted({"command": ["python", "t.py"], "workdir": "/w", "ranks": 1}, owner="bob")
+    four = JobSpec.submitted({"command": ["python", "t.py"], "workdir": "/w", "ranks": 4}, owner="bob")
+    assert (plain.ranks, plain.torchrun) == (1, False)
+    assert (one.ranks, one.torchrun) == (1, True)
+    assert four.torchrun
+    # Stored before `distributed` was: jobs of several ranks keep torchrun's environment.
+    old = {k: v for k, v in four.to_json().items() if k != "distributed"}
+    assert JobSpec.from_json(old).torchrun and not JobSpec.from_json({**old, "ranks": 1}).torchrun

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, ValidationError
+from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, Unsupported, ValidationError
+from tidal.mechanisms.criu import resources
 from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
@@ -227,6 +228,10 @@ class Job:
         released = False
         prehash: PreHash | None = None
         try:
+            blocked = resources.unsupported([p for r in self.ranks for p in r.pids()])
+            if blocked:
+                raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
+                                  hint=blocked[0][3])
             for r in self.ranks:
                 r.freeze()
                 frozen.append(r)
@@ -279,7 +284,7 @@ class Job:
                 if let_go:
                     with contextlib.suppress(Exception):
                         resume(channels, epoch, rendezvous, wait=False)
-            if isinstance(exc, CheckpointError | RankExited):
+            if isinstance(exc, CheckpointError | RankExited | Unsupported):
                 raise
             if isinstance(exc, TidalError):
                 raise CheckpointError(f"checkpoint of job {self.job_id} failed: {exc.message}",

@@ -17,10 +17,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tidal.core.cutplan import Plan
 from tidal.errors import CheckpointError, Unsupported
 from tidal.mechanisms.criu.logpump import pump
 
 _SEE_LOG = "the rank's log says why; the job's last good checkpoint is untouched"
+# Notified on every reply of any rank: the cut over several communicators listens to all ranks at once.
+_replied = threading.Condition()
 
 class CutTimeout(CheckpointError):
     """A rank did not answer a step of the cut in time (stopped, or stuck outside any collective)."""
@@ -61,11 +64,16 @@ class RankChannel:
             elif msg.get("op") == "stat":
                 self.last_stat = msg
             else:
-                self._replies.put(msg)
+                self._put(msg)
+
+    def _put(self, msg: dict[str, Any]) -> None:
+        self._replies.put(msg)
+        with _replied:
+            _replied.notify_all()
 
     def _on_eof(self) -> None:
         self.closed.set()
-        self._replies.put({"op": "closed"})
+        self._put({"op": "closed"})
         self.close()  # the rank is gone: nobody reads our requests any more
 
     def send(self, **msg: Any) -> None:
@@ -146,35 +154,98 @@ def _live(channels: Sequence[RankChannel]) -> list[RankChannel]:
     return [c for c in channels if c.hello.is_set() and not c.closed.is_set()]
 
 
-def counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[str, int]:
-    """Step 1 of the cut: every interposed rank stops announcing collectives and says how many it has."""
+def _ask_counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[str, dict[str, Any]]:
+    """Step 1 of the cut: every interposed rank stops announcing ops and says how many it has, per
+    communicator. A rank whose job cannot be cut says why."""
     live = _live(channels)
     deadline = time.monotonic() + timeout
     for c in live:
         c.send(op="cut", epoch=epoch)
-    out: dict[str, int] = {}
+    out: dict[str, dict[str, Any]] = {}
     refused: list[str] = []
     for c in live:
         msg = c.expect(("count", "unsupported"), epoch, deadline, "answer the checkpoint request")
         if msg["op"] == "unsupported":
             refused.append(f"rank {c.name}: {msg['reason']}")
         else:
-            out[c.name] = int(msg["count"])
+            out[c.name] = msg
     if refused:
-        raise Unsupported("this job cannot be checkpointed yet: " + "; ".join(refused),
-                          hint="jobs with sub-groups or point-to-point operations (pipeline or tensor "
-                               "parallelism) are not supported yet; the job goes on")
+        raise Unsupported("this job cannot be checkpointed: " + "; ".join(refused),
+                          hint="receive from a named source (dist.recv(t, src=...)) to make it checkpointable; "
+                               "the job goes on")
     return out
 
 
+def _others(msg: dict[str, Any]) -> list[str]:
+    """The communicators a rank reported besides the world group."""
+    return sorted(k for k in (msg.get("comms") or {}) if k != msg.get("default"))
+
+
+def counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[str, int]:
+    """Step 1 of a cut driven across nodes: every rank's count on the world group. Sub-groups and
+    point-to-point are cut only when every rank of the job is owned here (:func:`cut`)."""
+    got = _ask_counts(channels, epoch, timeout)
+    spread = [f"rank {name}" for name, msg in got.items() if _others(msg)]
+    if spread:
+        with contextlib.suppress(CheckpointError):
+            resume(channels, epoch, None, wait=False)
+        raise Unsupported(f"this job cannot be checkpointed while its ranks are on several nodes: {spread[0]} uses "
+                          "sub-groups or point-to-point operations, which are cut only on one node",
+                          hint="resize it onto one node (tidal resize JOB --devices N) or run it on one node; "
+                               "the job goes on")
+    return {name: int(msg["count"]) for name, msg in got.items()}
+
+
 def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: float) -> None:
-    """Step 2: every rank issues collectives up to ``target`` and waits for them; none goes further."""
+    """Step 2 of a cut across nodes: every rank issues world-group collectives up to ``target`` and waits
+    for them; none goes further."""
     live = _live(channels)
     deadline = time.monotonic() + timeout
     for c in live:
         c.send(op="target", epoch=epoch, target=target)
     for c in live:
         c.expect(("parked",), epoch, deadline, f"reach the cut at collective {target}")
+
+
+def _next_reply(live: Sequence[RankChannel], deadline: float,
+                waiting: Sequence[str]) -> tuple[RankChannel, dict[str, Any]]:
+    with _replied:
+        while True:
+            for c in live:
+                with contextlib.suppress(queue.Empty):
+                    return c, c._replies.get_nowait()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise CutTimeout(f"rank {waiting[0]} did not reach the cut in time; is it stopped?",
+                                 object=waiting[0], hint="the job goes on; its last good checkpoint is untouched")
+            _replied.wait(min(left, 1.0))
+
+
+def park_all(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: float) -> None:
+    """Step 2 when every rank is owned here: each rank issues ops up to the targets of every
+    communicator and waits for them; a rank held on one communicator while it owes ops on another gets
+    that target raised (to every rank), until all have parked at the same targets."""
+    live = _live(channels)
+    deadline = time.monotonic() + timeout
+    for c in live:
+        c.send(op="target", epoch=epoch, **plan.message())
+    parked: dict[str, int] = {}
+    while len([n for n, v in parked.items() if v == plan.version]) < len(live):
+        waiting = [c.name for c in live if parked.get(c.name) != plan.version]
+        c, msg = _next_reply(live, deadline, waiting)
+        op = msg.get("op")
+        if op == "closed":
+            raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)
+        if op == "error":
+            raise CheckpointError(f"rank {c.name}: interposer error: {msg.get('error')}", object=c.name,
+                                  hint=_SEE_LOG)
+        if msg.get("epoch") != epoch:
+            continue
+        if op == "need" and plan.need(str(msg["key"]), msg["members"], int(msg["count"])):
+            for other in live:
+                other.send(op="target", epoch=epoch, **plan.message())
+        elif op == "parked":
+            parked[c.name] = int(msg.get("version", 0))
 
 
 def teardown(channels: Sequence[RankChannel], epoch: int, timeout: float) -> None:
@@ -205,13 +276,16 @@ def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, tim
 
 
 def cut(channels: Sequence[RankChannel], epoch: int, timeout: float) -> int:
-    """The whole cut when every rank is owned here: counts, target = the largest, park, tear down. On
-    failure every rank is let go again (its group was dropped only if every rank had parked). Returns the
+    """The whole cut when every rank is owned here: counts, targets, park, tear down. On failure every rank
+    is let go again (its groups were dropped only if every rank had parked). Returns the world group's
     target."""
     try:
-        got = counts(channels, epoch, timeout)
-        target = max(got.values(), default=0)
-        park(channels, epoch, target, timeout)
+        got = _ask_counts(channels, epoch, timeout)
+        plan = Plan.from_counts({k: (int(n), m) for k, (n, m) in (msg.get("comms") or {}).items()}
+                                for msg in got.values())
+        park_all(channels, epoch, plan, timeout)
+        default = next((msg.get("default") for msg in got.values() if msg.get("default")), None)
+        target = plan.targets.get(default, 0) if default else 0
     except BaseException:
         with contextlib.suppress(CheckpointError):  # a stopped rank reads its resume when continued
             resume(channels, epoch, None, wait=False)

@@ -7,31 +7,29 @@ their place.
 
 **The group.** ``init_process_group`` (any backend the script asks for, on CPU) returns a
 :class:`TidalGroup`: a Python ``ProcessGroup`` that hands every collective to an inner
-``ProcessGroupGloo`` untouched (same tensors, same order, the inner Work returned as is, so DDP overlaps
-as usual and results are bit-identical to ``torchrun``). The inner group can be dropped before a dump
-(no socket left) and rebuilt after a restore from a rendezvous store hosted by Tidal, not by rank 0.
+``ProcessGroupGloo`` untouched (same tensors, same order, the inner Work returned in a thin delegating
+Work, so DDP overlaps as usual and results are bit-identical to ``torchrun``). The inner group can be
+dropped before a dump (no socket left) and rebuilt after a restore from a rendezvous store hosted by
+Tidal, not by rank 0.
 
-**The cut.** Per rank, under one lock: ``announced`` = collectives the script has committed to issue
-(``init_process_group`` counts as the first), ``issued`` = those handed to the inner group. The agent's
-request runs on a thread of this module, never on the script's thread, so it is answered even while the
-script is blocked inside a collective:
+**The cut.** Ops are counted per communicator (a group's collectives; one direction of a point-to-point
+pair with one tag). Per rank and communicator, under one lock: ``announced`` = ops the script has
+committed to issue (building a group counts as its first), ``issued`` = those handed to the inner group.
+The agent's requests run on threads of this module, never on the script's, so they are answered even
+while the script is blocked inside an op:
 
-1. ``cut``: the rank sets *pending* and replies ``announced`` = c_r. From then on the script may not
-   announce a collective beyond the target, which it does not know yet, so it waits at the gate.
-2. The coordinator sets T = max c_r and sends ``target T``. Every rank may now announce up to T.
-3. A rank replies ``parked`` once issued = announced = T and every inner work has completed.
-4. ``teardown`` drops the inner group; ``resume`` rebuilds it (a new store prefix) and opens the gate.
+1. ``cut``: the rank sets *pending* and replies its counts. From then on the script may not announce an
+   op beyond its communicator's target, which it does not know yet, so it waits at the gate.
+2. ``target``: the targets per communicator (versioned). A script thread held at a target while the rank
+   still owes ops elsewhere sends ``need`` (one more op there); the coordinator raises that target and
+   sends new ones to every rank.
+3. A rank replies ``parked`` (for a version) once issued = announced = target everywhere it belongs and
+   every inner work has completed.
+4. ``teardown`` drops every inner group; ``resume`` rebuilds them (a new store prefix, creation order)
+   and opens the gate.
 
-Why it cannot deadlock: all ranks issue the same sequence of collectives on the default group (sub-groups
-and point-to-point refuse the cut, below). Collective k completes once every rank has issued it. Before
-T is known a rank can block only at the gate (it then has issued all it announced, ≤ c_r ≤ T) or inside a
-collective k ≤ c_r. After ``target T`` every rank can issue every collective up to T, since the gate
-lets through all k ≤ T and each rank had announced at least k-1 ≤ T-1 of them; so each k ≤ T is issued by
-all ranks and completes; none issues T+1. Announcing and reading *pending* happen under the same lock as
-the reply, so a script thread descheduled between the check and the call has already been counted. The
-replies come from this module's thread, which waits on nothing but the pipe and (for ``parked``) works
-that are bound to complete, so the coordinator always gets them unless a rank is stopped (it times out
-then, and ``resume`` lets every rank go on).
+Why this ends, and ends consistent, is argued in docs/distributed.md ("The consistent cut") and checked on
+a model in tests/unit/core/test_cutplan.py.
 """
 
 from __future__ import annotations
@@ -49,39 +47,55 @@ if TYPE_CHECKING:
     import datetime
     from typing import Any
 
-UNSUPPORTED_SUBGROUPS = "the job uses sub-groups (torch.distributed.new_group)"
-UNSUPPORTED_P2P = "the job uses point-to-point operations (send/recv)"
+UNSUPPORTED_ANYSOURCE = ("the job receives from any source (recv without src): such a receive cannot be "
+                         "matched to its sender at a cut")
 
-# Collectives handed to the inner group as they are; p2p marks the job as not cuttable.
+# Collectives handed to the inner group as they are, counted on the group's communicator.
 COLLECTIVES = (
     "allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base", "allgather_coalesced",
     "allgather_into_tensor_coalesced", "reduce", "reduce_scatter", "_reduce_scatter_base",
     "reduce_scatter_tensor_coalesced", "alltoall", "alltoall_base", "barrier", "gather", "scatter",
     "monitored_barrier",
 )
-P2P = ("send", "recv", "recv_anysource")
+P2P_OPS = ("send", "recv", "recv_anysource")
+# ProcessGroup's names for collectives a backend calls otherwise (FSDP2 uses them).
+ALIASES = {"all_gather_single": "_allgather_base", "reduce_scatter_single": "_reduce_scatter_base",
+           "all_to_all_single": "alltoall_base"}
 
 
 class Interposer:
-    """One per rank process: the gate, the counters and the agent channel."""
+    """One per rank process: the gate, the per-communicator counters and the agent channel.
+
+    A *communicator* is what ops must be matched on: a process group (its collectives, in order) or one
+    direction of a point-to-point pair of a group with one tag (its sends on one side, its receives on the
+    other, in order). Keys are the same on every rank: torch names groups alike on every rank."""
 
     def __init__(self, rfd: int, wfd: int, store: str | None, prefix: str) -> None:
         self.rfd, self.wfd = rfd, wfd
         self.cond = threading.Condition()
-        self.announced = 0
-        self.issued = 0
+        self.announced: dict[str, int] = {}
+        self.issued: dict[str, int] = {}
+        self.members: dict[str, list[int]] = {}
         self.pending = False
-        self.target: int | None = None
+        self.epoch: Any = None
+        self.targets: dict[str, int] | None = None
+        self.version = 0
+        self.asked: set[tuple[str, int]] = set()  # (key, version) a raise was asked for
         self.works: list[Any] = []
         self.unsupported: str | None = None
         self.store_addr = store  # "host:port" of the rendezvous store, changed by each resume
         self.base_prefix = prefix  # of the store keys: the launch's, or the last resume's with a store
         self.prefix = prefix  # of the store keys of the next (re)build
-        self.group: TidalGroupBase | None = None
+        self.groups: list[TidalGroupBase] = []  # in creation order: the same relative order on every rank
+        self.default_key: str | None = None
+        self.rank = -1  # in the world group
         self.steps = 0
-        self.subgroups = 0
         self.started = time.time()
         self._wlock = threading.Lock()
+
+    @property
+    def group(self) -> TidalGroupBase | None:
+        return self.groups[0] if self.groups else None
 
     # -- the agent channel --------------------------------------------------------------------------
     def send(self, **msg: Any) -> None:
@@ -120,24 +134,35 @@ class Interposer:
         op, epoch = msg.get("op"), msg.get("epoch")
         if op == "stat":
             with self.cond:
-                self.send(op="stat", steps=self.steps, collectives=self.issued, since=self.started,
-                          group=self.group is not None)
+                self.send(op="stat", steps=self.steps, collectives=sum(self.issued.values()), since=self.started,
+                          group=bool(self.groups))
         elif op == "cut":
             with self.cond:
                 if self.unsupported:
                     self.send(op="unsupported", epoch=epoch, reason=self.unsupported)
                     return
-                self.pending, self.target = True, None
-                self.send(op="count", epoch=epoch, count=self.announced)
+                self.pending, self.targets, self.epoch, self.asked = True, None, epoch, set()
+                comms = {k: [n, self.members[k]] for k, n in self.announced.items()}
+                self.send(op="count", epoch=epoch, count=self.announced.get(self.default_key or "", 0),
+                          default=self.default_key, comms=comms)
         elif op == "target":
-            self._park(epoch, int(msg["target"]))
+            if "targets" in msg:
+                targets = {str(k): int(v) for k, v in msg["targets"].items()}
+                with self.cond:  # communicators this rank belongs to but has not used yet
+                    for k, m in (msg.get("members") or {}).items():
+                        if self.rank in m:
+                            self.members.setdefault(str(k), [int(x) for x in m])
+            else:  # a cut driven across nodes: the default group's count only
+                targets = {self.default_key or "": int(msg["target"])}
+            self._park(epoch, targets, int(msg.get("version", 0)))
         elif op == "teardown":
             with self.cond:
-                group = self.group
-            if group is not None:
-                ours = _sockets() - group._older_sockets  # the group's, and any opened since it was built
-                group._drop_inner()
-                # Dropping the group closes its sockets; a full collection (a good part of a second in a
+                groups = list(self.groups)
+            if groups:
+                ours = _sockets() - groups[0]._older_sockets  # the groups', and any opened since
+                for g in groups:
+                    g._drop_inner()
+                # Dropping the groups closes their sockets; a full collection (a good part of a second in a
                 # process holding torch) only if some are still open.
                 if ours & _sockets():
                     gc.collect()
@@ -147,45 +172,86 @@ class Interposer:
             if store:
                 self.store_addr, self.base_prefix = store["addr"], store["prefix"]
                 self.prefix = self.base_prefix
-            group = self.group
-            if group is not None and msg.get("rebuild") and group._inner is not None:
-                group._drop_inner()  # every rank is parked: nothing is in flight on it
-            if group is not None and group._inner is None:
+            groups = list(self.groups)
+            if groups and msg.get("rebuild"):
+                for g in groups:
+                    g._drop_inner()  # every rank is parked: nothing is in flight on them
+            if any(g._inner is None for g in groups):
                 if not store:
                     # The same store, fresh keys: every rank rebuilds at this epoch, so on the same prefix,
                     # whatever requests it saw before. A rank without a group yet keeps its prefix, as do
                     # ranks that had not loaded the interposer when the request came.
                     self.prefix = f"{self.base_prefix}/r{epoch}"
-                group._build_inner()
+                # In creation order: every rank creates groups in the same order, so the first group not
+                # rebuilt yet has all its members rebuilding it (no two ranks wait on each other).
+                for g in groups:
+                    if g._inner is None:
+                        g._build_inner()
             with self.cond:
-                self.pending, self.target = False, None
+                self.pending, self.targets = False, None
                 self.cond.notify_all()
             self.send(op="resumed", epoch=epoch)
 
-    def _park(self, epoch: Any, target: int) -> None:
+    def _at_targets(self) -> bool:
+        """Under ``cond``: every communicator has announced and issued exactly its target."""
+        t = self.targets
+        if t is None:
+            return False
+        return (all(n == t.get(k, 0) == self.issued.get(k, 0) for k, n in self.announced.items())
+                and all(self.announced.get(k, 0) == n for k, n in t.items() if k in self.members))
+
+    def _park(self, epoch: Any, targets: dict[str, int], version: int) -> None:
         with self.cond:
-            self.target = target
+            self.targets, self.version = targets, version
             self.cond.notify_all()
-            while not (self.issued == self.announced == target):
-                if self.announced > target:  # cannot happen: the gate holds at the target
-                    self.send(op="error", epoch=epoch, error=f"rank passed the cut ({self.announced} > {target})")
+        # Waiting happens on its own thread: this one must stay free to read a raised target.
+        threading.Thread(target=self._parked, args=(epoch, version), name="tidal-park", daemon=True).start()
+
+    def _parked(self, epoch: Any, version: int) -> None:
+        with self.cond:
+            while not self._at_targets():
+                if self.version != version or not self.pending:
+                    return
+                over = [k for k, n in self.announced.items() if n > (self.targets or {}).get(k, 0)]
+                if over:  # cannot happen: the gate holds each communicator at its target
+                    self.send(op="error", epoch=epoch, error=f"rank passed the cut on {over[0]}")
                     return
                 self.cond.wait()
-            works, self.works = self.works, []
+            works = list(self.works)
+        # Polled, not waited: a second wait() on a point-to-point work the script waits on too can block
+        # for ever although the work has completed (seen with torch.distributed.pipelining).
+        delay = 0.001
         for w in works:
-            w.wait()
-        self.send(op="parked", epoch=epoch)
+            while not _done(w):
+                if not w._p2p and delay >= 0.05:
+                    # gloo's reduce-scatter never says it completed: a collective is waited on (again).
+                    w.wait()
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 0.05)
+        with self.cond:
+            if self.version == version and self.pending:
+                self.works = [w for w in self.works if not _done(w)]
+                self.send(op="parked", epoch=epoch, version=version)
 
     # -- the gate (script threads) ------------------------------------------------------------------
-    def enter(self) -> None:
+    def enter(self, key: str, members: list[int]) -> None:
         with self.cond:
-            while self.pending and (self.target is None or self.announced >= self.target):
+            self.members.setdefault(key, members)
+            while self.pending and (self.targets is None or self.announced.get(key, 0) >= self.targets.get(key, 0)):
+                if (self.targets is not None and (key, self.version) not in self.asked
+                        and not self._at_targets()):
+                    # This rank owes ops on other communicators, and the next of them in its program
+                    # order comes after one more op here: the coordinator must let it through.
+                    self.asked.add((key, self.version))
+                    self.send(op="need", epoch=self.epoch, version=self.version, key=key, members=members,
+                              count=self.announced.get(key, 0) + 1)
                 self.cond.wait()
-            self.announced += 1
+            self.announced[key] = self.announced.get(key, 0) + 1
 
-    def leave(self, work: Any) -> None:
+    def leave(self, key: str, work: Any) -> None:
         with self.cond:
-            self.issued += 1
+            self.issued[key] = self.issued.get(key, 0) + 1
             if work is not None:
                 # Completed works need no waiting at the cut: keep the list short.
                 self.works = [w for w in self.works if not _done(w)]
@@ -227,19 +293,93 @@ class TidalGroupBase:
 IP: Interposer | None = None
 
 
+def _make_work_class(dist: Any) -> type:
+    class TidalWork(dist.Work):  # type: ignore[misc]
+        """The inner group's work, let go of at a teardown: a work the script keeps (the last ``isend`` of
+        a loop) would otherwise keep the inner group's connections open, and CRIU cannot dump them."""
+
+        def __init__(self, inner: Any, p2p: bool) -> None:
+            super().__init__()
+            self._w = inner
+            self._p2p = p2p
+            self._finished = False  # a wait() returned: done, whatever is_completed() says
+            self._fut: Any = None
+
+        def wait(self, timeout: Any = None) -> bool:
+            w = self._w
+            if w is None:
+                return True
+            ok = bool(w.wait() if timeout is None else w.wait(timeout))
+            self._finished = self._finished or ok
+            return ok
+
+        def is_completed(self) -> bool:
+            w = self._w
+            return w is None or self._finished or bool(w.is_completed())
+
+        def is_success(self) -> bool:
+            w = self._w
+            return w is None or bool(w.is_success())
+
+        def exception(self) -> Any:
+            w = self._w
+            return None if w is None else w.exception()
+
+        def source_rank(self) -> int:
+            return int(self._w._source_rank())
+
+        _source_rank = source_rank  # what dist.recv without src asks
+
+        def result(self) -> Any:
+            return [] if self._w is None else self._w.result()  # let go of only once completed
+
+        def get_future(self) -> Any:
+            if self._fut is None and self._w is not None:
+                self._fut = self._w.get_future()
+            return self._fut
+
+        def _let_go(self) -> None:
+            self._w = None
+
+    return TidalWork
+
+
 def _make_group_class(dist: Any) -> type:
     gloo = dist.ProcessGroupGloo
+    work_cls = _make_work_class(dist)
+    import weakref
+
+    handed: weakref.WeakSet[Any] = weakref.WeakSet()  # every work handed out, until the script drops it
 
     class TidalGroup(dist.ProcessGroup, TidalGroupBase):  # type: ignore[misc]
-        def __init__(self, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        """A tearable group: the world (``ranks`` empty) or a sub-group, keyed by torch's group name."""
+
+        def __init__(self, rank: int, size: int, timeout: datetime.timedelta, key: str, ranks: list[int]) -> None:
             super().__init__(rank, size)
             self._rank, self._size, self._timeout = rank, size, timeout
+            self._key, self._ranks = key, list(ranks) or list(range(size))
+            self._world = not ranks
             self._inner: Any = None
             self._store: Any = None
             self._older_sockets: set[str] = set()
 
         def getBackendName(self) -> str:
             return "tidal"
+
+        # torch keeps a group's name on its backends, and a Python group has none: keep it here.
+        @property
+        def group_name(self) -> str:
+            return self._key
+
+        def _set_group_name(self, name: str) -> None:
+            self._key = name
+
+        @property
+        def group_desc(self) -> str:
+            return getattr(self, "_desc", "undefined")
+
+        def _set_group_desc(self, desc: str) -> None:
+            self._desc = desc
 
         def _build_inner(self) -> None:
             assert IP is not None
@@ -248,10 +388,14 @@ def _make_group_class(dist: Any) -> type:
             host, port = IP.store_addr.rsplit(":", 1)
             self._older_sockets = _sockets()
             store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
-            self._store = dist.PrefixStore(IP.prefix, store)
+            # Each group its own keys: sub-groups by torch's name for them, which every rank shares.
+            prefix = IP.prefix if self._world else f"{IP.prefix}/g{self._key}"
+            self._store = dist.PrefixStore(prefix, store)
             self._inner = gloo(self._store, self._rank, self._size, self._timeout)
 
         def _drop_inner(self) -> None:
+            for w in list(handed):
+                w._let_go()  # every rank is parked: all of them have completed
             inner, self._inner, self._store = self._inner, None, None
             if inner is not None:
                 import contextlib
@@ -260,25 +404,49 @@ def _make_group_class(dist: Any) -> type:
                     inner.shutdown()
             del inner
 
-    def forward(name: str, p2p: bool) -> Any:
-        def call(self: Any, *args: Any, **kw: Any) -> Any:
+        def _p2p_key(self, src: int, dst: int, tag: int) -> tuple[str, list[int]]:
+            a, b = self._ranks[src], self._ranks[dst]
+            return f"{self._key}:{a}>{b}:{tag}", [a, b]
+
+        def _call(self, key: str, members: list[int], name: str, args: Any, kw: Any) -> Any:
             assert IP is not None
-            if p2p and IP.unsupported is None:
-                IP.unsupported = UNSUPPORTED_P2P
-            IP.enter()
+            IP.enter(key, members)
             work = None
             try:
-                work = getattr(self._inner, name)(*args, **kw)
+                inner = getattr(self._inner, name)(*args, **kw)
+                work = work_cls(inner, name in P2P_OPS) if inner is not None else None
+                if work is not None:
+                    handed.add(work)
                 return work
             finally:
-                IP.leave(work)
+                IP.leave(key, work)
+
+        def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
+            key, members = self._p2p_key(self._rank, dst, tag)
+            return self._call(key, members, "send", (tensors, dst, tag), {})
+
+        def recv(self, tensors: Any, src: int, tag: int = 0) -> Any:
+            key, members = self._p2p_key(src, self._rank, tag)
+            return self._call(key, members, "recv", (tensors, src, tag), {})
+
+        def recv_anysource(self, tensors: Any, tag: int = 0) -> Any:
+            assert IP is not None
+            IP.unsupported = IP.unsupported or UNSUPPORTED_ANYSOURCE
+            return self._call(self._key, self._ranks, "recv_anysource", (tensors, tag), {})
+
+    def forward(name: str, inner: str) -> Any:
+        def call(self: Any, *args: Any, **kw: Any) -> Any:
+            return self._call(self._key, self._ranks, inner, args, kw)
 
         call.__name__ = name
         return call
 
-    for name in COLLECTIVES + P2P:
+    for name in COLLECTIVES:
         if hasattr(gloo, name):
-            setattr(TidalGroup, name, forward(name, name in P2P))
+            setattr(TidalGroup, name, forward(name, name))
+    for name, inner in ALIASES.items():
+        if hasattr(gloo, inner):
+            setattr(TidalGroup, name, forward(name, inner))
     return TidalGroup
 
 
@@ -289,7 +457,7 @@ def _patch(dist: Any) -> None:
         return
     c10d = dist.distributed_c10d
     original = c10d.init_process_group
-    original_new_group = c10d.new_group
+    original_helper = c10d._new_process_group_helper
 
     def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
                            world_size: int = -1, rank: int = -1, store: Any = None, group_name: str = "",
@@ -297,6 +465,11 @@ def _patch(dist: Any) -> None:
         if backend not in (None, "gloo", "cpu:gloo") and str(backend) != "gloo":
             raise RuntimeError(f"Tidal runs torch.distributed on CPU with gloo; backend {backend!r} is not "
                                "supported on this node")
+        if rank == -1 and "RANK" not in os.environ and store is None:
+            # Not started as a rank of torchrun's (a job submitted without ranks): torch says what is missing.
+            return original(backend=backend, init_method=init_method, timeout=timeout, world_size=world_size,
+                            rank=rank, store=store, group_name=group_name, pg_options=pg_options,
+                            device_id=device_id, **kw)
         _register(dist)
         if rank == -1:
             rank = int(os.environ["RANK"])
@@ -307,15 +480,18 @@ def _patch(dist: Any) -> None:
         return original(backend="tidal", timeout=timeout, world_size=world_size, rank=rank,
                         store=dist.HashStore(), group_name=group_name, device_id=device_id, **kw)
 
-    def new_group(*args: Any, **kw: Any) -> Any:
-        assert IP is not None
-        IP.unsupported = IP.unsupported or UNSUPPORTED_SUBGROUPS
-        return original_new_group(*args, **kw)
+    def new_process_group_helper(group_size: int, group_rank: int, global_ranks_in_group: Any, backend: Any,
+                                 *args: Any, **kw: Any) -> Any:
+        # Every group (new_group, new_subgroups, a DeviceMesh dimension) is a Tidal group, even one asked
+        # for with backend="gloo": torch would build that on the default group's store, which is a
+        # local one here (rank 0 hosts no store under Tidal).
+        if str(backend) in ("gloo", "cpu:gloo") and getattr(dist, "_tidal_registered", False):
+            backend = "tidal"
+        return original_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
 
     init_process_group.__doc__ = original.__doc__
-    new_group.__doc__ = original_new_group.__doc__
     c10d.init_process_group = dist.init_process_group = init_process_group
-    c10d.new_group = dist.new_group = new_group
+    c10d._new_process_group_helper = new_process_group_helper
     dist._tidal_patched = True
 
 
@@ -324,28 +500,25 @@ def _register(dist: Any) -> None:
     if getattr(dist, "_tidal_registered", False):
         return
     group_cls = _make_group_class(dist)
-    first = [True]
 
-    def create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> Any:
+    def create(opts: Any, _options: Any) -> Any:
         assert IP is not None
-        if not first[0]:  # a sub-group: a plain gloo group on the Tidal store; such a job cannot be cut
-            IP.unsupported = IP.unsupported or UNSUPPORTED_SUBGROUPS
-            host, port = (IP.store_addr or "").rsplit(":", 1)
-            IP.subgroups += 1  # every rank creates sub-groups in the same order: the same prefix
-            real = dist.PrefixStore(f"{IP.prefix}/sub{IP.subgroups}",
-                                    dist.TCPStore(host, int(port), is_master=False, timeout=timeout))
-            return dist.ProcessGroupGloo(real, rank, size, timeout)
-        first[0] = False
-        group = group_cls(rank, size, timeout)
-        IP.enter()  # building the group is a rendezvous of every rank: it counts as a collective
+        ranks = list(opts.global_ranks_in_group)
+        key = str(opts.group_id)
+        group = group_cls(opts.group_rank, opts.group_size, opts.timeout, key, ranks)
+        if not ranks:
+            IP.default_key, IP.rank = key, int(opts.group_rank)
+        # Building a group is a rendezvous of its members: it counts as their first op on it.
+        IP.enter(key, group._ranks)
         try:
             group._build_inner()
-            IP.group = group
+            with IP.cond:
+                IP.groups.append(group)
         finally:
-            IP.leave(None)
+            IP.leave(key, None)
         return group
 
-    dist.Backend.register_backend("tidal", create, devices=["cpu"])
+    dist.Backend.register_backend("tidal", create, extended_api=True, devices=["cpu"])
     dist._tidal_registered = True
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook

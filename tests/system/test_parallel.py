@@ -1,0 +1,83 @@
+"""Parallelism beyond DDP on CPU with gloo (FSDP2, HSDP over a 2-D DeviceMesh, tensor parallel, a pipeline
+schedule, torch.distributed.checkpoint used by the script): each job of 4 ranks is preempted and resumed,
+resized onto 2 devices, has one rank migrated to another node, and ends with every rank's loss lines and
+parameters byte-identical to plain ``torchrun``. One cluster for all of them; the references run meanwhile."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tidal.testing import wait_until
+
+pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
+SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "parallel_train.py"
+ENV = {"OMP_NUM_THREADS": "1"}
+MODES = os.environ.get("TIDAL_TEST_PARALLEL_MODES", "fsdp,hsdp,tp,pipeline,dcp").split(",")
+WORLD, STEPS, HELD = 4, 16, 12
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.startswith("rank ")]
+
+
+@pytest.mark.timeout(1500)
+def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(make_cluster, tmp_path: Path) -> None:
+    gate, open_gate = tmp_path / "gate", tmp_path / "open"
+    open_gate.touch()  # the references run through, meanwhile
+
+    def args(m: str, g: Path) -> list[str]:
+        return ["--mode", m, "--steps", str(STEPS), "--step-time", "0.02", "--gate", f"{g}:{HELD}"]
+
+    refs = {}
+    for m in MODES:
+        d = tmp_path / f"ref-{m}"
+        d.mkdir()
+        refs[m] = (d, subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
+             str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args(m, open_gate)],
+            cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+
+    c = make_cluster(nodes=2, devices=4)
+    for m in MODES:
+        work = tmp_path / f"work-{m}"
+        work.mkdir()
+        job = c.cli("submit", "-q", "--name", m, "--ranks", str(WORLD), "--min-devices", "1", "--", sys.executable,
+                    str(SCRIPT), *args(m, gate), cwd=work, env=ENV).stdout.strip()
+        j = c.wait_state(job, "running", timeout=120)
+        assert len({p["node"] for p in j["placement"]}) == 1
+
+        def steps(job: str = job) -> int:
+            return len(_lines(c.cli("logs", job, "--rank", "0").stdout))
+
+        wait_until(lambda: steps() >= 2, timeout=120, what=f"{m}: first steps")
+        c.cli("preempt", job, timeout=300)
+        c.cli("resume", job, timeout=300)
+        c.wait_state(job, "running", timeout=300)
+        c.cli("resize", job, "--devices", "2", timeout=300)
+        assert c.wait_state(job, "running", timeout=300)["devices"] == 2
+        here = c.job(job)["placement"][1]["node"]
+        to = "node-2" if here == "node-1" else "node-1"
+        c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
+        assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
+        gate.touch()
+        assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
+        gate.unlink()
+        d, p = refs[m]
+        _, err = p.communicate(timeout=600)
+        assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
+        for r in range(WORLD):
+            (log,) = (d / "logs").glob(f"*/attempt_0/{r}/stdout.log")
+            assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(log.read_text()), (m, r)
+            assert (work / f"params-{r}.bin").read_bytes() == (d / f"params-{r}.bin").read_bytes(), (m, r)
