@@ -132,6 +132,9 @@ class Simulator:
         self.window = (self.trace[0].submit, self.trace[-1].submit) if self.trace else (0.0, 0.0)
         span = max(self.window[1] - self.window[0], 1.0)
         self.bin_w = span / bins
+        # The series keeps at most this many bins: a run that goes on far past the window (a drain, or
+        # a policy's far wake-up) merges bins pairwise rather than growing the list without bound.
+        self.max_bins = 4 * bins
         self.bins_good: list[float] = []
         self.bins_alloc: list[float] = []
         self.good = 0.0
@@ -168,6 +171,10 @@ class Simulator:
             if b <= a:  # float rounding at a bin boundary
                 i += 1
                 b += bin_w
+            if i >= self.max_bins:
+                self._coarsen(i)
+                bin_w, bins_good, bins_alloc = self.bin_w, self.bins_good, self.bins_alloc
+                continue
             if t < b:
                 b = t
             if i >= 0:
@@ -178,6 +185,15 @@ class Simulator:
                 bins_alloc[i] += a_rate * (b - a)
             a = b
         self.t = t
+
+    def _coarsen(self, i: int) -> None:
+        """Double the bin width (merging bins pairwise) until bin ``i`` of the current width fits."""
+        while i >= self.max_bins:
+            g, a = self.bins_good, self.bins_alloc
+            self.bins_good = [sum(g[k:k + 2]) for k in range(0, len(g), 2)]
+            self.bins_alloc = [sum(a[k:k + 2]) for k in range(0, len(a), 2)]
+            self.bin_w *= 2
+            i //= 2
 
     def _event(self, kind: EventKind, job: str | None, cause: str | None = None, detail: str = "") -> Event:
         self._eid += 1
@@ -385,6 +401,8 @@ class Simulator:
             self.t = self.trace[0].submit
         total = len(self.trace)
         while self.heap:
+            if self.done == total:
+                break  # only wake-ups are left: nothing more can happen
             now = self.heap[0][0]
             self._advance(now)
             events: list[Event] = []

@@ -95,3 +95,20 @@ def test_metrics_of_a_tiny_run() -> None:
     # Window [0, 100]: 2 devices busy all along → goodput 1.
     assert s["goodput"] == pytest.approx(1.0) and s["allocation"] == pytest.approx(1.0)
     assert s["sla"]["premium"]["attainment"] == 1.0 and s["sla"]["premium"]["met_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"threshold_device_s": 1e9}, {"promote_knob": 1e9},
+                                    {"threshold_device_s": 1e-9, "promote_knob": 1e9}])
+def test_tiresias_extreme_thresholds_finish_with_a_bounded_series(kwargs: dict[str, float]) -> None:
+    # A demotion or promotion timer far past the trace used to grow the plot series one bin per
+    # window/200 up to the wake-up (MemoryError); the series now coarsens and the run ends with the jobs.
+    trace = [TraceJob("j0", 0, 3000, 1, B), TraceJob("j1", 10, 300, 1, B), TraceJob("j2", 20, 300, 1, B)]
+    r = Simulator(Topology.uniform(1, 1), trace, Tiresias(**kwargs), cost=UNIT).run()
+    assert all(j.finish is not None for j in r.jobs)
+    assert len(r.series_t) <= 800
+    last = max(j.finish for j in r.jobs if j.finish is not None)
+    assert r.series_t[-1] <= last + (r.series_t[1] - r.series_t[0])
+    # The series still accounts for every device-second held, whatever the bin width became: one
+    # device, busy from 0 to the last finish (3,600 s of work plus any checkpoint pauses).
+    w = r.series_t[1] - r.series_t[0]
+    assert sum(r.series_alloc) * w * r.capacity == pytest.approx(last)
