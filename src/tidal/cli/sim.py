@@ -95,13 +95,14 @@ def sim(
     out = Console(width=max(Console().width, 160))
     table = Table(title=f"{len(p.jobs)} jobs, {p.cluster.topology.devices} devices, load {p.offered_load:.2f}")
     for col in ("policy", "avg JCT (s)", "p99 JCT (s)", "avg queue (s)", "goodput", "alloc", "lost dev-h",
-                "preempt", "migr", "resize", "premium", "standard", "basic"):
+                "idle-wait dev-h", "preempt", "migr", "resize", "premium", "standard", "basic"):
         table.add_column(col, justify="right")
     for n, s in summaries.items():
         sla = s["sla"]
         table.add_row(n, f"{s['avg_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}", f"{s['avg_queue_s']:.0f}",
                       f"{s['goodput']:.3f}", f"{s['allocation']:.3f}", f"{s['lost_device_hours']:.1f}",
-                      str(s["preemptions"]), str(s["migrations"]), str(s["resizes"]),
+                      f"{s['idle_waiting_device_hours']:.1f}", str(s["preemptions"]), str(s["migrations"]),
+                      str(s["resizes"]),
                       *(f"{sla[t]['attainment']:.3f}" if t in sla else "-" for t in ("premium", "standard", "basic")))
     out.print(table)
     if quotas is not None:

@@ -91,6 +91,8 @@ class SimResult:
     actions: dict[str, int]
     live_executable_actions: int
     sim_only_actions: int
+    idle_waiting_device_s: float = 0.0  # devices idle while at least one job waited, over the whole run
+    span_s: float = 0.0  # first arrival to last finish
 
 
 class Simulator:
@@ -139,6 +141,8 @@ class Simulator:
         self.bins_alloc: list[float] = []
         self.good = 0.0
         self.alloc = 0.0
+        self.waiting = 0  # jobs submitted and waiting for devices (pending or preempted)
+        self.idle_waiting = 0.0
         self.decisions = 0
         self.action_counts: dict[ActionKind, int] = {}
         self.live_n = 0
@@ -158,6 +162,8 @@ class Simulator:
             return
         w0, w1 = self.window
         g_rate, a_rate = self.g_rate, self.a_rate
+        if self.waiting:
+            self.idle_waiting += (self.capacity - a_rate) * (t - t0)
         lo, hi = max(t0, w0), min(t, w1)
         if hi > lo:
             self.good += g_rate * (hi - lo)
@@ -298,6 +304,7 @@ class Simulator:
         busy_until = self.busy_until
         if k is ActionKind.PLACE or k is ActionKind.RESUME or k is ActionKind.TIME_SLICE:
             devs = a.devices
+            self.waiting -= 1
             if j.state is S.PREEMPTED:
                 j.state = advance(advance(j.state, S.RESTORING, job=j.id), S.RUNNING, job=j.id)
             else:
@@ -346,6 +353,7 @@ class Simulator:
                 j.pause_until = now + ck
             touched = self._drop(j)
             j.wait_since = now
+            self.waiting += 1
             self._update_rate(j)
             for o in touched:
                 self._update_rate(o)
@@ -411,6 +419,7 @@ class Simulator:
                 if kind == _ARRIVE:
                     j = self.jobs[jid]
                     self.live[jid] = j
+                    self.waiting += 1
                     detail = ""
                     if self.admission is not None:
                         adm = self.admission.admit(jid, j.project, j.tier, j.W)
@@ -477,6 +486,8 @@ class Simulator:
             series_good=[g / (w * self.capacity) for g in self.bins_good],
             series_alloc=[a / (w * self.capacity) for a in self.bins_alloc],
             decisions=self.decisions,
+            idle_waiting_device_s=self.idle_waiting,
+            span_s=self.t - (self.trace[0].submit if self.trace else 0.0),
             actions={k.value: n for k, n in self.action_counts.items()},
             live_executable_actions=self.live_n,
             sim_only_actions=self.sim_only_n,

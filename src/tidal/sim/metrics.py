@@ -62,6 +62,10 @@ def summarize(r: SimResult) -> dict[str, Any]:
         "goodput": r.good_device_s / (r.capacity * window),
         "allocation": r.alloc_device_s / (r.capacity * window),
         "lost_device_hours": sum(j.lost_device_s for j in jobs) / 3600.0,
+        # Devices with no job while some job waited (for any size), first arrival to last finish: what
+        # backfill and shrunk starts are for. The fraction is of all device-hours over that span.
+        "idle_waiting_device_hours": r.idle_waiting_device_s / 3600.0,
+        "idle_waiting_fraction": r.idle_waiting_device_s / (r.capacity * r.span_s) if r.span_s > 0 else 0.0,
         "preemptions": sum(j.preemptions for j in jobs),
         "migrations": sum(j.migrations for j in jobs),
         "resizes": sum(j.resizes for j in jobs),

@@ -112,3 +112,14 @@ def test_tiresias_extreme_thresholds_finish_with_a_bounded_series(kwargs: dict[s
     # device, busy from 0 to the last finish (3,600 s of work plus any checkpoint pauses).
     w = r.series_t[1] - r.series_t[0]
     assert sum(r.series_alloc) * w * r.capacity == pytest.approx(last)
+
+
+def test_idle_while_waiting_counts_free_devices_while_a_gang_waits() -> None:
+    # 1 node × 2 devices under FIFO: j0 (1 device, 0→100) leaves one device free while j1 (2 devices,
+    # arrived at 10) waits until 100: 90 device-s idle while a job waits; none afterwards.
+    trace = [TraceJob("j0", 0, 100, 1, B), TraceJob("j1", 10, 50, 2, B)]
+    r = Simulator(Topology.uniform(1, 2), trace, make_policy("fifo"), cost=UNIT).run()
+    assert r.idle_waiting_device_s == pytest.approx(90.0)
+    s = summarize(r)
+    assert s["idle_waiting_device_hours"] == pytest.approx(90.0 / 3600)
+    assert s["idle_waiting_fraction"] == pytest.approx(90.0 / (2 * 150))
