@@ -42,13 +42,14 @@ _FINISH, _PAUSE_END, _ARRIVE, _WAKE = 0, 1, 2, 3
 class SimJob:
     __slots__ = (
         "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
-        "killed_restart", "last_t", "lost_device_s", "migrations", "pause_until", "preemptions", "project",
+        "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "pause_until", "preemptions", "project",
         "queue_s", "rate", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
         "version", "wait_since",
     )
 
-    def __init__(self, tj: TraceJob, home: str | None) -> None:
+    def __init__(self, tj: TraceJob, home: str | None, mem_gb: float = 6.2) -> None:
         self.id = tj.id
+        self.mem = mem_gb  # a rank's image, GB
         self.submit = tj.submit
         self.duration = tj.duration
         self.W = tj.gpus
@@ -311,7 +312,7 @@ class Simulator:
                 j.state = advance(j.state, S.RUNNING, job=j.id)
             ready = max(now, j.pause_until, *[busy_until.get(d, 0.0) for d in devs])
             if j.has_ckpt and not j.killed_restart:
-                pause = cost.restore_s(j.W, len(devs), self._nodes(devs), cross_region=False)
+                pause = cost.restore_s(j.W, len(devs), self._nodes(devs), cross_region=False, mem_gb=j.mem)
             elif j.killed_restart:
                 pause = cost.restart_s
             else:
@@ -343,7 +344,7 @@ class Simulator:
                 j.state = advance(j.state, S.PENDING, job=j.id)
                 j.pause_until = now
             else:
-                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
+                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
                 for d in old:
                     busy_until[d] = now + ck
                 # The devices stay busy until the dump is written; they count as allocated to the job
@@ -362,10 +363,10 @@ class Simulator:
             self._fold_service(j)
             old = j.devices
             new = a.devices
-            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
+            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
             cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
                 self.cluster_region[self.node_cluster[d.node]] for d in new}
-            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross)
+            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross, mem_gb=j.mem)
             for d in old:
                 busy_until[d] = max(busy_until.get(d, 0.0), now + ck)
             mid = S.MIGRATING if k is ActionKind.MIGRATE else S.RESIZING
@@ -404,7 +405,7 @@ class Simulator:
         for tj in self.trace:
             home = tj.project if self.pinned else None
             self._push(tj.submit, _ARRIVE, tj.id)
-            self.jobs[tj.id] = SimJob(tj, home)
+            self.jobs[tj.id] = SimJob(tj, home, self.cost.mem_gb(tj.id, tj.mem_gb))
         if self.trace:
             self.t = self.trace[0].submit
         total = len(self.trace)
