@@ -24,6 +24,7 @@ from collections.abc import Iterator, Mapping
 from tidal.core import ActionKind, JobView
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
+from tidal.policy.equals import las_level, may_preempt_equal
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
 from tidal.policy.placement import useful_sizes
@@ -64,6 +65,13 @@ class SingularityConfig:
     # 5-minute one too, waited out weeks of guaranteed backlog (docs/simulator.md).
     short_lane_device_s: float = 14_400.0
     short_lane_share: float = 0.12
+    # Ordering among equals (policy/equals.py): in these tiers a waiting job with less than
+    # ``las_threshold_device_s`` of service preempts a running job of its tier that has more, once that
+    # job has run ``equal_cost_ratio`` × ``equal_pause_s`` (a checkpoint and restore of a 6.2 GB rank
+    # under the simulator's fitted cost model: ≈ 10 s) and ``min_run_s`` since its last change.
+    equal_preempt_tiers: tuple[int, ...] = ()
+    equal_pause_s: float = 10.0
+    equal_cost_ratio: float = 30.0
 
 
 class Singularity(BasePolicy):
@@ -320,7 +328,9 @@ class Singularity(BasePolicy):
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
             return False  # even a 1-device job of this tier could not start
-        if st.free_total == 0:
+        equals = (rec.tier in cfg.equal_preempt_tiers and st.tier_devices[rec.tier] > 0
+                  and las_level(rec.service(now), cfg.las_threshold_device_s) == 0)
+        if st.free_total == 0 and not equals:
             if rec.tier > 0:
                 if not (cfg.preempt and sum(st.tier_devices[: rec.tier]) > 0):
                     return False
@@ -399,6 +409,8 @@ class Singularity(BasePolicy):
             if devs is not None:
                 self.start(rec, devs, now, reason=f"elastic start on {size}")
                 return True
+        if rec.tier in cfg.equal_preempt_tiers and self._preempt_equals(rec, clusters, now):
+            return True
         if cfg.defrag and st.free_total >= rec.hi:
             for c in clusters:
                 devs = defragment(self, rec, rec.hi, c, now, max_moves=cfg.max_migrations,
@@ -407,6 +419,37 @@ class Singularity(BasePolicy):
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
         return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _preempt_equals(self, rec: JobRec, clusters: list[str], now: float) -> bool:
+        """Least attained service first within the tier, the preemption's cost weighed (policy/equals.py)."""
+        st = self.st
+        assert st is not None
+        cfg = self.cfg
+        thr = cfg.las_threshold_device_s
+        mine = rec.service(now)
+        if las_level(mine, thr) > 0:
+            return False
+        tier = rec.tier
+        held = self.lane_held
+
+        def eligible(j: JobRec) -> bool:
+            return (j.tier == tier and j.id not in held and not j.shared and may_preempt_equal(
+                mine, j.service(now), now - j.last_change, threshold=thr, pause_s=cfg.equal_pause_s,
+                cost_ratio=cfg.equal_cost_ratio, min_run_s=cfg.min_run_s))
+
+        out = make_room(st, clusters, rec.hi, now, eligible=eligible,
+                        order=lambda j: (-j.service(now), -j.submit),
+                        min_run_s=cfg.min_run_s, shrink=False, below_tier=None)
+        if out.plan is None:
+            return False
+        for victim in out.plan.victims:
+            self._preempted_now.add(victim.id)
+            self.preempt(victim, now, reason=f"least attained service: {rec.id} has less")
+        devs = place(st, rec, rec.hi, affinity=True)
+        if devs is None:
+            return False
+        self.start(rec, devs, now, reason="after preempting a job of its tier with more service")
+        return True
 
     def _share_step(self, rec: JobRec, now: float) -> bool:
         if rec.W in self._ts_failed:

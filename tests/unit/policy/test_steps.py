@@ -296,3 +296,32 @@ def test_a_rebuilt_state_equals_one_built_job_by_job() -> None:
             )
 
         assert dump(bulk) == dump(one)
+
+
+# ---- ordering among equals (policy/equals.py) ----------------------------------------------------------------
+
+
+def test_equal_preemption_rule_levels_and_cost() -> None:
+    from tidal.policy.equals import las_level, may_preempt_equal
+
+    kw = {"threshold": 3600.0, "pause_s": 10.0, "cost_ratio": 30.0, "min_run_s": 300.0}
+    assert las_level(3599.0, 3600.0) == 0 and las_level(3600.0, 3600.0) == 1
+    assert may_preempt_equal(0.0, 5000.0, 300.0, **kw)  # ran 300 s ≥ max(300, 30 × 10)
+    assert not may_preempt_equal(0.0, 5000.0, 299.0, **kw)  # not yet worth its pause
+    assert not may_preempt_equal(0.0, 5000.0, 10_000.0, **{**kw, "pause_s": 400.0})  # 12,000 s needed
+    assert not may_preempt_equal(100.0, 3000.0, 10_000.0, **kw)  # same level: arrival order decides
+    assert not may_preempt_equal(4000.0, 50_000.0, 10_000.0, **kw)  # the waiting job is no longer short
+
+
+def test_a_short_job_preempts_a_long_one_of_its_tier_only_when_enabled() -> None:
+    cfg = SingularityConfig(equal_preempt_tiers=(0, 1, 2))
+    # s1 has run 10,000 s on the only device (10,000 device-s ≥ 3,600); s2 has had none.
+    v = view(1, 1, run("s1", 1, S, [(0, 0)]), pend("s2", 1, S))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == [("preempt", "s1", []), ("place", "s2", [("c0-n0", 0)])]
+    assert summary(Singularity().decide(v, [], NOW)) == []
+    # Not across tiers downwards: a basic job never preempts a standard one, however long it ran.
+    v = view(1, 1, run("s1", 1, S, [(0, 0)]), pend("b", 1, B))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == []
+    # Nor a job that changed too recently for its pause to pay off (started 100 s ago).
+    v = view(1, 1, run("s1", 1, S, [(0, 0)], started=NOW - 100, attained=9000.0), pend("s2", 1, S))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == []
