@@ -30,4 +30,3 @@ def may_preempt_equal(
     if las_level(waiting_service, threshold) >= las_level(victim_service, threshold):
         return False
     return victim_ran_s >= max(min_run_s, cost_ratio * pause_s)
-

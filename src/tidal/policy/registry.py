@@ -27,10 +27,11 @@ from tidal.policy.singularity import Singularity, SingularityConfig
 #: Tidal's policy on a live cluster: only what the cluster executes (no time-slicing, no defragmenting
 #: migrations), and a minimum run time between changes of a job in seconds rather than minutes.
 LIVE_SINGULARITY = SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
-#: Tidal's policy in the simulator: every step, and least attained service first within every tier, by
+#: Tidal's policy in the simulator: every step; least attained service first within every tier, by
 #: preemption weighed against its cost (policy/equals.py; its one-hour threshold is set for trace jobs,
-#: days long, not for a live cluster's minutes-long ones).
-SIM_SINGULARITY = SingularityConfig(equal_preempt_tiers=(0, 1, 2))
+#: days long, not for a live cluster's minutes-long ones); shrunk starts of guaranteed work when they end
+#: earlier than waiting (policy/shrunk_start.py; they need run-time estimates, which live jobs lack).
+SIM_SINGULARITY = SingularityConfig(equal_preempt_tiers=(0, 1, 2), shrunk_start_tiers=(1, 2))
 
 
 @dataclasses.dataclass(frozen=True)

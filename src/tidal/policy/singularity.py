@@ -33,6 +33,7 @@ from tidal.policy.queue_order import PendingQueue, TieredFairQueue
 from tidal.policy.quota import within_quota
 from tidal.policy.reasons import Need, Reason, quota, whole
 from tidal.policy.reservation import Reservations
+from tidal.policy.shrunk_start import shrunk_finishes_earlier, wait_for_devices_s
 from tidal.policy.state import RUNNING_STATES, JobRec
 from tidal.policy.timeslice import find_host, unshare
 
@@ -70,6 +71,11 @@ class SingularityConfig:
     # job has run ``equal_cost_ratio`` × ``equal_pause_s`` (a checkpoint and restore of a 6.2 GB rank
     # under the simulator's fitted cost model: ≈ 10 s) and ``min_run_s`` since its last change.
     equal_preempt_tiers: tuple[int, ...] = ()
+    # Shrunk starts for guaranteed work (policy/shrunk_start.py): a job of these tiers whose full size is
+    # not free starts on fewer devices when, by the running jobs' remaining times (the oracle hints; none
+    # live), that ends earlier than waiting; it grows back as devices free up.
+    shrunk_start_tiers: tuple[int, ...] = ()
+    timeslice_efficiency: float = 0.945  # per-device speed of ranks sharing a device (the cost model's)
     equal_pause_s: float = 10.0
     equal_cost_ratio: float = 30.0
 
@@ -279,6 +285,7 @@ class Singularity(BasePolicy):
         failed: dict[tuple[int, tuple[str, ...]], int] = {}  # (tier, clusters) → smallest size that failed
         wake: list[float] = []
         self._preempted_now = set()
+        self._releases: list[tuple[float, int]] | None = None
         self._ts_failed = set()
         self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
         self._visited = [Counter(), Counter(), Counter()]
@@ -403,11 +410,20 @@ class Singularity(BasePolicy):
         lo = max(rec.lo, math.ceil(rec.W * cfg.elastic_start_fraction))
         never_whole = rec.hi > max((self._cluster_devices[c] for c in clusters), default=rec.hi)
         shrunk_ok = rec.tier in cfg.elastic_start_tiers or never_whole  # or it could never start at all
-        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and shrunk_ok else ()
+        weigh = not shrunk_ok and rec.tier in cfg.shrunk_start_tiers and rec.remaining is not None
+        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and (shrunk_ok or weigh) else ()
+        wait_s: float | None = None
         for size in sizes:
+            if weigh:
+                if wait_s is None:
+                    wait_s = self._wait_for(rec.hi, now)
+                if not shrunk_finishes_earlier(rec.W, size, rec.remaining_at(now), wait_s,
+                                               pause_s=cfg.equal_pause_s, efficiency=cfg.timeslice_efficiency):
+                    continue
             devs = place(st, rec, size, affinity=True)
             if devs is not None:
-                self.start(rec, devs, now, reason=f"elastic start on {size}")
+                self.start(rec, devs, now, reason=f"elastic start on {size}" if not weigh
+                           else f"shrunk start on {size}: ends before {rec.hi} free up")
                 return True
         if rec.tier in cfg.equal_preempt_tiers and self._preempt_equals(rec, clusters, now):
             return True
@@ -419,6 +435,15 @@ class Singularity(BasePolicy):
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
         return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _wait_for(self, need: int, now: float) -> float:
+        """Seconds until ``need`` devices are free by the running jobs' remaining times (unknown: never)."""
+        st = self.st
+        assert st is not None
+        if self._releases is None:  # once a decision: the running jobs' ends, soonest first
+            self._releases = sorted((r.remaining_at(now) if r.remaining is not None else math.inf, len(r.devices))
+                                    for r in st.running.values())
+        return wait_for_devices_s(need, st.free_total, self._releases)
 
     def _preempt_equals(self, rec: JobRec, clusters: list[str], now: float) -> bool:
         """Least attained service first within the tier, the preemption's cost weighed (policy/equals.py)."""

@@ -325,3 +325,40 @@ def test_a_short_job_preempts_a_long_one_of_its_tier_only_when_enabled() -> None
     # Nor a job that changed too recently for its pause to pay off (started 100 s ago).
     v = view(1, 1, run("s1", 1, S, [(0, 0)], started=NOW - 100, attained=9000.0), pend("s2", 1, S))
     assert summary(Singularity(cfg).decide(v, [], NOW)) == []
+
+
+# ---- shrunk starts of guaranteed work (policy/shrunk_start.py) -------------------------------------------------
+
+
+def test_wait_for_devices_accumulates_the_soonest_releases() -> None:
+    from tidal.policy.shrunk_start import wait_for_devices_s
+
+    assert wait_for_devices_s(4, 4, []) == 0.0
+    assert wait_for_devices_s(4, 1, [(500.0, 2), (100.0, 1), (900.0, 8)]) == 500.0  # 1 + 1 @100 + 2 @500
+    assert wait_for_devices_s(4, 1, [(100.0, 1)]) == float("inf")
+
+
+def test_shrunk_start_only_when_it_ends_before_waiting() -> None:
+    from tidal.policy.shrunk_start import shrunk_finishes_earlier
+
+    # W = 4 on 2 devices: 2 ranks a device at 0.9 → 1000 s of work takes 2222 s (+10 s to grow).
+    assert shrunk_finishes_earlier(4, 2, 1000.0, 1300.0, pause_s=10.0, efficiency=0.9)  # vs 2300
+    assert not shrunk_finishes_earlier(4, 2, 1000.0, 1200.0, pause_s=10.0, efficiency=0.9)  # vs 2200
+
+
+def test_a_standard_job_starts_shrunk_when_waiting_would_end_later() -> None:
+    cfg = SingularityConfig(shrunk_start_tiers=(1, 2), preempt=False, equal_preempt_tiers=())
+
+    def jobs(remaining: float) -> ClusterView:
+        r = JobView("r", 2, S, 0.0, JobState.RUNNING, placement=rank_map(
+            (DeviceRef("c0-n0", 0), DeviceRef("c0-n0", 1)), 2), started_at=NOW, duration_hint=remaining,
+            remaining_hint=remaining)
+        s = JobView("s", 4, S, 1.0, min_devices=1, max_devices=4, duration_hint=1000.0, remaining_hint=1000.0)
+        return view(1, 4, r, s)
+
+    # 2 of 4 devices free; r ends in 5,000 s: 1000 s of work on 2 devices ends in ≈ 2,126 s, first.
+    assert summary(Singularity(cfg).decide(jobs(5000.0), [], NOW)) == [("place", "s", [("c0-n0", 2), ("c0-n0", 3)])]
+    # r ends in 100 s: waiting (100 + 1000 s) is sooner, so s waits for its 4 devices.
+    assert summary(Singularity(cfg).decide(jobs(100.0), [], NOW)) == []
+    # Without the rule a standard job never starts shrunk.
+    assert summary(Singularity(SingularityConfig(preempt=False)).decide(jobs(5000.0), [], NOW)) == []
