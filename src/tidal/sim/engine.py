@@ -32,6 +32,7 @@ from tidal.core import (
 from tidal.errors import SimulationError
 from tidal.policy.admission import Admission
 from tidal.policy.base import Policy
+from tidal.policy.sla_admission import SlaAdmission
 from tidal.sim.cost import CostModel
 from tidal.sim.trace import TraceJob
 
@@ -43,7 +44,7 @@ class SimJob:
     __slots__ = (
         "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
         "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "pause_until", "preemptions", "project",
-        "queue_s", "rate", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
+        "queue_s", "rate", "refused", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
         "version", "wait_since",
     )
 
@@ -75,6 +76,7 @@ class SimJob:
         self.wait_since = tj.submit
         self.started_at: float | None = None
         self.attained = 0.0
+        self.refused = ""  # why admission refused it (it never ran)
 
 
 @dataclasses.dataclass
@@ -109,11 +111,14 @@ class Simulator:
         bins: int = 200,
         log: Callable[[dict[str, Any]], None] | None = None,
         admission: Admission | None = None,
+        sla_admission: SlaAdmission | None = None,
     ) -> None:
-        """``admission``: premium and standard jobs over their project's quota run as basic."""
+        """``admission``: premium and standard jobs over their project's quota run as basic.
+        ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted or refused."""
         self.topo = topology
         self.policy = policy
         self.admission = admission
+        self.sla_admission = sla_admission
         self.cost = cost or CostModel()
         self.oracle = oracle
         self.log = log
@@ -419,9 +424,20 @@ class Simulator:
                 _, kind, _, jid, ver = heapq.heappop(self.heap)
                 if kind == _ARRIVE:
                     j = self.jobs[jid]
+                    detail = ""
+                    if self.sla_admission is not None:
+                        sla = self.sla_admission.admit(jid, j.tier, j.W, j.duration if self.oracle else None)
+                        if sla.outcome == "refused":
+                            j.refused = sla.reason
+                            j.state = advance(j.state, S.CANCELLED, job=j.id)
+                            self.done += 1
+                            self._event(EventKind.JOB_CANCELLED, jid, detail=sla.reason)  # logged only
+                            continue
+                        if sla.outcome == "demoted":
+                            j.tier = sla.tier
+                            detail = sla.reason
                     self.live[jid] = j
                     self.waiting += 1
-                    detail = ""
                     if self.admission is not None:
                         adm = self.admission.admit(jid, j.project, j.tier, j.W)
                         if adm.demoted:
@@ -453,6 +469,8 @@ class Simulator:
                     del self.live[jid]
                     if self.admission is not None:
                         self.admission.finished(jid)
+                    if self.sla_admission is not None:
+                        self.sla_admission.finished(jid)
                     self.done += 1
                     events.append(self._event(EventKind.JOB_FINISHED, jid))
             if not events:
@@ -467,7 +485,7 @@ class Simulator:
                 self._push(wake, _WAKE, "")
             if progress is not None:
                 progress(self.done)
-        unfinished = [j for j in self.jobs.values() if j.finish is None]
+        unfinished = [j for j in self.jobs.values() if j.finish is None and not j.refused]
         if unfinished and total:
             raise SimulationError(
                 f"{self.policy.name}: {len(unfinished)} jobs never finished "

@@ -98,13 +98,15 @@ def summarize(r: SimResult) -> dict[str, Any]:
     out["admission"] = {}
     for tier in (Tier.PREMIUM, Tier.STANDARD):
         asked = [j for j in jobs if j.requested is tier]
-        if not asked:
+        refused = sum(1 for j in r.jobs if j.refused and j.requested is tier)
+        if not asked and not refused:
             continue
         demoted = [j for j in asked if j.tier is not tier]
         work = sum(j.W * j.duration for j in asked)
         out["admission"][tier.value] = {
-            "requested": len(asked),
+            "requested": len(asked) + refused,
             "demoted": len(demoted),
+            "refused": refused,  # by SLA admission: never ran
             "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / work) if work > 0 else 0.0,
             "requested_attainment": tier_attainment(asked),  # over every job that asked
         }

@@ -123,3 +123,25 @@ def test_idle_while_waiting_counts_free_devices_while_a_gang_waits() -> None:
     s = summarize(r)
     assert s["idle_waiting_device_hours"] == pytest.approx(90.0 / 3600)
     assert s["idle_waiting_fraction"] == pytest.approx(90.0 / (2 * 150))
+
+
+def test_sla_admission_refuses_or_demotes_what_the_load_cannot_serve() -> None:
+    from tidal.policy.sla_admission import SlaAdmission
+
+    # One device: s0 (standard, 1000 s) is admitted; s1 (standard, 100 s) would wait ≈ 1000 s: 0.09 < 0.70.
+    trace = [TraceJob("s0", 0, 1000, 1, S), TraceJob("s1", 10, 100, 1, S)]
+    log: list[dict[str, object]] = []
+    r = Simulator(Topology.uniform(1, 1), trace, make_policy("fifo"), cost=UNIT, log=log.append,
+                  sla_admission=SlaAdmission("refuse", 1)).run()
+    js = {j.id: j for j in r.jobs}
+    assert js["s1"].finish is None and js["s1"].first_start is None
+    assert js["s1"].refused.startswith("refused: expected attainment 0.09 at standard")
+    assert js["s0"].finish == 1000
+    s = summarize(r)
+    assert s["jobs"] == 1 and s["admission"]["standard"]["refused"] == 1
+    assert [e["kind"] for e in log if e.get("job") == "s1"] == ["job_cancelled"]
+    # Demoted instead: it runs, as basic.
+    r = Simulator(Topology.uniform(1, 1), trace, make_policy("fifo"), cost=UNIT,
+                  sla_admission=SlaAdmission("demote", 1)).run()
+    js = {j.id: j for j in r.jobs}
+    assert js["s1"].tier is B and js["s1"].requested is S and js["s1"].finish == 1100
