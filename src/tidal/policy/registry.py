@@ -33,7 +33,9 @@ LIVE_SINGULARITY = SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time
 #: earlier than waiting (policy/shrunk_start.py; they need run-time estimates, which live jobs lack); a
 #: short lane of 35 % of the devices (on Philly at load 1.5, 32 × 8: average JCT 1.10 × Tiresias's with
 #: 12 %, 1.02 × with 35 %, standard attainment 0.94 → 0.87; docs/scheduling.md).
-SIM_SINGULARITY = SingularityConfig(equal_preempt_tiers=(0, 1, 2), shrunk_start_tiers=(1, 2), short_lane_share=0.35)
+#: Backfill lends a reserving gang's idle devices to lower-tier work (policy/reservation.py).
+SIM_SINGULARITY = SingularityConfig(equal_preempt_tiers=(0, 1, 2), shrunk_start_tiers=(1, 2), short_lane_share=0.35,
+                                    backfill=True)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -76,6 +76,10 @@ class SingularityConfig:
     # live), that ends earlier than waiting; it grows back as devices free up.
     shrunk_start_tiers: tuple[int, ...] = ()
     timeslice_efficiency: float = 0.945  # per-device speed of ranks sharing a device (the cost model's)
+    # Backfill (policy/reservation.py): reserved nodes' idle devices are lent to lower-tier work while the
+    # gang is due in more than ``min_lend_s`` (by the running jobs' remaining times), reclaimed by checkpoint.
+    backfill: bool = False
+    min_lend_s: float = 300.0
     equal_pause_s: float = 10.0
     equal_cost_ratio: float = 30.0
 
@@ -286,6 +290,7 @@ class Singularity(BasePolicy):
         wake: list[float] = []
         self._preempted_now = set()
         self._releases: list[tuple[float, int]] | None = None
+        self._now = now
         self._ts_failed = set()
         self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
         self._visited = [Counter(), Counter(), Counter()]
@@ -337,7 +342,10 @@ class Singularity(BasePolicy):
             return False  # even a 1-device job of this tier could not start
         equals = (rec.tier in cfg.equal_preempt_tiers and st.tier_devices[rec.tier] > 0
                   and las_level(rec.service(now), cfg.las_threshold_device_s) == 0)
-        if st.free_total == 0 and not equals:
+        # Reserved nodes are hidden from the free count: a job that may borrow them looks further.
+        borrow = cfg.backfill and st.free_total == 0 and any(
+            st.free_idx[n] for n in self.reservations.allowed(rec, self._horizon, cfg.min_lend_s))
+        if st.free_total == 0 and not equals and not borrow:
             if rec.tier > 0:
                 if not (cfg.preempt and sum(st.tier_devices[: rec.tier]) > 0):
                     return False
@@ -352,7 +360,7 @@ class Singularity(BasePolicy):
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
         smallest = kind[0]
-        allowed = self.reservations.allowed(rec)
+        allowed = self.reservations.allowed(rec, self._horizon if cfg.backfill else None, cfg.min_lend_s)
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:
                 st.node_up(n)
@@ -435,6 +443,20 @@ class Singularity(BasePolicy):
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
         return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _horizon(self, gang_id: str) -> float:
+        """Seconds until the reserved-for gang ``gang_id`` is due: when the work on its nodes that it may not
+        preempt (its tier and above) has ended, by their remaining times (unknown: never)."""
+        st = self.st
+        assert st is not None
+        tier, nodes = self.reservations.by_job[gang_id]
+        due = 0.0
+        for n in nodes:
+            for jid in st.node_jobs[n]:
+                j = st.jobs[jid]
+                if j.tier >= tier:
+                    due = max(due, j.remaining_at(self._now) if j.remaining is not None else math.inf)
+        return due
 
     def _wait_for(self, need: int, now: float) -> float:
         """Seconds until ``need`` devices are free by the running jobs' remaining times (unknown: never)."""

@@ -51,7 +51,7 @@ def test_live_names_build_their_live_configuration() -> None:
     # The simulator evaluates the defaults plus ordering among equals and shrunk guaranteed starts.
     assert isinstance(sim, Singularity) and sim.cfg == SingularityConfig(equal_preempt_tiers=(0, 1, 2),
                                                                       shrunk_start_tiers=(1, 2),
-                                                                      short_lane_share=0.35)
+                                                                      short_lane_share=0.35, backfill=True)
     ff = make_live_policy("firstfit")
     assert isinstance(ff, FirstFitPolicy) and not ff.grows
     default = make_live_policy()

@@ -362,3 +362,37 @@ def test_a_standard_job_starts_shrunk_when_waiting_would_end_later() -> None:
     assert summary(Singularity(cfg).decide(jobs(100.0), [], NOW)) == []
     # Without the rule a standard job never starts shrunk.
     assert summary(Singularity(SingularityConfig(preempt=False)).decide(jobs(5000.0), [], NOW)) == []
+
+
+# ---- backfill (policy/reservation.py) ----------------------------------------------------------------------
+
+
+def test_may_borrow_only_lower_tiers_while_the_gang_is_not_due() -> None:
+    from tidal.policy.reservation import may_borrow
+
+    assert may_borrow(0, 1, 3600.0, 300.0)
+    assert not may_borrow(1, 1, 3600.0, 300.0)  # its own tier: the gang could not take the devices back
+    assert not may_borrow(0, 1, 200.0, 300.0)  # the gang is due too soon: not worth a start and a checkpoint
+    assert may_borrow(1, 2, float("inf"), 300.0)
+
+
+def test_a_reserving_gang_lends_its_idle_devices_then_reclaims_them() -> None:
+    cfg = SingularityConfig(backfill=True, equal_preempt_tiers=())
+
+    def premium(remaining: float) -> JobView:
+        return JobView("p", 1, P, 0.0, JobState.RUNNING, placement=(DeviceRef("c0-n0", 0),), started_at=NOW,
+                       duration_hint=remaining, remaining_hint=remaining)
+
+    # A standard gang of 4 cannot preempt premium p: it reserves the node; basic b borrows an idle device
+    # since p holds the node for another 5,000 s.
+    gang, b = pend("g", 4, S), pend("b", 1, B, submitted=2.0)
+    pol = Singularity(cfg)
+    assert summary(pol.decide(view(1, 4, premium(5000.0), gang, b), [], NOW)) == [("place", "b", [("c0-n0", 1)])]
+    assert summary(Singularity(SingularityConfig(equal_preempt_tiers=())).decide(
+        view(1, 4, premium(5000.0), gang, b), [], NOW)) == []  # without backfill the devices stay idle
+    # p ends in 100 s: too soon to lend.
+    assert summary(Singularity(cfg).decide(view(1, 4, premium(100.0), gang, b), [], NOW)) == []
+    # p finished: the gang is due and takes its devices back from the borrower by checkpoint.
+    acts = pol.decide(view(1, 4, premium(5000.0), gang, b), [Event("e1", NOW + 10, EventKind.JOB_FINISHED,
+                                                                    job_id="p")], NOW + 10)
+    assert summary(acts) == [("preempt", "b", []), ("place", "g", [("c0-n0", i) for i in range(4)])]
