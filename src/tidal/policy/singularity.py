@@ -84,6 +84,9 @@ class SingularityConfig:
     equal_cost_ratio: float = 30.0
 
 
+REDECIDE_S = 1e-3  # how soon a decision that preempted asks for the next one
+
+
 class Singularity(BasePolicy):
     name = "singularity"
 
@@ -322,6 +325,11 @@ class Singularity(BasePolicy):
         finally:
             self.reservations.show(st)
             self._hidden = False
+        if self._preempted_now and st.free_total:
+            # A job preempted in this decision was left for the next one (no churn within a decision);
+            # ask for that next one at once, as the live loop's next pass does, so that it may resume on
+            # devices left free rather than wait for the next arrival or finish.
+            wake.append(now + REDECIDE_S)
         if wake:
             self._wakeup = min(wake)
 
