@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from tests.unit.cli.test_sim import app
 from tidal.core import Tier
 from tidal.errors import ValidationError
 from tidal.policy.sla_admission import SlaAdmission, SlaDecision, decide_sla, estimate
@@ -61,3 +65,15 @@ def test_the_backlog_follows_admissions_and_finishes() -> None:
     a.finished("j1")
     assert a.backlog[S] == 0.0
     assert a.admit("j3", S, 1, 100.0).outcome == "accepted"
+
+
+def test_sim_cli_admits_against_the_load(tmp_path: Path) -> None:
+    # One device: the 1,000 s standard job is admitted; the 100 s one would wait ≈ 1,000 s (0.09 < 0.70).
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,duration,num_gpus,tier\n0,1000,1,standard\n10,100,1,standard\n")
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x1", "--workers", "1",
+                                   "--policies", "fifo", "--admit-sla", "refuse"])
+    assert r.exit_code == 0, r.output
+    assert "fifo: admission against the load (refuse): standard: 0 demoted, 1 refused of 2" in r.output
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x1", "--admit-sla", "later"])
+    assert r.exit_code != 0 and "--admit-sla must be one of off, demote, refuse, not 'later'" in str(r.exception)
