@@ -325,7 +325,8 @@ class Singularity(BasePolicy):
         finally:
             self.reservations.show(st)
             self._hidden = False
-        if self._preempted_now and st.free_total:
+        if self._preempted_now and st.free_total and any(
+                self._kind(st.jobs[j])[0] <= st.free_total for j in self._preempted_now if j in st.pending):
             # A job preempted in this decision was left for the next one (no churn within a decision);
             # ask for that next one at once, as the live loop's next pass does, so that it may resume on
             # devices left free rather than wait for the next arrival or finish.
