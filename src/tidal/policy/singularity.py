@@ -4,9 +4,14 @@ Per decision, pending jobs are taken in :class:`TieredFairQueue` order and each 
 1. placed at full size on the fewest nodes of the best cluster (global level, placement);
 2. for a guaranteed tier (premium, standard) within its project's quota: given room by shrinking, then
    preempting (checkpoint, never kill) lower-tier jobs, lowest tier first (preemption);
-3. started shrunk on at least ``elastic_start_fraction`` of its devices (replica splicing);
-4. given a node by migrating small jobs away (defragmentation);
-5. for basic jobs: time-sliced on the devices of a running basic job of the same size.
+3. started shrunk on at least ``elastic_start_fraction`` of its devices (replica splicing): basic work
+   always, guaranteed work when that ends earlier than waiting (``shrunk_start_tiers``);
+4. in ``equal_preempt_tiers``, given devices of a job of its own tier with more attained service, the
+   preemption's cost weighed (ordering among equals);
+5. given a node by migrating small jobs away (defragmentation);
+6. for basic jobs: time-sliced on the devices of a running basic job of the same size.
+A guaranteed gang that cannot start reserves nodes; with ``backfill`` their idle devices are lent to
+lower-tier work until it is due.
 Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of their own.
 Basic jobs with little service go through a short lane, right after premium, within a share of the
 devices (see ``SingularityConfig.short_lane_device_s``).
@@ -71,6 +76,8 @@ class SingularityConfig:
     # job has run ``equal_cost_ratio`` × ``equal_pause_s`` (a checkpoint and restore of a 6.2 GB rank
     # under the simulator's fitted cost model: ≈ 10 s) and ``min_run_s`` since its last change.
     equal_preempt_tiers: tuple[int, ...] = ()
+    equal_pause_s: float = 10.0
+    equal_cost_ratio: float = 30.0
     # Shrunk starts for guaranteed work (policy/shrunk_start.py): a job of these tiers whose full size is
     # not free starts on fewer devices when, by the running jobs' remaining times (the oracle hints; none
     # live), that ends earlier than waiting; it grows back as devices free up.
@@ -80,8 +87,6 @@ class SingularityConfig:
     # gang is due in more than ``min_lend_s`` (by the running jobs' remaining times), reclaimed by checkpoint.
     backfill: bool = False
     min_lend_s: float = 300.0
-    equal_pause_s: float = 10.0
-    equal_cost_ratio: float = 30.0
 
 
 REDECIDE_S = 1e-3  # how soon a decision that preempted asks for the next one
