@@ -1,8 +1,9 @@
 """Admission against the load: a guaranteed job whose SLA cannot be met now is told so at submission.
 
-The estimate: a job of tier t waits for the guaranteed work admitted at t and above that has not finished
-(device-seconds asked, W × run time, of each job), spread over the cluster's devices; its attainment is
-then ``duration / (wait + duration)``. When that is below the tier's target, by configuration the job is
+The estimate: a guaranteed job starts at once while the unfinished guaranteed jobs admitted at its tier
+and above fit in the cluster together with it (they may take devices from lower tiers); beyond that it
+waits for their work (device-seconds asked, W × run time) spread over the cluster's devices. Its
+attainment is then ``duration / (wait + duration)``. When that is below the tier's target, by configuration the job is
 - ``demote``: accepted at the highest lower tier whose estimate meets that tier's target (basic at worst:
   best effort, nothing promised), the reason saying so; or
 - ``refuse``: refused, the reason giving the estimate; nothing of it is kept.
@@ -39,8 +40,9 @@ class SlaDecision:
 
 
 def decide_sla(mode: SlaMode, tier: Tier, duration_s: float | None, backlog: dict[Tier, float],
-               capacity: int) -> SlaDecision:
-    """``backlog``: device-seconds of unfinished admitted work per tier."""
+               capacity: int, demand: dict[Tier, int] | None = None, devices: int = 1) -> SlaDecision:
+    """``backlog``: device-seconds of unfinished admitted work per tier; ``demand``: the devices those jobs
+    ask for (None: count the backlog whatever it asks); ``devices``: the job's."""
     if mode not in MODES:
         raise ValidationError(f"unknown SLA admission {mode!r}", field="admit_sla", hint="one of: " + ", ".join(MODES))
     target = tier.target
@@ -48,6 +50,8 @@ def decide_sla(mode: SlaMode, tier: Tier, duration_s: float | None, backlog: dic
         return SlaDecision("accepted", tier, 1.0)
 
     def at(t: Tier) -> float:
+        if demand is not None and sum(v for k, v in demand.items() if k.rank >= t.rank) + devices <= capacity:
+            return 1.0
         return estimate(duration_s, sum(v for k, v in backlog.items() if k.rank >= t.rank), capacity)
 
     est = at(tier)
@@ -72,16 +76,19 @@ class SlaAdmission:
         self.mode = mode
         self.capacity = capacity
         self.backlog: dict[Tier, float] = {Tier.PREMIUM: 0.0, Tier.STANDARD: 0.0, Tier.BASIC: 0.0}
-        self._held: dict[str, tuple[Tier, float]] = {}
+        self.demand: dict[Tier, int] = {Tier.PREMIUM: 0, Tier.STANDARD: 0, Tier.BASIC: 0}
+        self._held: dict[str, tuple[Tier, float, int]] = {}
 
     def admit(self, job_id: str, tier: Tier, devices: int, duration_s: float | None) -> SlaDecision:
-        d = decide_sla(self.mode, tier, duration_s, self.backlog, self.capacity)
+        d = decide_sla(self.mode, tier, duration_s, self.backlog, self.capacity, self.demand, devices)
         if d.outcome != "refused" and duration_s is not None:
             self.backlog[d.tier] += devices * duration_s
-            self._held[job_id] = (d.tier, devices * duration_s)
+            self.demand[d.tier] += devices
+            self._held[job_id] = (d.tier, devices * duration_s, devices)
         return d
 
     def finished(self, job_id: str) -> None:
         held = self._held.pop(job_id, None)
         if held is not None:
             self.backlog[held[0]] -= held[1]
+            self.demand[held[0]] -= held[2]

@@ -56,6 +56,14 @@ def test_an_unknown_mode_is_refused_with_the_valid_ones() -> None:
     assert e.value.message == "unknown SLA admission 'later'" and e.value.hint == "one of: off, demote, refuse"
 
 
+def test_no_wait_while_the_guaranteed_demand_fits_the_cluster() -> None:
+    backlog = {P: 0.0, S: 1e9, B: 0.0}  # long standard jobs hold 6 of 8 devices
+    assert decide_sla("refuse", S, 100.0, backlog, 8, {P: 0, S: 6, B: 0}, 2).outcome == "accepted"
+    d = decide_sla("refuse", S, 100.0, backlog, 8, {P: 0, S: 6, B: 0}, 3)  # 9 > 8: behind the backlog
+    assert d.outcome == "refused"
+    assert decide_sla("refuse", P, 100.0, backlog, 8, {P: 0, S: 8, B: 0}, 3).outcome == "accepted"  # above them
+
+
 def test_the_backlog_follows_admissions_and_finishes() -> None:
     a = SlaAdmission("refuse", 8)
     assert a.admit("j1", S, 8, 100.0).outcome == "accepted"
