@@ -45,6 +45,10 @@ def sim(
                           "jobs over their project's quota run as basic."),
     ] = None,
     quota_scale: Annotated[float, typer.Option(help="Multiply every --quota share by this.")] = 1.0,
+    admit_sla: Annotated[
+        str, typer.Option(help="Premium and standard jobs whose SLA the load makes unreachable (by the admitted "
+                               "backlog): off, demote (to the highest tier that meets its target) or refuse.")
+    ] = "off",
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
@@ -64,6 +68,10 @@ def sim(
     if len(mix) != 3:
         raise ValidationError("--tier-mix needs three shares", field="tier_mix", hint=mix_hint)
     names = check_policies(policies.split(","))
+    from tidal.policy.sla_admission import MODES
+
+    if admit_sla not in MODES:
+        raise ValidationError(f"--admit-sla must be one of {', '.join(MODES)}, not {admit_sla!r}", field="admit_sla")
     quotas = None
     if quota is not None:
         from tidal.sim.quota_spec import parse_quota_option
@@ -73,6 +81,7 @@ def sim(
     t0 = time.monotonic()
     p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,
                 on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit, quotas=quotas)
+    p.sla_mode = cast(Literal["off", "demote", "refuse"], admit_sla)
     for line, reason in p.bad_rows[:20]:
         console.print(f"[yellow]skipped bad row[/] line {line}: {reason}", highlight=False)
     if len(p.bad_rows) > 20:
@@ -97,13 +106,14 @@ def sim(
     out = Console(width=max(Console().width, 160))
     table = Table(title=f"{len(p.jobs)} jobs, {p.cluster.topology.devices} devices, load {p.offered_load:.2f}")
     for col in ("policy", "avg JCT (s)", "p99 JCT (s)", "avg queue (s)", "goodput", "alloc", "lost dev-h",
-                "preempt", "migr", "resize", "premium", "standard", "basic"):
+                "idle-wait dev-h", "preempt", "migr", "resize", "premium", "standard", "basic"):
         table.add_column(col, justify="right")
     for n, s in summaries.items():
         sla = s["sla"]
         table.add_row(n, f"{s['avg_jct_s']:.0f}", f"{s['p99_jct_s']:.0f}", f"{s['avg_queue_s']:.0f}",
                       f"{s['goodput']:.3f}", f"{s['allocation']:.3f}", f"{s['lost_device_hours']:.1f}",
-                      str(s["preemptions"]), str(s["migrations"]), str(s["resizes"]),
+                      f"{s['idle_waiting_device_hours']:.1f}", str(s["preemptions"]), str(s["migrations"]),
+                      str(s["resizes"]),
                       *(f"{sla[t]['attainment']:.3f}" if t in sla else "-" for t in ("premium", "standard", "basic")))
     out.print(table)
     if quotas is not None:
@@ -112,6 +122,11 @@ def sim(
                      f"attainment over all that asked {a['requested_attainment']:.3f}"
                      for t, a in s["admission"].items()]
             out.print(f"{n}: admitted as basic (over quota): " + "; ".join(parts), highlight=False)
+    if admit_sla != "off":
+        for n, s in summaries.items():
+            parts = [f"{t}: {a['demoted']} demoted, {a['refused']} refused of {a['requested']}"
+                     for t, a in s["admission"].items()]
+            out.print(f"{n}: admission against the load ({admit_sla}): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
     meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
             "quota": quota, "quota_scale": quota_scale,

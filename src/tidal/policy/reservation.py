@@ -6,16 +6,29 @@ preempt. The first waiting gang of each guaranteed tier reserves the nodes it ne
 most free devices and lower-tier work — and only jobs of a higher tier may start there until it does.
 During a decision reserved nodes are hidden from placement (``SchedState.node_down``) and shown only to
 the jobs allowed on them.
+
+Backfill (``lend``): while the gang is not due, its nodes' idle devices are lent to work it may preempt
+(a lower tier), which it reclaims by checkpoint when it can start: it preempts lower-tier work on its
+nodes as soon as what it may not preempt (its tier and above) has left them. Lending stops once the gang
+is due within ``min_lend_s`` (its horizon: when the running jobs' remaining times free its devices), when
+a borrower would barely start before being checkpointed again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tidal.policy.state import JobRec, SchedState
 
 if TYPE_CHECKING:
     from tidal.policy.singularity import Singularity
+
+
+def may_borrow(borrower_tier: int, gang_tier: int, horizon_s: float, min_lend_s: float) -> bool:
+    """Whether a job of ``borrower_tier`` may start on devices reserved for a gang of ``gang_tier`` that is
+    due in ``horizon_s``: only work the gang may preempt, and only while the gang is not about to be due."""
+    return borrower_tier < gang_tier and horizon_s > min_lend_s
 
 
 class Reservations:
@@ -33,13 +46,16 @@ class Reservations:
             for n in nodes:
                 st.node_up(n)
 
-    def allowed(self, rec: JobRec) -> list[str]:
-        """Reserved nodes ``rec`` may use: its own, and those held for a lower tier."""
+    def allowed(self, rec: JobRec, horizon: Callable[[str], float] | None = None,
+                min_lend_s: float = 0.0) -> list[str]:
+        """Reserved nodes ``rec`` may use: its own, those held for a lower tier and, with ``horizon`` (the
+        seconds until a gang is due), those lent to it by backfill."""
         out: list[str] = []
         if not self.by_job:
             return out
         for jid, (tier, nodes) in self.by_job.items():
-            if jid == rec.id or tier < rec.tier:
+            if jid == rec.id or tier < rec.tier or (
+                    horizon is not None and may_borrow(rec.tier, tier, horizon(jid), min_lend_s)):
                 out.extend(nodes)
         return out
 

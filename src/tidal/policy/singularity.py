@@ -4,9 +4,14 @@ Per decision, pending jobs are taken in :class:`TieredFairQueue` order and each 
 1. placed at full size on the fewest nodes of the best cluster (global level, placement);
 2. for a guaranteed tier (premium, standard) within its project's quota: given room by shrinking, then
    preempting (checkpoint, never kill) lower-tier jobs, lowest tier first (preemption);
-3. started shrunk on at least ``elastic_start_fraction`` of its devices (replica splicing);
-4. given a node by migrating small jobs away (defragmentation);
-5. for basic jobs: time-sliced on the devices of a running basic job of the same size.
+3. started shrunk on at least ``elastic_start_fraction`` of its devices (replica splicing): basic work
+   always, guaranteed work when that ends earlier than waiting (``shrunk_start_tiers``);
+4. in ``equal_preempt_tiers``, given devices of a job of its own tier with more attained service, the
+   preemption's cost weighed (ordering among equals);
+5. given a node by migrating small jobs away (defragmentation);
+6. for basic jobs: time-sliced on the devices of a running basic job of the same size.
+A guaranteed gang that cannot start reserves nodes; with ``backfill`` their idle devices are lent to
+lower-tier work until it is due.
 Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of their own.
 Basic jobs with little service go through a short lane, right after premium, within a share of the
 devices (see ``SingularityConfig.short_lane_device_s``).
@@ -24,6 +29,7 @@ from collections.abc import Iterator, Mapping
 from tidal.core import ActionKind, JobView
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
+from tidal.policy.equals import las_level, may_preempt_equal
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
 from tidal.policy.placement import useful_sizes
@@ -32,6 +38,7 @@ from tidal.policy.queue_order import PendingQueue, TieredFairQueue
 from tidal.policy.quota import within_quota
 from tidal.policy.reasons import Need, Reason, quota, whole
 from tidal.policy.reservation import Reservations
+from tidal.policy.shrunk_start import shrunk_finishes_earlier, wait_for_devices_s
 from tidal.policy.state import RUNNING_STATES, JobRec
 from tidal.policy.timeslice import find_host, unshare
 
@@ -64,6 +71,25 @@ class SingularityConfig:
     # 5-minute one too, waited out weeks of guaranteed backlog (docs/simulator.md).
     short_lane_device_s: float = 14_400.0
     short_lane_share: float = 0.12
+    # Ordering among equals (policy/equals.py): in these tiers a waiting job with less than
+    # ``las_threshold_device_s`` of service preempts a running job of its tier that has more, once that
+    # job has run ``equal_cost_ratio`` × ``equal_pause_s`` (a checkpoint and restore of a 6.2 GB rank
+    # under the simulator's fitted cost model: ≈ 10 s) and ``min_run_s`` since its last change.
+    equal_preempt_tiers: tuple[int, ...] = ()
+    equal_pause_s: float = 10.0
+    equal_cost_ratio: float = 30.0
+    # Shrunk starts for guaranteed work (policy/shrunk_start.py): a job of these tiers whose full size is
+    # not free starts on fewer devices when, by the running jobs' remaining times (the oracle hints; none
+    # live), that ends earlier than waiting; it grows back as devices free up.
+    shrunk_start_tiers: tuple[int, ...] = ()
+    timeslice_efficiency: float = 0.945  # per-device speed of ranks sharing a device (the cost model's)
+    # Backfill (policy/reservation.py): reserved nodes' idle devices are lent to lower-tier work while the
+    # gang is due in more than ``min_lend_s`` (by the running jobs' remaining times), reclaimed by checkpoint.
+    backfill: bool = False
+    min_lend_s: float = 300.0
+
+
+REDECIDE_S = 1e-3  # how soon a decision that preempted asks for the next one
 
 
 class Singularity(BasePolicy):
@@ -271,6 +297,8 @@ class Singularity(BasePolicy):
         failed: dict[tuple[int, tuple[str, ...]], int] = {}  # (tier, clusters) → smallest size that failed
         wake: list[float] = []
         self._preempted_now = set()
+        self._releases: list[tuple[float, int]] | None = None
+        self._now = now
         self._ts_failed = set()
         self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
         self._visited = [Counter(), Counter(), Counter()]
@@ -302,6 +330,12 @@ class Singularity(BasePolicy):
         finally:
             self.reservations.show(st)
             self._hidden = False
+        if self._preempted_now and st.free_total and any(
+                self._kind(st.jobs[j])[0] <= st.free_total for j in self._preempted_now if j in st.pending):
+            # A job preempted in this decision was left for the next one (no churn within a decision);
+            # ask for that next one at once, as the live loop's next pass does, so that it may resume on
+            # devices left free rather than wait for the next arrival or finish.
+            wake.append(now + REDECIDE_S)
         if wake:
             self._wakeup = min(wake)
 
@@ -320,7 +354,12 @@ class Singularity(BasePolicy):
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
             return False  # even a 1-device job of this tier could not start
-        if st.free_total == 0:
+        equals = (rec.tier in cfg.equal_preempt_tiers and st.tier_devices[rec.tier] > 0
+                  and las_level(rec.service(now), cfg.las_threshold_device_s) == 0)
+        # Reserved nodes are hidden from the free count: a job that may borrow them looks further.
+        borrow = cfg.backfill and st.free_total == 0 and any(
+            st.free_idx[n] for n in self.reservations.allowed(rec, self._horizon, cfg.min_lend_s))
+        if st.free_total == 0 and not equals and not borrow:
             if rec.tier > 0:
                 if not (cfg.preempt and sum(st.tier_devices[: rec.tier]) > 0):
                     return False
@@ -335,7 +374,7 @@ class Singularity(BasePolicy):
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
         smallest = kind[0]
-        allowed = self.reservations.allowed(rec)
+        allowed = self.reservations.allowed(rec, self._horizon if cfg.backfill else None, cfg.min_lend_s)
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:
                 st.node_up(n)
@@ -393,12 +432,23 @@ class Singularity(BasePolicy):
         lo = max(rec.lo, math.ceil(rec.W * cfg.elastic_start_fraction))
         never_whole = rec.hi > max((self._cluster_devices[c] for c in clusters), default=rec.hi)
         shrunk_ok = rec.tier in cfg.elastic_start_tiers or never_whole  # or it could never start at all
-        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and shrunk_ok else ()
+        weigh = not shrunk_ok and rec.tier in cfg.shrunk_start_tiers and rec.remaining is not None
+        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and (shrunk_ok or weigh) else ()
+        wait_s: float | None = None
         for size in sizes:
+            if weigh:
+                if wait_s is None:
+                    wait_s = self._wait_for(rec.hi, now)
+                if not shrunk_finishes_earlier(rec.W, size, rec.remaining_at(now), wait_s,
+                                               pause_s=cfg.equal_pause_s, efficiency=cfg.timeslice_efficiency):
+                    continue
             devs = place(st, rec, size, affinity=True)
             if devs is not None:
-                self.start(rec, devs, now, reason=f"elastic start on {size}")
+                self.start(rec, devs, now, reason=f"elastic start on {size}" if not weigh
+                           else f"shrunk start on {size}: ends before {rec.hi} free up")
                 return True
+        if rec.tier in cfg.equal_preempt_tiers and self._preempt_equals(rec, clusters, now):
+            return True
         if cfg.defrag and st.free_total >= rec.hi:
             for c in clusters:
                 devs = defragment(self, rec, rec.hi, c, now, max_moves=cfg.max_migrations,
@@ -407,6 +457,60 @@ class Singularity(BasePolicy):
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
         return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _horizon(self, gang_id: str) -> float:
+        """Seconds until the reserved-for gang ``gang_id`` is due: when the work on its nodes that it may not
+        preempt (its tier and above) has ended, by their remaining times (unknown: never)."""
+        st = self.st
+        assert st is not None
+        tier, nodes = self.reservations.by_job[gang_id]
+        due = 0.0
+        for n in nodes:
+            for jid in st.node_jobs[n]:
+                j = st.jobs[jid]
+                if j.tier >= tier:
+                    due = max(due, j.remaining_at(self._now) if j.remaining is not None else math.inf)
+        return due
+
+    def _wait_for(self, need: int, now: float) -> float:
+        """Seconds until ``need`` devices are free by the running jobs' remaining times (unknown: never)."""
+        st = self.st
+        assert st is not None
+        if self._releases is None:  # once a decision: the running jobs' ends, soonest first
+            self._releases = sorted((r.remaining_at(now) if r.remaining is not None else math.inf, len(r.devices))
+                                    for r in st.running.values())
+        return wait_for_devices_s(need, st.free_total, self._releases)
+
+    def _preempt_equals(self, rec: JobRec, clusters: list[str], now: float) -> bool:
+        """Least attained service first within the tier, the preemption's cost weighed (policy/equals.py)."""
+        st = self.st
+        assert st is not None
+        cfg = self.cfg
+        thr = cfg.las_threshold_device_s
+        mine = rec.service(now)
+        if las_level(mine, thr) > 0:
+            return False
+        tier = rec.tier
+        held = self.lane_held
+
+        def eligible(j: JobRec) -> bool:
+            return (j.tier == tier and j.id not in held and not j.shared and may_preempt_equal(
+                mine, j.service(now), now - j.last_change, threshold=thr, pause_s=cfg.equal_pause_s,
+                cost_ratio=cfg.equal_cost_ratio, min_run_s=cfg.min_run_s))
+
+        out = make_room(st, clusters, rec.hi, now, eligible=eligible,
+                        order=lambda j: (-j.service(now), -j.submit),
+                        min_run_s=cfg.min_run_s, shrink=False, below_tier=None)
+        if out.plan is None:
+            return False
+        for victim in out.plan.victims:
+            self._preempted_now.add(victim.id)
+            self.preempt(victim, now, reason=f"least attained service: {rec.id} has less")
+        devs = place(st, rec, rec.hi, affinity=True)
+        if devs is None:
+            return False
+        self.start(rec, devs, now, reason="after preempting a job of its tier with more service")
+        return True
 
     def _share_step(self, rec: JobRec, now: float) -> bool:
         if rec.W in self._ts_failed:

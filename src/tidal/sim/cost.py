@@ -1,52 +1,104 @@
 """The cost model: how long a checkpoint, restore, migration or resize pauses a job.
 
-Defaults come from Tidal's measurements (DESIGN.md §3) scaled to a GPU job, and are checked against
-Singularity's published 16-GPU migrations (28–141 s including upload, Table 5):
-- each rank's image is ``mem_per_rank_gb`` (device memory moved to host, plus CPU state);
-- ranks dump in parallel, the ranks sharing a device one after another, at ``dump_gbps`` (CRIU measured
-  ≈ 0.33 GB/s: a 1.3 GB image in ≈ 4 s) and restore at ``restore_gbps`` (≈ 0.33 GB/s: 3.9 s);
-- images go to and come from the checkpoint store over each node's network link, ``net_gbps_per_node``
-  (10 Gb/s = 1.25 GB/s), or ``cross_region_gbps`` in total between regions;
-- ``fixed_s`` for the consistent cut, process-group teardown and rebuild.
-A 16-rank job on 2 nodes: 2 + 18 + 38 (upload) + 38 (download) + 18 ≈ 115 s to migrate; 1 rank ≈ 51 s.
-Time-slicing runs at ``timeslice_efficiency`` (Singularity Fig. 4: +1.4 … +5.6 % for 4 ranks on a GPU).
-Preemption by kill loses the work since the job's last user-level checkpoint (every
-``user_checkpoint_s``) and pays ``restart_s`` to start again from it.
+The rates and the fixed part are fitted from the mechanism's own benchmarks (``cost_fit.py``, written by
+``benchmarks/policy_costfit.py`` from plain CRIU and Tidal resize measurements):
+- ranks dump in parallel, the ranks sharing a device one after another, at ``dump_gbps``; the devices are
+  free once the dump is written (the upload to the store goes on from host memory);
+- a restore fetches the job's images over its nodes' links (``net_gbps_per_node`` each, or
+  ``cross_region_gbps`` in total between regions), then restores at ``restore_gbps``;
+- ``fixed_s`` (each of checkpoint and restore) for the consistent cut, process-group teardown and rebuild,
+  and fetch verification;
+- a migration or resize is a checkpoint followed by a restore on the new devices.
+A rank's image is the job's own size where the trace gives one (its model), else ``mem_per_rank_gb`` when
+set, else the model-size distribution :func:`model_size_gb` (drawn per job, reproducibly).
+Time-slicing runs at ``timeslice_efficiency`` (docs/cluster.md: +5.5 % CPU work for 4 ranks on a device;
+Singularity reports +1.4 … +5.6 %). Preemption by kill loses the work since the job's last user-level
+checkpoint (every ``user_checkpoint_s``) and pays ``restart_s`` to start again from it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import zlib
+
+from tidal.sim import cost_fit
+
+# Per-rank image (device memory in use: parameters, optimizer state, activations; plus host state) of a
+# job whose trace names no model, in GB, with the share of jobs drawn at each size. An assumption, not a
+# measurement: most jobs of a 2017–2020 GPU cluster are small vision and language models (a few GB),
+# a tail fills a 16–32 GB device. Its mean, 6.2 GB, is the constant the model charged before.
+MODEL_SIZE_GB: tuple[tuple[float, float], ...] = ((0.30, 2.0), (0.30, 4.0), (0.25, 8.0), (0.15, 16.0))
+
+# Per-rank image by model family, for traces that name the model (Gavel's job types): the same estimate
+# by the family's typical footprint on a 16 GB device.
+MODEL_FAMILY_GB: dict[str, float] = {
+    "ResNet-18": 2.0, "ResNet-50": 6.0, "Transformer": 8.0, "LM": 6.0, "Recommendation": 4.0,
+    "CycleGAN": 4.0, "A3C": 1.0,
+}
+
+
+def model_size_gb(job_id: str) -> float:
+    """A rank's image size for a job of unknown model: drawn from :data:`MODEL_SIZE_GB` by a hash of its id
+    (the same job gets the same size in every run and under every policy)."""
+    u = (zlib.crc32(job_id.encode()) & 0xFFFFFFFF) / 2**32
+    acc = 0.0
+    for share, gb in MODEL_SIZE_GB:
+        acc += share
+        if u < acc:
+            return gb
+    return MODEL_SIZE_GB[-1][1]
+
+
+def family_size_gb(job_type: str) -> float | None:
+    """A rank's image for a named model (``"ResNet-50 (batch size 64)"``), or None for an unknown one."""
+    return MODEL_FAMILY_GB.get(job_type.split(" (")[0].strip())
 
 
 @dataclasses.dataclass(frozen=True)
 class CostModel:
-    mem_per_rank_gb: float = 6.0
-    dump_gbps: float = 0.33
-    restore_gbps: float = 0.33
-    net_gbps_per_node: float = 1.25
+    mem_per_rank_gb: float | None = None  # one size for every rank; None: the job's own or the distribution
+    dump_gbps: float = cost_fit.DUMP_GBPS
+    restore_gbps: float = cost_fit.RESTORE_GBPS
+    net_gbps_per_node: float = cost_fit.NET_GBPS_PER_NODE
     cross_region_gbps: float = 0.5
-    fixed_s: float = 2.0
-    timeslice_efficiency: float = 0.965
+    fixed_s: float = cost_fit.FIXED_S
+    timeslice_efficiency: float = 0.945
     user_checkpoint_s: float = 1800.0
     restart_s: float = 30.0
     start_s: float = 0.0  # a fresh start: the trace's durations already include it
 
-    def _transfer(self, ranks: int, nodes: int, cross_region: bool) -> float:
-        gb = ranks * self.mem_per_rank_gb
+    def mem_gb(self, job_id: str, own: float | None = None) -> float:
+        """A rank's image size of job ``job_id`` (``own``: what its trace says)."""
+        if self.mem_per_rank_gb is not None:
+            return self.mem_per_rank_gb
+        return own if own is not None else model_size_gb(job_id)
+
+    def _m(self, mem_gb: float | None) -> float:
+        if mem_gb is not None:
+            return mem_gb
+        return self.mem_per_rank_gb if self.mem_per_rank_gb is not None else 6.2
+
+    def _transfer(self, gb: float, nodes: int, cross_region: bool) -> float:
         t = gb / (max(nodes, 1) * self.net_gbps_per_node)
         if cross_region:
             t = max(t, gb / self.cross_region_gbps)
         return t
 
-    def checkpoint_s(self, ranks: int, devices: int, nodes: int) -> float:
+    def checkpoint_s(self, ranks: int, devices: int, nodes: int, mem_gb: float | None = None) -> float:
         per_device = -(-ranks // max(devices, 1))
-        return self.fixed_s + per_device * self.mem_per_rank_gb / self.dump_gbps + self._transfer(ranks, nodes, False)
+        return self.fixed_s + per_device * self._m(mem_gb) / self.dump_gbps
 
-    def restore_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False) -> float:
+    def restore_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
+                  mem_gb: float | None = None) -> float:
+        m = self._m(mem_gb)
         per_device = -(-ranks // max(devices, 1))
-        return (self.fixed_s + per_device * self.mem_per_rank_gb / self.restore_gbps
-                + self._transfer(ranks, nodes, cross_region))
+        return self.fixed_s + self._transfer(ranks * m, nodes, cross_region) + per_device * m / self.restore_gbps
+
+    def migration_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
+                    mem_gb: float | None = None) -> float:
+        """A checkpoint on the old devices then a restore on ``devices`` (a resize is the same)."""
+        return (self.checkpoint_s(ranks, devices, nodes, mem_gb)
+                + self.restore_s(ranks, devices, nodes, cross_region=cross_region, mem_gb=mem_gb))
 
     def rate(self, ranks: int, devices: int, sharers: int) -> float:
         """Progress per second relative to the job at full size on dedicated devices."""

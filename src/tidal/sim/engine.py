@@ -32,6 +32,7 @@ from tidal.core import (
 from tidal.errors import SimulationError
 from tidal.policy.admission import Admission
 from tidal.policy.base import Policy
+from tidal.policy.sla_admission import SlaAdmission
 from tidal.sim.cost import CostModel
 from tidal.sim.trace import TraceJob
 
@@ -42,13 +43,14 @@ _FINISH, _PAUSE_END, _ARRIVE, _WAKE = 0, 1, 2, 3
 class SimJob:
     __slots__ = (
         "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
-        "killed_restart", "last_t", "lost_device_s", "migrations", "pause_until", "preemptions", "project",
-        "queue_s", "rate", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
+        "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "pause_until", "preemptions", "project",
+        "queue_s", "rate", "refused", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
         "version", "wait_since",
     )
 
-    def __init__(self, tj: TraceJob, home: str | None) -> None:
+    def __init__(self, tj: TraceJob, home: str | None, mem_gb: float = 6.2) -> None:
         self.id = tj.id
+        self.mem = mem_gb  # a rank's image, GB
         self.submit = tj.submit
         self.duration = tj.duration
         self.W = tj.gpus
@@ -74,6 +76,7 @@ class SimJob:
         self.wait_since = tj.submit
         self.started_at: float | None = None
         self.attained = 0.0
+        self.refused = ""  # why admission refused it (it never ran)
 
 
 @dataclasses.dataclass
@@ -91,6 +94,8 @@ class SimResult:
     actions: dict[str, int]
     live_executable_actions: int
     sim_only_actions: int
+    idle_waiting_device_s: float = 0.0  # devices idle while at least one job waited, over the whole run
+    span_s: float = 0.0  # first arrival to last finish
 
 
 class Simulator:
@@ -106,11 +111,14 @@ class Simulator:
         bins: int = 200,
         log: Callable[[dict[str, Any]], None] | None = None,
         admission: Admission | None = None,
+        sla_admission: SlaAdmission | None = None,
     ) -> None:
-        """``admission``: premium and standard jobs over their project's quota run as basic."""
+        """``admission``: premium and standard jobs over their project's quota run as basic.
+        ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted or refused."""
         self.topo = topology
         self.policy = policy
         self.admission = admission
+        self.sla_admission = sla_admission
         self.cost = cost or CostModel()
         self.oracle = oracle
         self.log = log
@@ -132,10 +140,15 @@ class Simulator:
         self.window = (self.trace[0].submit, self.trace[-1].submit) if self.trace else (0.0, 0.0)
         span = max(self.window[1] - self.window[0], 1.0)
         self.bin_w = span / bins
+        # The series keeps at most this many bins: a run that goes on far past the window (a drain, or
+        # a policy's far wake-up) merges bins pairwise rather than growing the list without bound.
+        self.max_bins = 4 * bins
         self.bins_good: list[float] = []
         self.bins_alloc: list[float] = []
         self.good = 0.0
         self.alloc = 0.0
+        self.waiting = 0  # jobs submitted and waiting for devices (pending or preempted)
+        self.idle_waiting = 0.0
         self.decisions = 0
         self.action_counts: dict[ActionKind, int] = {}
         self.live_n = 0
@@ -155,6 +168,8 @@ class Simulator:
             return
         w0, w1 = self.window
         g_rate, a_rate = self.g_rate, self.a_rate
+        if self.waiting:
+            self.idle_waiting += (self.capacity - a_rate) * (t - t0)
         lo, hi = max(t0, w0), min(t, w1)
         if hi > lo:
             self.good += g_rate * (hi - lo)
@@ -168,6 +183,10 @@ class Simulator:
             if b <= a:  # float rounding at a bin boundary
                 i += 1
                 b += bin_w
+            if i >= self.max_bins:
+                self._coarsen(i)
+                bin_w, bins_good, bins_alloc = self.bin_w, self.bins_good, self.bins_alloc
+                continue
             if t < b:
                 b = t
             if i >= 0:
@@ -178,6 +197,15 @@ class Simulator:
                 bins_alloc[i] += a_rate * (b - a)
             a = b
         self.t = t
+
+    def _coarsen(self, i: int) -> None:
+        """Double the bin width (merging bins pairwise) until bin ``i`` of the current width fits."""
+        while i >= self.max_bins:
+            g, a = self.bins_good, self.bins_alloc
+            self.bins_good = [sum(g[k:k + 2]) for k in range(0, len(g), 2)]
+            self.bins_alloc = [sum(a[k:k + 2]) for k in range(0, len(a), 2)]
+            self.bin_w *= 2
+            i //= 2
 
     def _event(self, kind: EventKind, job: str | None, cause: str | None = None, detail: str = "") -> Event:
         self._eid += 1
@@ -282,13 +310,14 @@ class Simulator:
         busy_until = self.busy_until
         if k is ActionKind.PLACE or k is ActionKind.RESUME or k is ActionKind.TIME_SLICE:
             devs = a.devices
+            self.waiting -= 1
             if j.state is S.PREEMPTED:
                 j.state = advance(advance(j.state, S.RESTORING, job=j.id), S.RUNNING, job=j.id)
             else:
                 j.state = advance(j.state, S.RUNNING, job=j.id)
             ready = max(now, j.pause_until, *[busy_until.get(d, 0.0) for d in devs])
             if j.has_ckpt and not j.killed_restart:
-                pause = cost.restore_s(j.W, len(devs), self._nodes(devs), cross_region=False)
+                pause = cost.restore_s(j.W, len(devs), self._nodes(devs), cross_region=False, mem_gb=j.mem)
             elif j.killed_restart:
                 pause = cost.restart_s
             else:
@@ -320,7 +349,7 @@ class Simulator:
                 j.state = advance(j.state, S.PENDING, job=j.id)
                 j.pause_until = now
             else:
-                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
+                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
                 for d in old:
                     busy_until[d] = now + ck
                 # The devices stay busy until the dump is written; they count as allocated to the job
@@ -330,6 +359,7 @@ class Simulator:
                 j.pause_until = now + ck
             touched = self._drop(j)
             j.wait_since = now
+            self.waiting += 1
             self._update_rate(j)
             for o in touched:
                 self._update_rate(o)
@@ -338,10 +368,10 @@ class Simulator:
             self._fold_service(j)
             old = j.devices
             new = a.devices
-            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old))
+            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
             cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
                 self.cluster_region[self.node_cluster[d.node]] for d in new}
-            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross)
+            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross, mem_gb=j.mem)
             for d in old:
                 busy_until[d] = max(busy_until.get(d, 0.0), now + ck)
             mid = S.MIGRATING if k is ActionKind.MIGRATE else S.RESIZING
@@ -380,11 +410,13 @@ class Simulator:
         for tj in self.trace:
             home = tj.project if self.pinned else None
             self._push(tj.submit, _ARRIVE, tj.id)
-            self.jobs[tj.id] = SimJob(tj, home)
+            self.jobs[tj.id] = SimJob(tj, home, self.cost.mem_gb(tj.id, tj.mem_gb))
         if self.trace:
             self.t = self.trace[0].submit
         total = len(self.trace)
         while self.heap:
+            if self.done == total:
+                break  # only wake-ups are left: nothing more can happen
             now = self.heap[0][0]
             self._advance(now)
             events: list[Event] = []
@@ -392,8 +424,20 @@ class Simulator:
                 _, kind, _, jid, ver = heapq.heappop(self.heap)
                 if kind == _ARRIVE:
                     j = self.jobs[jid]
-                    self.live[jid] = j
                     detail = ""
+                    if self.sla_admission is not None:
+                        sla = self.sla_admission.admit(jid, j.tier, j.W, j.duration if self.oracle else None)
+                        if sla.outcome == "refused":
+                            j.refused = sla.reason
+                            j.state = advance(j.state, S.CANCELLED, job=j.id)
+                            self.done += 1
+                            self._event(EventKind.JOB_CANCELLED, jid, detail=sla.reason)  # logged only
+                            continue
+                        if sla.outcome == "demoted":
+                            j.tier = sla.tier
+                            detail = sla.reason
+                    self.live[jid] = j
+                    self.waiting += 1
                     if self.admission is not None:
                         adm = self.admission.admit(jid, j.project, j.tier, j.W)
                         if adm.demoted:
@@ -425,6 +469,8 @@ class Simulator:
                     del self.live[jid]
                     if self.admission is not None:
                         self.admission.finished(jid)
+                    if self.sla_admission is not None:
+                        self.sla_admission.finished(jid)
                     self.done += 1
                     events.append(self._event(EventKind.JOB_FINISHED, jid))
             if not events:
@@ -439,7 +485,7 @@ class Simulator:
                 self._push(wake, _WAKE, "")
             if progress is not None:
                 progress(self.done)
-        unfinished = [j for j in self.jobs.values() if j.finish is None]
+        unfinished = [j for j in self.jobs.values() if j.finish is None and not j.refused]
         if unfinished and total:
             raise SimulationError(
                 f"{self.policy.name}: {len(unfinished)} jobs never finished "
@@ -459,6 +505,8 @@ class Simulator:
             series_good=[g / (w * self.capacity) for g in self.bins_good],
             series_alloc=[a / (w * self.capacity) for a in self.bins_alloc],
             decisions=self.decisions,
+            idle_waiting_device_s=self.idle_waiting,
+            span_s=self.t - (self.trace[0].submit if self.trace else 0.0),
             actions={k.value: n for k, n in self.action_counts.items()},
             live_executable_actions=self.live_n,
             sim_only_actions=self.sim_only_n,

@@ -18,6 +18,7 @@ from typing import Any
 from tidal.errors import ValidationError
 from tidal.policy.admission import Admission, Quotas
 from tidal.policy.registry import POLICIES, make_policy
+from tidal.policy.sla_admission import SlaAdmission, SlaMode
 from tidal.sim.cluster_spec import ClusterSpec, parse_cluster
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import SimResult, Simulator
@@ -36,10 +37,15 @@ class Prepared:
     offered_load: float
     trace_jobs: int
     quotas: Quotas | None = None  # premium and standard admitted against these
+    sla_mode: SlaMode = "off"  # guaranteed jobs whose SLA the load makes unreachable: demoted or refused
 
     def admission(self) -> Admission | None:
         """A fresh admission for one run (it tracks that run's unfinished jobs)."""
         return None if self.quotas is None else Admission(self.quotas, self.cluster.topology.devices)
+
+    def sla_admission(self) -> SlaAdmission | None:
+        """A fresh SLA admission for one run, or None when it is off."""
+        return None if self.sla_mode == "off" else SlaAdmission(self.sla_mode, self.cluster.topology.devices)
 
 
 def prepare(
@@ -106,7 +112,7 @@ def run_one(p: Prepared, name: str, cost: CostModel | None = None,
     and action, in the log format the live control plane uses too)."""
     if event_log is None:
         sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned,
-                        admission=p.admission())
+                        admission=p.admission(), sla_admission=p.sla_admission())
         return sim.run(progress)
     os.makedirs(event_log, exist_ok=True)
     with open(os.path.join(event_log, f"{name}.jsonl"), "w", encoding="utf-8") as f:
@@ -115,7 +121,7 @@ def run_one(p: Prepared, name: str, cost: CostModel | None = None,
             f.write(json.dumps(rec) + "\n")
 
         sim = Simulator(p.cluster.topology, p.jobs, make_policy(name), cost=cost, pinned=p.cluster.pinned,
-                        log=write, admission=p.admission())
+                        log=write, admission=p.admission(), sla_admission=p.sla_admission())
         return sim.run(progress)
 
 

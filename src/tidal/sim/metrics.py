@@ -62,6 +62,10 @@ def summarize(r: SimResult) -> dict[str, Any]:
         "goodput": r.good_device_s / (r.capacity * window),
         "allocation": r.alloc_device_s / (r.capacity * window),
         "lost_device_hours": sum(j.lost_device_s for j in jobs) / 3600.0,
+        # Devices with no job while some job waited (for any size), first arrival to last finish: what
+        # backfill and shrunk starts are for. The fraction is of all device-hours over that span.
+        "idle_waiting_device_hours": r.idle_waiting_device_s / 3600.0,
+        "idle_waiting_fraction": r.idle_waiting_device_s / (r.capacity * r.span_s) if r.span_s > 0 else 0.0,
         "preemptions": sum(j.preemptions for j in jobs),
         "migrations": sum(j.migrations for j in jobs),
         "resizes": sum(j.resizes for j in jobs),
@@ -94,13 +98,15 @@ def summarize(r: SimResult) -> dict[str, Any]:
     out["admission"] = {}
     for tier in (Tier.PREMIUM, Tier.STANDARD):
         asked = [j for j in jobs if j.requested is tier]
-        if not asked:
+        refused = sum(1 for j in r.jobs if j.refused and j.requested is tier)
+        if not asked and not refused:
             continue
         demoted = [j for j in asked if j.tier is not tier]
         work = sum(j.W * j.duration for j in asked)
         out["admission"][tier.value] = {
-            "requested": len(asked),
+            "requested": len(asked) + refused,
             "demoted": len(demoted),
+            "refused": refused,  # by SLA admission: never ran
             "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / work) if work > 0 else 0.0,
             "requested_attainment": tier_attainment(asked),  # over every job that asked
         }

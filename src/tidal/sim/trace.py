@@ -26,6 +26,7 @@ from typing import Literal
 
 from tidal.core import Tier
 from tidal.errors import ValidationError
+from tidal.sim.cost import family_size_gb
 
 OnBadRow = Literal["skip", "fail"]
 
@@ -38,6 +39,7 @@ class TraceJob:
     gpus: int
     tier: Tier | None = None
     project: str = "default"
+    mem_gb: float | None = None  # a rank's checkpoint image where the trace tells (its model), GB
 
 
 @dataclasses.dataclass
@@ -200,7 +202,8 @@ def load_gavel(path: str, *, on_bad_row: OnBadRow = "skip", gavel_step_s: float 
             except (ValueError, ValidationError) as exc:
                 _bad(bad, i, f"{name}: {_reason(exc)}", on_bad_row)
                 continue
-            jobs.append(TraceJob(f"{vc}-{i}", arrival, steps * gavel_step_s, gpus, None, vc))
+            jobs.append(TraceJob(f"{vc}-{i}", arrival, steps * gavel_step_s, gpus, None, vc,
+                                 family_size_gb(cols[0])))
     return _finish(jobs, bad, path)
 
 

@@ -88,14 +88,15 @@ def test_helios_setup_runs_per_virtual_cluster() -> None:
 
 # Every action (time, kind, job, devices, kill) the baselines took on 4,000 Philly jobs of a busy period at
 # load 1.5 on 64 × 8 devices, before the engine and the policies were made faster: a speed-up must not
-# change a single decision of a baseline.
+# change a single decision of a baseline. (Those that checkpoint were re-pinned when the cost model was
+# fitted from the mechanism's benchmarks: shorter, per-job checkpoint and restore times move their timings.)
 BASELINE_DECISIONS = {
     "fifo": (4000, "f1f699a29a0d68be"),
     "priority-requeue": (6524, "7fc67f3ae5a75a04"),
-    "tiresias": (6496, "f9eb9f6556211519"),
-    "gandiva": (4151, "2b679fd535675afd"),
+    "tiresias": (6460, "740a27abc1828fd4"),
+    "gandiva": (4153, "c58f948f9cb96ecf"),
     "sjf": (4000, "334a67ec5da06642"),
-    "srtf": (9912, "698479472fc675a2"),
+    "srtf": (9856, "ac1dc08aed1d1b87"),
 }
 
 

@@ -48,7 +48,10 @@ def test_live_names_build_their_live_configuration() -> None:
     assert live.cfg == SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
     assert live.grows
     sim = make_policy("singularity")
-    assert isinstance(sim, Singularity) and sim.cfg == SingularityConfig()  # the simulator evaluates the defaults
+    # The simulator evaluates the defaults plus ordering among equals and shrunk guaranteed starts.
+    assert isinstance(sim, Singularity) and sim.cfg == SingularityConfig(equal_preempt_tiers=(0, 1, 2),
+                                                                      shrunk_start_tiers=(1, 2),
+                                                                      short_lane_share=0.35, backfill=True)
     ff = make_live_policy("firstfit")
     assert isinstance(ff, FirstFitPolicy) and not ff.grows
     default = make_live_policy()

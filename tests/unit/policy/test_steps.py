@@ -296,3 +296,103 @@ def test_a_rebuilt_state_equals_one_built_job_by_job() -> None:
             )
 
         assert dump(bulk) == dump(one)
+
+
+# ---- ordering among equals (policy/equals.py) ----------------------------------------------------------------
+
+
+def test_equal_preemption_rule_levels_and_cost() -> None:
+    from tidal.policy.equals import las_level, may_preempt_equal
+
+    kw = {"threshold": 3600.0, "pause_s": 10.0, "cost_ratio": 30.0, "min_run_s": 300.0}
+    assert las_level(3599.0, 3600.0) == 0 and las_level(3600.0, 3600.0) == 1
+    assert may_preempt_equal(0.0, 5000.0, 300.0, **kw)  # ran 300 s ≥ max(300, 30 × 10)
+    assert not may_preempt_equal(0.0, 5000.0, 299.0, **kw)  # not yet worth its pause
+    assert not may_preempt_equal(0.0, 5000.0, 10_000.0, **{**kw, "pause_s": 400.0})  # 12,000 s needed
+    assert not may_preempt_equal(100.0, 3000.0, 10_000.0, **kw)  # same level: arrival order decides
+    assert not may_preempt_equal(4000.0, 50_000.0, 10_000.0, **kw)  # the waiting job is no longer short
+
+
+def test_a_short_job_preempts_a_long_one_of_its_tier_only_when_enabled() -> None:
+    cfg = SingularityConfig(equal_preempt_tiers=(0, 1, 2))
+    # s1 has run 10,000 s on the only device (10,000 device-s ≥ 3,600); s2 has had none.
+    v = view(1, 1, run("s1", 1, S, [(0, 0)]), pend("s2", 1, S))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == [("preempt", "s1", []), ("place", "s2", [("c0-n0", 0)])]
+    assert summary(Singularity().decide(v, [], NOW)) == []
+    # Not across tiers downwards: a basic job never preempts a standard one, however long it ran.
+    v = view(1, 1, run("s1", 1, S, [(0, 0)]), pend("b", 1, B))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == []
+    # Nor a job that changed too recently for its pause to pay off (started 100 s ago).
+    v = view(1, 1, run("s1", 1, S, [(0, 0)], started=NOW - 100, attained=9000.0), pend("s2", 1, S))
+    assert summary(Singularity(cfg).decide(v, [], NOW)) == []
+
+
+# ---- shrunk starts of guaranteed work (policy/shrunk_start.py) -------------------------------------------------
+
+
+def test_wait_for_devices_accumulates_the_soonest_releases() -> None:
+    from tidal.policy.shrunk_start import wait_for_devices_s
+
+    assert wait_for_devices_s(4, 4, []) == 0.0
+    assert wait_for_devices_s(4, 1, [(500.0, 2), (100.0, 1), (900.0, 8)]) == 500.0  # 1 + 1 @100 + 2 @500
+    assert wait_for_devices_s(4, 1, [(100.0, 1)]) == float("inf")
+
+
+def test_shrunk_start_only_when_it_ends_before_waiting() -> None:
+    from tidal.policy.shrunk_start import shrunk_finishes_earlier
+
+    # W = 4 on 2 devices: 2 ranks a device at 0.9 → 1000 s of work takes 2222 s (+10 s to grow).
+    assert shrunk_finishes_earlier(4, 2, 1000.0, 1300.0, pause_s=10.0, efficiency=0.9)  # vs 2300
+    assert not shrunk_finishes_earlier(4, 2, 1000.0, 1200.0, pause_s=10.0, efficiency=0.9)  # vs 2200
+
+
+def test_a_standard_job_starts_shrunk_when_waiting_would_end_later() -> None:
+    cfg = SingularityConfig(shrunk_start_tiers=(1, 2), preempt=False, equal_preempt_tiers=())
+
+    def jobs(remaining: float) -> ClusterView:
+        r = JobView("r", 2, S, 0.0, JobState.RUNNING, placement=rank_map(
+            (DeviceRef("c0-n0", 0), DeviceRef("c0-n0", 1)), 2), started_at=NOW, duration_hint=remaining,
+            remaining_hint=remaining)
+        s = JobView("s", 4, S, 1.0, min_devices=1, max_devices=4, duration_hint=1000.0, remaining_hint=1000.0)
+        return view(1, 4, r, s)
+
+    # 2 of 4 devices free; r ends in 5,000 s: 1000 s of work on 2 devices ends in ≈ 2,126 s, first.
+    assert summary(Singularity(cfg).decide(jobs(5000.0), [], NOW)) == [("place", "s", [("c0-n0", 2), ("c0-n0", 3)])]
+    # r ends in 100 s: waiting (100 + 1000 s) is sooner, so s waits for its 4 devices.
+    assert summary(Singularity(cfg).decide(jobs(100.0), [], NOW)) == []
+    # Without the rule a standard job never starts shrunk.
+    assert summary(Singularity(SingularityConfig(preempt=False)).decide(jobs(5000.0), [], NOW)) == []
+
+
+# ---- backfill (policy/reservation.py) ----------------------------------------------------------------------
+
+
+def test_may_borrow_only_lower_tiers_while_the_gang_is_not_due() -> None:
+    from tidal.policy.reservation import may_borrow
+
+    assert may_borrow(0, 1, 3600.0, 300.0)
+    assert not may_borrow(1, 1, 3600.0, 300.0)  # its own tier: the gang could not take the devices back
+    assert not may_borrow(0, 1, 200.0, 300.0)  # the gang is due too soon: not worth a start and a checkpoint
+    assert may_borrow(1, 2, float("inf"), 300.0)
+
+
+def test_a_reserving_gang_lends_its_idle_devices_then_reclaims_them() -> None:
+    cfg = SingularityConfig(backfill=True, equal_preempt_tiers=())
+
+    def premium(remaining: float) -> JobView:
+        return JobView("p", 1, P, 0.0, JobState.RUNNING, placement=(DeviceRef("c0-n0", 0),), started_at=NOW,
+                       duration_hint=remaining, remaining_hint=remaining)
+
+    # A standard gang of 4 cannot preempt premium p: it reserves the node; basic b borrows an idle device
+    # since p holds the node for another 5,000 s.
+    gang, b = pend("g", 4, S), pend("b", 1, B, submitted=2.0)
+    pol = Singularity(cfg)
+    assert summary(pol.decide(view(1, 4, premium(5000.0), gang, b), [], NOW)) == [("place", "b", [("c0-n0", 1)])]
+    assert summary(Singularity(SingularityConfig(equal_preempt_tiers=())).decide(
+        view(1, 4, premium(5000.0), gang, b), [], NOW)) == []  # without backfill the devices stay idle
+    # p ends in 100 s: too soon to lend.
+    assert summary(Singularity(cfg).decide(view(1, 4, premium(100.0), gang, b), [], NOW)) == []
+    # p finished: the gang is due and takes its devices back from the borrower by checkpoint.
+    acts = pol.decide(view(1, 4, premium(5000.0), gang, b), [Event("e1", NOW + 10, EventKind.JOB_FINISHED,
+                                                                    job_id="p")], NOW + 10)
+    assert summary(acts) == [("preempt", "b", []), ("place", "g", [("c0-n0", i) for i in range(4)])]

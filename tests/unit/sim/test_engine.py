@@ -95,3 +95,53 @@ def test_metrics_of_a_tiny_run() -> None:
     # Window [0, 100]: 2 devices busy all along → goodput 1.
     assert s["goodput"] == pytest.approx(1.0) and s["allocation"] == pytest.approx(1.0)
     assert s["sla"]["premium"]["attainment"] == 1.0 and s["sla"]["premium"]["met_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{"threshold_device_s": 1e9}, {"promote_knob": 1e9},
+                                    {"threshold_device_s": 1e-9, "promote_knob": 1e9}])
+def test_tiresias_extreme_thresholds_finish_with_a_bounded_series(kwargs: dict[str, float]) -> None:
+    # A demotion or promotion timer far past the trace used to grow the plot series one bin per
+    # window/200 up to the wake-up (MemoryError); the series now coarsens and the run ends with the jobs.
+    trace = [TraceJob("j0", 0, 3000, 1, B), TraceJob("j1", 10, 300, 1, B), TraceJob("j2", 20, 300, 1, B)]
+    r = Simulator(Topology.uniform(1, 1), trace, Tiresias(**kwargs), cost=UNIT).run()
+    assert all(j.finish is not None for j in r.jobs)
+    assert len(r.series_t) <= 800
+    last = max(j.finish for j in r.jobs if j.finish is not None)
+    assert r.series_t[-1] <= last + (r.series_t[1] - r.series_t[0])
+    # The series still accounts for every device-second held, whatever the bin width became: one
+    # device, busy from 0 to the last finish (3,600 s of work plus any checkpoint pauses).
+    w = r.series_t[1] - r.series_t[0]
+    assert sum(r.series_alloc) * w * r.capacity == pytest.approx(last)
+
+
+def test_idle_while_waiting_counts_free_devices_while_a_gang_waits() -> None:
+    # 1 node × 2 devices under FIFO: j0 (1 device, 0→100) leaves one device free while j1 (2 devices,
+    # arrived at 10) waits until 100: 90 device-s idle while a job waits; none afterwards.
+    trace = [TraceJob("j0", 0, 100, 1, B), TraceJob("j1", 10, 50, 2, B)]
+    r = Simulator(Topology.uniform(1, 2), trace, make_policy("fifo"), cost=UNIT).run()
+    assert r.idle_waiting_device_s == pytest.approx(90.0)
+    s = summarize(r)
+    assert s["idle_waiting_device_hours"] == pytest.approx(90.0 / 3600)
+    assert s["idle_waiting_fraction"] == pytest.approx(90.0 / (2 * 150))
+
+
+def test_sla_admission_refuses_or_demotes_what_the_load_cannot_serve() -> None:
+    from tidal.policy.sla_admission import SlaAdmission
+
+    # One device: s0 (standard, 1000 s) is admitted; s1 (standard, 100 s) would wait ≈ 1000 s: 0.09 < 0.70.
+    trace = [TraceJob("s0", 0, 1000, 1, S), TraceJob("s1", 10, 100, 1, S)]
+    log: list[dict[str, object]] = []
+    r = Simulator(Topology.uniform(1, 1), trace, make_policy("fifo"), cost=UNIT, log=log.append,
+                  sla_admission=SlaAdmission("refuse", 1)).run()
+    js = {j.id: j for j in r.jobs}
+    assert js["s1"].finish is None and js["s1"].first_start is None
+    assert js["s1"].refused.startswith("refused: expected attainment 0.09 at standard")
+    assert js["s0"].finish == 1000
+    s = summarize(r)
+    assert s["jobs"] == 1 and s["admission"]["standard"]["refused"] == 1
+    assert [e["kind"] for e in log if e.get("job") == "s1"] == ["job_cancelled"]
+    # Demoted instead: it runs, as basic.
+    r = Simulator(Topology.uniform(1, 1), trace, make_policy("fifo"), cost=UNIT,
+                  sla_admission=SlaAdmission("demote", 1)).run()
+    js = {j.id: j for j in r.jobs}
+    assert js["s1"].tier is B and js["s1"].requested is S and js["s1"].finish == 1100

@@ -1,0 +1,62 @@
+"""The cost model fitted from the mechanism, and the per-job image sizes."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import pytest
+
+from tidal.sim import cost_fit
+from tidal.sim.cost import MODEL_SIZE_GB, CostModel, family_size_gb, model_size_gb
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+
+
+def _fitter():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("policy_costfit", ROOT / "benchmarks" / "policy_costfit.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_fit_reproduces_the_published_measurements() -> None:
+    fit = _fitter()
+    c = fit.fit(fit.PUBLISHED["crosshost"], fit.PUBLISHED["elastic"])
+    gb = 1.25 * (1 << 30) / 1e9
+    assert gb / c["dump_gbps"] == pytest.approx(0.72, abs=1e-3)  # plain CRIU dump of the 1.25 GiB job
+    assert gb / c["restore_gbps"] == pytest.approx(0.69, abs=1e-3)
+    assert gb / c["net_gbps_per_node"] == pytest.approx(1.13, abs=1e-3)
+    # A one-node resize of the 0.95 GB image takes the measured median pause.
+    m = CostModel(mem_per_rank_gb=0.95, **c)
+    assert m.migration_s(1, 1, 1) == pytest.approx(5.1, abs=0.01)
+
+
+def test_the_constants_file_is_the_fit_of_its_sources() -> None:
+    fit = _fitter()
+    c = fit.fit(fit.PUBLISHED["crosshost"], fit.PUBLISHED["elastic"])
+    written = (cost_fit.DUMP_GBPS, cost_fit.RESTORE_GBPS, cost_fit.NET_GBPS_PER_NODE, cost_fit.FIXED_S)
+    assert written == (c["dump_gbps"], c["restore_gbps"], c["net_gbps_per_node"], c["fixed_s"])
+    assert len(cost_fit.SOURCES) == 2
+
+
+def test_checkpoint_restore_and_migration_as_functions_of_size_ranks_and_links() -> None:
+    m = CostModel(mem_per_rank_gb=None, dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0)
+    # 8 ranks of 6 GB on 4 devices: 2 ranks a device dump one after the other.
+    assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 2 * 6 / 2)
+    # Restore on 2 nodes: 48 GB over two 1 GB/s links, then 2 ranks a device at 4 GB/s.
+    assert m.restore_s(8, 4, 2, mem_gb=6.0) == pytest.approx(1 + 48 / 2 + 2 * 6 / 4)
+    assert m.restore_s(8, 4, 2, mem_gb=6.0, cross_region=True) == pytest.approx(1 + 48 / 0.5 + 3)
+    assert m.migration_s(8, 4, 2, mem_gb=6.0) == pytest.approx(7 + 28)
+
+
+def test_a_job_image_comes_from_its_trace_else_the_distribution() -> None:
+    m = CostModel()
+    assert m.mem_gb("j1", 3.5) == 3.5
+    assert m.mem_gb("j1") == model_size_gb("j1") in {gb for _, gb in MODEL_SIZE_GB}
+    assert CostModel(mem_per_rank_gb=1.0).mem_gb("j1", 3.5) == 1.0
+    assert family_size_gb("ResNet-50 (batch size 64)") == 6.0 and family_size_gb("unknown") is None
+    sizes = [model_size_gb(f"j{i}") for i in range(20000)]
+    for share, gb in MODEL_SIZE_GB:
+        assert sizes.count(gb) / len(sizes) == pytest.approx(share, abs=0.02)
