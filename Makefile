@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus venv clean bench docs
+.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus slurm venv clean bench docs
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ criu: $(STAMP)
 prometheus:
 	sh tests/tools/provision-prometheus.sh
 
+# Slurm and munge (Debian's packages), which tests/system/test_slurm.py runs a temporary cluster with: installed
+# where missing (as root, non-interactive), the packages' own services never started.
+slurm:
+	sh tests/tools/provision-slurm.sh
+
 # ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the layers and the CLI's door
 # to the control plane).
 lint: $(STAMP)
@@ -30,11 +35,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: criu prometheus lint
+test: criu prometheus slurm lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
 # Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
-test-quick: criu prometheus lint
+test-quick: criu prometheus slurm lint
 	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
 
 # The ranks' and the agent's integration tests again, in a cgroup2-only view of this machine (a private mount
