@@ -148,7 +148,9 @@ class SlurmCluster:
             f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
+            # Signals go to the step's process groups: Tidal's ranks run in sessions of their own, so SIGTERM
+            # reaches `tidal run`, which checkpoints them, and not the ranks themselves.
+            "ProctrackType=proctrack/pgid",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
             "AccountingStorageType=accounting_storage/none",
