@@ -15,7 +15,7 @@ import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing.slurm import SlurmCluster, missing_binaries
-from tidal.waiting import wait_for_line, wait_until
+from tidal.waiting import wait_for_line
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 TIDAL = Path(sys.executable).with_name("tidal")
@@ -104,6 +104,53 @@ def test_preempted_job_is_requeued_and_finishes_identical(slurm: SlurmCluster, t
     assert ends == [(job, "PREEMPTED"), (job, "COMPLETED")]
     err = (d / "err.txt").read_text()
     assert "SIGTERM: checkpoint" in err and "committed" in err and "restored from checkpoint" in err
-    # A finished job leaves nothing in the store under its key.
-    assert not list((tmp_path / "store" / "jobs").glob(f"{job}*")) if (tmp_path / "store" / "jobs").exists() else True
     assert json.loads(ref_params)["w"] != 0.0
+
+
+def test_job_longer_than_its_time_limit_finishes_after_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # About 60 s of work under a 1-minute limit, warned 30 s ahead (Slurm checks time limits every 30 s or
+    # so, so the warning comes 0-30 s earlier still): done in two to four runs.
+    steps = 300
+    ref_out, ref_params = _reference(tmp_path, steps)
+    d = _workdir(tmp_path, "job")
+    job = slurm.sbatch(_script(d, steps, 0.2), "--requeue", "--time=1", "--signal=B:USR1@30",
+                       "--output", str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append",
+                       cwd=d, env=_env(tmp_path))
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=280)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
+    assert (d / "params.json").read_bytes() == ref_params
+    assert int(info["Restarts"]) >= 1
+    err = (d / "err.txt").read_text()
+    assert err.count("SIGUSR1: checkpoint") == int(info["Restarts"]), err
+
+
+def test_restore_on_a_node_without_criu_fails_clearly_and_keeps_the_checkpoint(slurm: SlurmCluster,
+                                                                                tmp_path: Path) -> None:
+    d = _workdir(tmp_path, "job")
+    env = _env(tmp_path)
+    script = _script(d, 400, 0.1)
+    script.write_text(script.read_text().replace(
+        "exec", f"[ -e {tmp_path / 'no-criu'} ] && export TIDAL_CRIU=/nonexistent/criu\nexec"))
+    job = slurm.sbatch(script, "--requeue", "--output", str(d / "out.txt"), "--error",
+                       str(d / "err.txt"), "--open-mode=append", cwd=d, env=env)
+    wait_for_line(d / "out.txt", r"^step 5 ", timeout=60)
+    # Once requeued, the job starts where CRIU does not work (TIDAL_CRIU names a CRIU that is not there).
+    (tmp_path / "no-criu").touch()
+    slurm.client("scancel", "--batch", "--signal=USR1", job)
+    info = slurm.wait_state(job, ["FAILED", "COMPLETED"], timeout=120)
+    err = (d / "err.txt").read_text()
+    assert info["JobState"] == "FAILED", _explain(slurm, d)
+    assert f"error: cannot restore job {job} on node n1: CRIU is not usable here" in err, err
+    assert "then requeue the job; its checkpoint" in err
+    assert [c.name for c in (tmp_path / "store" / "jobs").iterdir()] == [job]
+
+
+def test_no_store_configured(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "TIDAL_HOME": str(tmp_path)}
+    out = subprocess.run([str(TIDAL), "run", "--", "true"], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "error: tidal run has no checkpoint store: give --store URL or set TIDAL_CHECKPOINT_STORE",
+        "hint: a directory on storage every node mounts at the same path, or an s3:// URL; a node-local "
+        "directory would not follow the job to other nodes"]

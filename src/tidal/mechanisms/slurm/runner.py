@@ -196,12 +196,16 @@ class SlurmRun:
         try:
             specs = self._specs(workdir)
             placement = [(s, node) for s in specs]
+            offsets = {s.rank: 0 for s in specs}
             if latest is not None:
+                # The output continues from where the checkpoint's copy of each rank's log ends (the ranks
+                # run on as soon as they are restored).
+                ranks_meta = store.reader(key, latest.id).meta["ranks"]
+                offsets = {s.rank: int(ranks_meta[str(s.rank)]["log_bytes"]) for s in specs}
                 job = Job.restore(store, key, placement, rendezvous=self._rdv(), fs_ignore=ignore)
                 self.say(f"job {key} restored from checkpoint {latest.id} on {node_name}")
             else:
                 job = Job.launch(key, placement, store, fs_ignore=ignore)
-            offsets = {s.rank: node.log_path(s).stat().st_size if latest is not None else 0 for s in specs}
             lock = threading.Lock()
             fwd = [_Forwarder(node.log_path(s), offsets[s.rank], self.out, lock, len(specs) > 1) for s in specs]
             for f in fwd:
