@@ -154,3 +154,25 @@ def test_no_store_configured(tmp_path: Path) -> None:
         "error: tidal run has no checkpoint store: give --store URL or set TIDAL_CHECKPOINT_STORE",
         "hint: a directory on storage every node mounts at the same path, or an s3:// URL; a node-local "
         "directory would not follow the job to other nodes"]
+
+
+def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = {**os.environ, **slurm.env(), "TIDAL_CHECKPOINT_STORE": str(tmp_path / "store")}
+    out = subprocess.run([str(TIDAL), "doctor", "--slurm", "-o", "json"], env=env, capture_output=True, text=True,
+                         check=False, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert {n: c["status"] for n, c in rows.items()} == {
+        "slurm": "ok", "slurm: PreemptMode": "ok", "slurm: GraceTime": "ok", "slurm: signals": "ok",
+        "slurm: store": "ok", "slurm: criu on nodes": "ok"}
+    assert rows["slurm"]["detail"].startswith("Slurm 22.05")
+    assert rows["slurm: PreemptMode"]["detail"] == "REQUEUE (preempt/partition_prio)"
+    assert rows["slurm: GraceTime"]["detail"] == "low=30s"
+    assert rows["slurm: criu on nodes"]["detail"] == "CRIU works on all 1 node(s)"
+    # Without a store: a required check missing, and what to do.
+    env.pop("TIDAL_CHECKPOINT_STORE")
+    out = subprocess.run([str(TIDAL), "doctor", "--slurm", "-o", "json"], env=env, capture_output=True, text=True,
+                         check=False, timeout=180)
+    assert out.returncode == 1
+    store = {c["name"]: c for c in json.loads(out.stdout)["checks"]}["slurm: store"]
+    assert (store["status"], store["detail"]) == ("missing", "no checkpoint store (TIDAL_CHECKPOINT_STORE or --store)")

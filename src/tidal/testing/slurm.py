@@ -24,7 +24,6 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,7 +56,7 @@ class SlurmNode:
 def parse_record(text: str) -> dict[str, str]:
     """``Key=Value`` pairs of one ``scontrol show`` record (values without spaces, as Slurm prints them;
     a value with spaces, such as ``Command=``, keeps its first word)."""
-    return dict(m.groups() for m in re.finditer(r"(\w[\w:/]*)=(\S*)", text))
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w[\w:/]*)=(\S*)", text)}
 
 
 class SlurmCluster:
