@@ -176,3 +176,43 @@ def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> No
     assert out.returncode == 1
     store = {c["name"]: c for c in json.loads(out.stdout)["checks"]}["slurm: store"]
     assert (store["status"], store["detail"]) == ("missing", "no checkpoint store (TIDAL_CHECKPOINT_STORE or --store)")
+
+
+@pytest.mark.torch
+def test_ddp_ranks_of_a_preempted_job_finish_identical_to_torchrun(slurm: SlurmCluster, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    example = Path(__file__).parents[2] / "examples" / "ddp_train.py"
+    steps = 400
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "ddp_train.py").write_bytes(example.read_bytes())
+    # Per rank, as torchrun writes them with --redirects (on one stdout, the ranks' lines can run together).
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir",
+                    str(tmp_path / "torchrun-logs"), "--redirects", "1", "ddp_train.py", "--steps", str(steps)],
+                   cwd=ref, capture_output=True, check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    want = {rank: next((tmp_path / "torchrun-logs").glob(f"**/attempt_0/{rank}/stdout.log")).read_bytes()
+            for rank in (0, 1)}
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "ddp_train.py").write_bytes(example.read_bytes())
+    script = d / "job.sh"
+    script.write_text("#!/bin/sh\nexport OMP_NUM_THREADS=1\n"
+                      f"exec {TIDAL} run --ranks-per-node 2 -- {sys.executable} ddp_train.py --steps {steps} "
+                      "--step-time 0.1\n")
+    job = slurm.sbatch(script, "--requeue", "-p", "low", "--output", str(d / "out.txt"), "--error",
+                       str(d / "err.txt"), "--open-mode=append", cwd=d, env=_env(tmp_path))
+    wait_for_line(d / "out.txt", r"^rank 1 step 20 ", timeout=120)
+    high = tmp_path / "high.sh"
+    high.write_text("#!/bin/sh\nexit 0\n")
+    slurm.sbatch(high, "-p", "high", "--output", "/dev/null", cwd=tmp_path)
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=240)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert info["Restarts"] == "1"
+    # tidal run writes the ranks' output to Slurm's file whole lines at a time: each rank's lines, in order.
+    got = (d / "out.txt").read_bytes().splitlines(keepends=True)
+    for rank in (0, 1):
+        mine = b"".join(ln for ln in got if ln.startswith(f"rank {rank} ".encode()))
+        assert mine == want[rank], _explain(slurm, d)
+    assert (d / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
+    assert "SIGTERM: checkpoint" in (d / "err.txt").read_text()

@@ -206,6 +206,7 @@ class SlurmCluster:
         for pid in _pids_under(self.root):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            _thaw(pid)  # a rank left frozen by a checkpoint cut short dies only once thawed
         if self._own_root:
             shutil.rmtree(self.root, ignore_errors=True)
 
@@ -259,6 +260,14 @@ class SlurmCluster:
             with contextlib.suppress(OSError):
                 parts.append(f"== {f.name}\n{f.read_text(errors='replace')[-4000:]}")
         return "\n".join(parts)
+
+
+def _thaw(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "freezer" in controllers.split(","):
+                Path("/sys/fs/cgroup/freezer", path.lstrip("/"), "freezer.state").write_text("THAWED")
 
 
 def _pids_under(root: Path) -> list[int]:

@@ -15,6 +15,7 @@ then started again from that one.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import signal
 import subprocess
@@ -28,7 +29,7 @@ from typing import BinaryIO, TextIO
 
 from tidal.config import load_settings
 from tidal.errors import CheckpointError, ConfigError, TidalError, Unsupported, ValidationError
-from tidal.mechanisms.criu import tasks
+from tidal.mechanisms.criu import cgroups, tasks
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
@@ -159,6 +160,18 @@ class SlurmRun:
                          {**self.job_env, **self.step.rank_env(i, k, "127.0.0.1"), **extra})
                 for i in range(k)]
 
+    def _reclaim(self, node: NodeRoot) -> None:
+        """Ranks an earlier run of this job left on this node (its tidal run killed during a checkpoint, its
+        ranks still frozen): Slurm started the job again, so they are dead weight, and they hold the cgroups
+        the new ranks need."""
+        for group in cgroups.hierarchy().rank_groups(node.name):
+            left = group.kill()
+            if left:
+                self.say(f"killed {len(left)} process(es) an earlier run of job {self.step.key} left on "
+                         f"{self.step.node}")
+            group.wait_empty(10)
+            group.remove()
+
     def _rdv(self) -> Store | None:
         return Store(self.rendezvous.addr, f"slurm-{self.step.key}") if self.rendezvous else None
 
@@ -186,13 +199,19 @@ class SlurmRun:
                                   f"({exc.message}), so the job could not be checkpointed", hint=exc.hint) from exc
         become_subreaper()
         root = settings.home / "slurm" / key / node_name
-        node = NodeRoot(f"slurm-{key}-{node_name}", root)
+        node = NodeRoot.of_agent(f"slurm-{key}-{node_name}", root)
+        self._reclaim(node)
         workdir = Path.cwd()
         local_store = None if "://" in self.url and not self.url.startswith("file://") else \
             Path(self.url.removeprefix("file://"))
         ignore = not_job_state(workdir, (settings.home, *([local_store] if local_store else [])))
         if self.opts.ranks_per_node > 1:
-            self.rendezvous = RendezvousServer()
+            # In a session of its own, so that the SIGTERM Slurm sends this process group does not end it
+            # before the ranks are checkpointed; it lives while this process holds the lock on its lifeline.
+            lifeline = root / "rendezvous.lock"
+            self._lifeline = os.open(lifeline, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fcntl.flock(self._lifeline, fcntl.LOCK_EX)
+            self.rendezvous = RendezvousServer(lifeline=lifeline, log=root / "rendezvous.log")
         try:
             specs = self._specs(workdir)
             placement = [(s, node) for s in specs]
