@@ -100,12 +100,13 @@ class _Forwarder(threading.Thread):
         super().__init__(name=f"tidal-forward-{log.parent.name}", daemon=True)
         self.log, self.offset, self.out, self.lock, self.whole_lines = log, offset, out, lock, whole_lines
         self.done = threading.Event()
+        self.limit: int | None = None  # where the output ends: the checkpoint's copy of the log
 
     def _pump(self, final: bool) -> None:
         try:
             with self.log.open("rb") as f:
                 f.seek(self.offset)
-                data = f.read()
+                data = f.read(-1 if self.limit is None else max(0, self.limit - self.offset))
         except FileNotFoundError:
             return
         if self.whole_lines and not final:
@@ -121,7 +122,9 @@ class _Forwarder(threading.Thread):
             self._pump(False)
         self._pump(True)
 
-    def finish(self) -> None:
+    def finish(self, limit: int | None = None) -> None:
+        """Copy what is left, up to ``limit`` bytes of the log."""
+        self.limit = limit
         self.done.set()
         self.join(10)
 
@@ -142,6 +145,9 @@ class SlurmRun:
         self.stop_signal: str | None = None
         self.wake = threading.Event()
         self.rendezvous: RendezvousServer | None = None
+        # Where each rank's output ends once it is checkpointed and killed: what its pipe held at the dump is
+        # in the image, and the restored rank writes it again, so the live log's copy of it is not forwarded.
+        self.log_ends: dict[int, int] = {}
 
     def say(self, msg: str) -> None:
         print(f"tidal run: {msg}", file=self.err, flush=True)
@@ -232,8 +238,8 @@ class SlurmRun:
             try:
                 code = self._supervise(job, store)
             finally:
-                for f in fwd:
-                    f.finish()
+                for f, spec in zip(fwd, specs, strict=True):
+                    f.finish(self.log_ends.get(spec.rank))
             if code is None:  # checkpointed (or failed to) and stopped: Slurm starts the job again
                 self._requeue()
                 return 0
@@ -273,6 +279,8 @@ class SlurmRun:
         try:
             _await_started(job)
             info = job.checkpoint("kill", keep=self.opts.keep)
+            ranks_meta = store.reader(job.job_id, info.id).meta["ranks"]
+            self.log_ends = {int(r): int(m["log_bytes"]) for r, m in ranks_meta.items()}
             self.say(f"{why}: checkpoint {info.id} of job {job.job_id} committed; it goes on from there when "
                      "Slurm starts it again")
         except TidalError as exc:
