@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -216,3 +217,49 @@ def test_ddp_ranks_of_a_preempted_job_finish_identical_to_torchrun(slurm: SlurmC
         assert mine == want[rank], _explain(slurm, d)
     assert (d / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
     assert "SIGTERM: checkpoint" in (d / "err.txt").read_text()
+
+
+# The training above, but at step 20 it opens a TCP connection and holds it until a file appears: CRIU cannot
+# dump an established connection, so a checkpoint taken meanwhile fails.
+CONNECTING = TRAIN.replace("    time.sleep(pause)\n", """    time.sleep(pause)
+    if step == 20:
+        import os, socket
+        while not os.path.exists(sys.argv[3] + ".connect"):
+            time.sleep(0.05)
+        conn = socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+        print("connected", flush=True)
+        while not os.path.exists(sys.argv[3] + ".release"):
+            time.sleep(0.05)
+        conn.close()
+""")
+
+
+def test_failed_checkpoint_requeues_from_the_previous_one(slurm: SlurmCluster, tmp_path: Path) -> None:
+    steps = 60
+    _, ref_params = _reference(tmp_path, steps)
+    d = _workdir(tmp_path, "job")
+    (d / "train.py").write_text(CONNECTING)
+    gate = tmp_path / "gate"
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as server:  # the kernel accepts; nobody reads
+        port = server.getsockname()[1]
+        script = d / "job.sh"
+        script.write_text(f"#!/bin/sh\nexec {TIDAL} run --checkpoint-every 1 -- {sys.executable} train.py {steps} "
+                          f"0.05 {gate} {port}\n")
+        job = slurm.sbatch(script, "--requeue", "--output", str(d / "out.txt"), "--error", str(d / "err.txt"),
+                           "--open-mode=append", cwd=d, env=_env(tmp_path))
+        first = wait_for_line(d / "err.txt", r"periodic checkpoint (\S+) of job \S+ committed", timeout=60)
+        gate.with_suffix(".connect").touch()
+        wait_for_line(d / "out.txt", "^connected$", timeout=60)
+        slurm.client("scancel", "--batch", "--signal=USR1", job)
+        failed = wait_for_line(d / "err.txt", r"SIGUSR1: checkpoint of job .* goes on from its last checkpoint (\S+),",
+                               timeout=60)
+        assert "criu dump of pid" in failed.group(0) and "failed" in failed.group(0)
+        wait_for_line(d / "err.txt", f"restored from checkpoint {failed.group(1)} on n1", timeout=120)
+        gate.with_suffix(".release").touch()
+        info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=120)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert info["Restarts"] == "1"
+    # Nothing lost: the work since that checkpoint was done again, to the same end (its output lines twice).
+    assert (d / "params.json").read_bytes() == ref_params
+    assert (d / "out.txt").read_text().endswith("done\n")
+    assert failed.group(1) >= first.group(1)

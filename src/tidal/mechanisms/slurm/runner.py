@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from tidal.config import load_settings
-from tidal.errors import CheckpointError, ConfigError, TidalError, Unsupported, ValidationError
+from tidal.errors import CheckpointError, ConfigError, RankExited, TidalError, Unsupported, ValidationError
 from tidal.mechanisms.criu import cgroups, tasks
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.provision import find_criu
@@ -270,6 +270,8 @@ class SlurmRun:
                     _await_started(job)
                     info = job.checkpoint("continue", keep=self.opts.keep)
                     self.say(f"periodic checkpoint {info.id} of job {job.job_id} committed")
+                except RankExited:
+                    pass  # the ranks are ending: their exit is seen next
                 except TidalError as exc:
                     self.say(f"periodic checkpoint of job {job.job_id} failed: {exc.message} (the job goes on)")
                 next_at = time.monotonic() + (every or 0)
