@@ -263,8 +263,7 @@ class SlurmRun:
                     return 0
                 return bad[0].code if bad[0].code is not None else 128 + (bad[0].signal or 0)
             if self.wake.wait(0.1):
-                self._stop(job, store)
-                return None
+                return self._stop(job, store)
             if next_at is not None and time.monotonic() >= next_at:
                 try:
                     _await_started(job)
@@ -276,7 +275,9 @@ class SlurmRun:
                     self.say(f"periodic checkpoint of job {job.job_id} failed: {exc.message} (the job goes on)")
                 next_at = time.monotonic() + (every or 0)
 
-    def _stop(self, job: Job, store: CheckpointStore) -> None:
+    def _stop(self, job: Job, store: CheckpointStore) -> int | None:
+        """Checkpoint and kill the ranks (None: Slurm starts the job again), or, if they ended meanwhile,
+        their exit code."""
         why = self.stop_signal
         try:
             _await_started(job)
@@ -285,6 +286,18 @@ class SlurmRun:
             self.log_ends = {int(r): int(m["log_bytes"]) for r, m in ranks_meta.items()}
             self.say(f"{why}: checkpoint {info.id} of job {job.job_id} committed; it goes on from there when "
                      "Slurm starts it again")
+        except RankExited:
+            # The signal came as the ranks were ending: if they all have, the job is done, not requeued.
+            with contextlib.suppress(Exception):
+                statuses = job.wait(10)
+                bad = [st for st in statuses if not st.ok]
+                if not bad:
+                    return 0
+                return bad[0].code if bad[0].code is not None else 128 + (bad[0].signal or 0)
+            with contextlib.suppress(Exception):
+                job.kill()
+            self.say(f"{why}: a rank of job {job.job_id} ended during its checkpoint; the job is stopped")
+            return 1
         except TidalError as exc:
             with contextlib.suppress(Exception):
                 job.kill()
@@ -292,6 +305,7 @@ class SlurmRun:
             since = f"its last checkpoint {last.id}" if last else "its start"
             self.say(f"{why}: checkpoint of job {job.job_id} failed: {exc.message}; when Slurm starts it again it "
                      f"goes on from {since}, nothing committed is lost")
+        return None
 
     def _requeue(self) -> None:
         """At the time limit's warning (USR1), Slurm would end the job: ask it to requeue it instead. On
