@@ -24,7 +24,7 @@ TIDAL = Path(sys.executable).with_name("tidal")
 # A small deterministic "training": gradient descent on a linear model, one loss line per step, its
 # parameters saved at the end. Its steps take wall time so that Slurm's signals land in the middle.
 TRAIN = """\
-import json, sys, time
+import json, os, sys, time
 steps, pause = int(sys.argv[1]), float(sys.argv[2])
 w, b = 0.0, 0.0
 data = [(x / 10, 3.0 * x / 10 - 1.0 + ((x * 7919) % 13 - 6) / 100) for x in range(50)]
@@ -35,6 +35,8 @@ for step in range(steps):
     loss = sum((w * x + b - y) ** 2 for x, y in data) / len(data)
     print(f"step {step} loss {loss!r}")
     time.sleep(pause)
+    while step == 20 and len(sys.argv) == 4 and not os.path.exists(sys.argv[3]):
+        time.sleep(0.05)  # held here until the test lets it go on
 with open("params.json", "w") as f:
     json.dump({"w": w, "b": b}, f)
 print("done")
@@ -70,10 +72,9 @@ def _reference(tmp: Path, steps: int) -> tuple[bytes, bytes]:
     return out.stdout, (d / "params.json").read_bytes()
 
 
-def _script(d: Path, steps: int, pause: float, *extra: str) -> Path:
+def _script(d: Path, steps: int, pause: float, gate: str = "") -> Path:
     script = d / "job.sh"
-    script.write_text("#!/bin/sh\n"
-                      f"exec {TIDAL} run {' '.join(extra)} -- {sys.executable} train.py {steps} {pause}\n")
+    script.write_text(f"#!/bin/sh\nexec {TIDAL} run -- {sys.executable} train.py {steps} {pause} {gate}\n")
     return script
 
 
@@ -87,16 +88,19 @@ def _explain(slurm: SlurmCluster, d: Path) -> str:
 
 
 def test_preempted_job_is_requeued_and_finishes_identical(slurm: SlurmCluster, tmp_path: Path) -> None:
-    steps = 250
+    steps = 60
     ref_out, ref_params = _reference(tmp_path, steps)
     d = _workdir(tmp_path, "job")
-    job = slurm.sbatch(_script(d, steps, 0.15), "--requeue", "-p", "low", "--output", str(d / "out.txt"),
-                       "--error", str(d / "err.txt"), "--open-mode=append", cwd=d, env=_env(tmp_path))
+    gate = tmp_path / "gate"  # the job waits at step 20 until the test has seen it preempted
+    job = slurm.sbatch(_script(d, steps, 0.05, str(gate)), "--requeue", "-p", "low", "--output",
+                       str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append", cwd=d,
+                       env=_env(tmp_path))
     wait_for_line(d / "out.txt", r"^step 10 ", timeout=60)
     high = tmp_path / "high.sh"
     high.write_text("#!/bin/sh\nexit 0\n")
     hi = slurm.sbatch(high, "-p", "high", "--output", "/dev/null", cwd=tmp_path)
-    slurm.wait_state(hi, ["COMPLETED"], timeout=120)
+    slurm.wait_state(hi, ["COMPLETED"], timeout=180)
+    gate.touch()
     info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=180)
     assert info["JobState"] == "COMPLETED", _explain(slurm, d)
     assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
