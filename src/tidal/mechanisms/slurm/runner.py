@@ -250,6 +250,10 @@ class SlurmRun:
             if self.rendezvous is not None:
                 self.rendezvous.close()
             store.close()
+            # The node's cgroup directory: its rank groups are gone with the ranks (a group still holding
+            # exiting processes keeps it, and the next run on this node reclaims it).
+            with contextlib.suppress(OSError):
+                cgroups.hierarchy().node_path(node.name).rmdir()
 
     def _supervise(self, job: Job, store: CheckpointStore) -> int | None:
         """Until the ranks end (their exit code) or a signal stops them (None)."""
