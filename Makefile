@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus chromium venv clean bench docs
+.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus chromium slurm venv clean bench docs
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,11 @@ prometheus:
 chromium:
 	sh tests/tools/provision-chromium.sh || echo "[chromium] not installed: the dashboard's browser tests will be skipped"
 
+# Slurm and munge (Debian's packages), which tests/system/test_slurm.py runs a temporary cluster with: installed
+# where missing (as root, non-interactive), the packages' own services never started.
+slurm:
+	sh tests/tools/provision-slurm.sh
+
 # ruff, mypy, and the import contracts of pyproject.toml ([tool.importlinter]: the layers and the CLI's door
 # to the control plane).
 lint: $(STAMP)
@@ -36,11 +41,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
-test: criu prometheus chromium lint
+test: criu prometheus chromium slurm lint
 	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
 
 # Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
-test-quick: criu prometheus chromium lint
+test-quick: criu prometheus chromium slurm lint
 	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
 
 # The ranks' and the agent's integration tests again, in a cgroup2-only view of this machine (a private mount

@@ -8,6 +8,7 @@ code is 1 when a *required* check is missing; warnings never fail.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
@@ -21,6 +22,7 @@ from tidal.cli.output import console
 from tidal.control.checks import control_plane_checks
 from tidal.mechanisms import checks
 from tidal.mechanisms.checks import Check
+from tidal.mechanisms.slurm import site
 
 
 def run_checks() -> list[Check]:
@@ -51,9 +53,17 @@ def render(results: Sequence[Check], wide: bool = False) -> None:
 def doctor(
     output: Format = output_option(),
     as_json: bool = typer.Option(False, "--json", help="as -o json"),
+    slurm: bool = typer.Option(False, "--slurm",
+                               help="check the Slurm site for `tidal run` instead: Slurm's version, PreemptMode, "
+                                    "GraceTime, signals, the checkpoint store, CRIU on every node (through srun)"),
+    store: str = typer.Option(None, "--store", metavar="URL",
+                              help="with --slurm: the checkpoint store to check (over TIDAL_CHECKPOINT_STORE)"),
 ) -> None:
     """Check this machine: kernel, root, CRIU and its features, cgroups, torch, PostgreSQL, GPUs."""
-    results = run_checks()
+    if slurm:
+        results = checks.run_checks(site.slurm_checks(store or os.environ.get("TIDAL_CHECKPOINT_STORE")))
+    else:
+        results = run_checks()
     emit(to_json(results), Format.json if as_json else output, lambda wide: render(results, wide))
     raise typer.Exit(exit_code(results))
 

@@ -58,19 +58,22 @@ class Entry:
         return True
 
 
-def _walk(root: Path, rel: str = "") -> Iterator[tuple[str, os.DirEntry[str]]]:
+def _walk(root: Path, rel: str = "", ignore: frozenset[str] = frozenset()) -> Iterator[tuple[str, os.DirEntry[str]]]:
     with os.scandir(root / rel if rel else root) as it:
         for de in it:
             path = f"{rel}/{de.name}" if rel else de.name
+            if path in ignore:  # and all beneath it
+                continue
             yield path, de
             if de.is_dir(follow_symlinks=False):
-                yield from _walk(root, path)
+                yield from _walk(root, path, ignore)
 
 
-def scan(root: Path) -> dict[str, Entry]:
-    """Every entry under ``root`` (not following symlinks), keyed by relative POSIX path."""
+def scan(root: Path, ignore: frozenset[str] = frozenset()) -> dict[str, Entry]:
+    """Every entry under ``root`` (not following symlinks), keyed by relative POSIX path; those of
+    ``ignore``, and what lies beneath them, left out."""
     out: dict[str, Entry] = {}
-    for path, de in _walk(root):
+    for path, de in _walk(root, ignore=ignore):
         st = de.stat(follow_symlinks=False)
         mode = stat.S_IMODE(st.st_mode)
         if stat.S_ISREG(st.st_mode):
@@ -103,22 +106,33 @@ class FsTracker:
     is made as ``who``, the job's account (see :mod:`tidal.mechanisms.accounts`); Tidal's own staging
     area is accessed as the agent."""
 
-    def __init__(self, workdir: Path, baseline: dict[str, Entry], who: Account | None = None) -> None:
+    def __init__(self, workdir: Path, baseline: dict[str, Entry], who: Account | None = None,
+                 ignore: frozenset[str] = frozenset()) -> None:
+        """``ignore``: files and directories (relative paths) of the directory that are not the job's state
+        and are left alone, neither saved nor put back: the output files a batch system writes the job's
+        output to, still open; a checkpoint store or node root that lies inside it."""
         self.workdir = workdir
         self.baseline = baseline
         self.who = who
+        self.ignore = ignore
+
+    def _ignored(self, path: str) -> bool:
+        return any(path == i or path.startswith(i + "/") for i in self.ignore)
 
     @classmethod
-    def at_launch(cls, workdir: Path, who: Account | None = None) -> FsTracker:
+    def at_launch(cls, workdir: Path, who: Account | None = None, ignore: frozenset[str] = frozenset()) -> FsTracker:
         with acting_as(who):
-            return cls(workdir, scan(workdir), who)
+            return cls(workdir, scan(workdir, ignore), who, ignore)
 
     def baseline_json(self) -> dict[str, Any]:
         return {p: asdict(e) for p, e in self.baseline.items()}
 
     @classmethod
-    def from_json(cls, workdir: Path, data: dict[str, Any], who: Account | None = None) -> FsTracker:
-        return cls(workdir, {p: Entry(**e) for p, e in data.items()}, who)
+    def from_json(cls, workdir: Path, data: dict[str, Any], who: Account | None = None,
+                  ignore: frozenset[str] = frozenset()) -> FsTracker:
+        self = cls(workdir, {}, who, ignore)
+        self.baseline = {p: Entry(**e) for p, e in data.items() if not self._ignored(p)}
+        return self
 
     def capture(self, staging: Path) -> FsSnapshot:
         """Record the directory now and copy changed files into ``staging`` (call while the job is frozen)."""
@@ -127,7 +141,7 @@ class FsTracker:
                 raise CheckpointError(f"working directory {self.workdir} has disappeared",
                                       object=str(self.workdir),
                                       hint="a job's working directory must stay in place while the job lives")
-            entries = scan(self.workdir)
+            entries = scan(self.workdir, self.ignore)
         captured = []
         for path, entry in entries.items():
             if entry.kind != "f":
@@ -154,12 +168,15 @@ class FsTracker:
         """Put the working directory back as in ``snap``. ``fetch(paths, into)`` writes the captured files
         of ``paths`` under ``into`` (verified); nothing in the working directory changes unless all of them
         arrived and every input is intact."""
+        if self.ignore:
+            snap = FsSnapshot({p: e for p, e in snap.entries.items() if not self._ignored(p)},
+                              [p for p in snap.captured if not self._ignored(p)])
         with acting_as(self.who):
             if not self.workdir.is_dir():
                 raise CheckpointError(f"cannot restore: working directory {self.workdir} does not exist on "
                                       "this node", object=str(self.workdir),
                                       hint="the working directory must exist at the same path on every node")
-            current = scan(self.workdir)
+            current = scan(self.workdir, self.ignore)
         for path, entry in snap.entries.items():
             if entry.kind == "f" and path not in snap.captured:
                 now = current.get(path)

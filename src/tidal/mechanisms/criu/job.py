@@ -134,14 +134,16 @@ class Job:
 
     @classmethod
     def launch(cls, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]], store: CheckpointStore,
-               track_fs: bool = True, **kw: Any) -> Job:
+               track_fs: bool = True, fs_ignore: frozenset[str] = frozenset(), **kw: Any) -> Job:
+        """``fs_ignore``: files of the working directory that are not the job's state (see
+        :class:`FsTracker`)."""
         if not placement:
             raise MechanismError("a job needs at least one rank", hint="place at least one rank on a node")
         workdir = placement[0][0].workdir
         if not workdir.is_dir():
             raise MechanismError(f"working directory {workdir} does not exist",
                                  hint="it must exist at the same path on every node")
-        fs = FsTracker.at_launch(workdir, placement[0][0].account) if track_fs else None
+        fs = FsTracker.at_launch(workdir, placement[0][0].account, fs_ignore) if track_fs else None
         ranks: list[RankProcess] = []
         try:
             for spec, node in placement:
@@ -413,7 +415,8 @@ class Job:
     @classmethod
     def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]],
                 checkpoint_id: str | Sequence[str] | None = None, prestaged: Mapping[int, LastDump] | None = None,
-                rendezvous: Store | None = None, track_fs: bool = True, lazy: bool = True, **kw: Any) -> Job:
+                rendezvous: Store | None = None, track_fs: bool = True, lazy: bool = True,
+                fs_ignore: frozenset[str] = frozenset(), **kw: Any) -> Job:
         """Restore the ranks of ``placement`` from ``checkpoint_id`` (default: the latest committed one),
         or from its parts (one per node it was spread over; the placement may take any of their ranks).
         ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
@@ -422,7 +425,7 @@ class Job:
         ``lazy``: the ranks resume before their memory is all in; it is filled in from the verified images
         as they touch it and in the background (see :meth:`CriuRunner.restore`), which takes most of CRIU's
         restore out of the downtime. Where the kernel lacks what it needs (``tidal doctor``: "criu: lazy
-        pages"), the restore is eager."""
+        pages"), the restore is eager. ``fs_ignore``: as for :meth:`launch`."""
         # One checkpoint (or the latest): every rank must be placed. Parts: any of their ranks.
         whole = checkpoint_id is None or isinstance(checkpoint_id, str)
         parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
@@ -455,7 +458,7 @@ class Job:
                 raise CheckpointError(f"no part of checkpoint {readers[0].info.id} carries the working directory",
                                       object=readers[0].info.id,
                                       hint="restore it without tracking the working directory (track_fs=False)")
-            fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"], placement[0][0].account)
+            fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"], placement[0][0].account, fs_ignore)
         node0 = placement[0][1]
         mine = {r: owner[r] for r in by_rank}
         need = sum(rd.entry(n).size for r, rd in mine.items() for n in rd.names()

@@ -94,3 +94,28 @@ def test_baseline_roundtrips_through_json(tmp_path: Path) -> None:
     tracker = FsTracker.at_launch(tmp_path)
     again = FsTracker.from_json(tmp_path, tracker.baseline_json())
     assert again.baseline == tracker.baseline
+
+
+def test_ignored_paths_are_neither_saved_nor_put_back(tmp_path: Path) -> None:
+    # A batch system's output file of the job, and a store inside the working directory, are not its state:
+    # they grow on their own, and a restore must neither roll them back nor remove them.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "slurm.out").write_text("line 1\n")
+    ignore = frozenset({"slurm.out", "store"})
+    tracker = FsTracker.at_launch(work, ignore=ignore)
+    (work / "slurm.out").write_text("line 1\nline 2\n")
+    (work / "store" / "chunks").mkdir(parents=True)
+    (work / "store" / "chunks" / "a").write_text("chunk a")
+    (work / "state.txt").write_text("step 1")
+    staging = tmp_path / "staging"
+    snap = _roundtrip(tracker.capture(staging))
+    assert snap.captured == ["state.txt"] and sorted(snap.entries) == ["state.txt"]
+
+    (work / "slurm.out").write_text("line 1\nline 2\nline 3\n")
+    (work / "store" / "chunks" / "b").write_text("chunk b")
+    (work / "state.txt").write_text("step 2")
+    restored = FsTracker.from_json(work, tracker.baseline_json(), ignore=ignore)
+    restored.restore(snap, _fetch_from(staging), tmp_path / "scratch")
+    assert _tree(work) == {"slurm.out": b"line 1\nline 2\nline 3\n", "state.txt": b"step 1", "store": None,
+                           "store/chunks": None, "store/chunks/a": b"chunk a", "store/chunks/b": b"chunk b"}

@@ -1,0 +1,286 @@
+"""A throw-away Slurm cluster for tests: its own munge key and ``munged``, ``slurmctld`` and one ``slurmd`` per
+node, all under one temporary directory, with a ``slurm.conf`` of its own (nothing of ``/etc/slurm`` or
+``/etc/munge`` is read or touched), removed on :meth:`SlurmCluster.stop`, also when starting failed.
+
+Preemption is by partition priority (``preempt/partition_prio``, ``PreemptMode=REQUEUE`` with a
+``GraceTime``): a job in partition ``high`` takes the node of a job in ``low``, which is sent SIGTERM,
+given the grace time and requeued. (Preemption by QOS, ``preempt/qos``, is the same to a job, but needs
+``slurmdbd`` and a MySQL server to hold the QOS.) The completion log (``jobcomp/filetxt``) and
+``scontrol show job`` (``Restarts=``) show requeues without a database.
+
+Nodes are ``(name, address)`` pairs; a node with a network namespace (a test host of
+:mod:`tidal.testing.hosts`) runs its ``slurmd`` inside it, so that several nodes on one machine are
+reached over the network. Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
+(``make slurm``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidal.waiting import wait_until
+
+BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
+PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def missing_binaries() -> list[str]:
+    """What of Slurm and munge is not installed here (``make slurm`` installs it)."""
+    return [b for b in BINARIES if shutil.which(b, path=PATH) is None]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    addr: str = "127.0.0.1"
+    netns: str | None = None  # the network namespace its slurmd runs in
+    cpus: int = 1
+
+
+def parse_record(text: str) -> dict[str, str]:
+    """``Key=Value`` pairs of one ``scontrol show`` record (values without spaces, as Slurm prints them;
+    a value with spaces, such as ``Command=``, keeps its first word)."""
+    return {m.group(1): m.group(2) for m in re.finditer(r"(\w[\w:/]*)=(\S*)", text)}
+
+
+class SlurmCluster:
+    """One ``slurmctld`` and a ``slurmd`` per node. ``grace``: the ``GraceTime`` of a preempted job;
+    ``over_time``: the ``OverTimeLimit`` (minutes a job may run past its limit)."""
+
+    def __init__(self, nodes: Sequence[SlurmNode] = (SlurmNode("n1"),), *, grace: int = 30, over_time: int = 0,
+                 root: Path | None = None, ctld_addr: str = "127.0.0.1") -> None:
+        missing = missing_binaries()
+        if missing:
+            raise RuntimeError(f"Slurm is not installed here (missing {', '.join(missing)}): run `make slurm`")
+        self.nodes = list(nodes)
+        self.root = root or Path(tempfile.mkdtemp(prefix="tidal-slurm-"))
+        self._own_root = root is None
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.grace, self.over_time, self.ctld_addr = grace, over_time, ctld_addr
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    # -- start and stop -------------------------------------------------------------------------------------
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    def env(self) -> dict[str, str]:
+        """What a Slurm client (``sbatch``, ``scontrol``) needs to reach this cluster."""
+        return {"PATH": f"{os.environ.get('PATH', PATH)}:{PATH}", "SLURM_CONF": str(self.conf),
+                "LC_ALL": "C"}
+
+    def _start(self) -> None:
+        for d in ("etc", "munge", "key", "ctld", "log", "spool"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        os.chmod(self.root, 0o755)  # slurmstepd and the jobs traverse it
+        os.chmod(self.root / "munge", 0o755)  # munged wants its socket reachable by every account
+        os.chmod(self.root / "key", 0o700)
+        key = self.root / "key" / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chmod(key, 0o400)
+        self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+        self.conf.write_text(self._conf_text())
+        self._spawn(["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
+                     f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                     f"--seed-file={self.root / 'key' / 'munged.seed'}",
+                     f"--log-file={self.root / 'log' / 'munged.log'}"], "munged")
+        wait_until(lambda: self.munge_socket.exists(), timeout=20, what="munged to listen")
+        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
+        wait_until(lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0, timeout=30,
+                   what="slurmctld to answer", interval=0.2)
+        for n in self.nodes:
+            argv = ["slurmd", "-D", "-N", n.name, "-f", str(self.conf)]
+            if n.netns:
+                argv = ["ip", "netns", "exec", n.netns, *argv]
+            self._spawn(argv, f"slurmd-{n.name}")
+        wait_until(self._all_idle, timeout=60, what="every slurmd to register", interval=0.2)
+
+    def _all_idle(self) -> bool:
+        out = self._run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout.split()
+        states = dict(zip(out[::2], out[1::2], strict=False))
+        return all(states.get(n.name, "").startswith("idle") for n in self.nodes)
+
+    def _conf_text(self) -> str:
+        r = self.root
+        lines = [
+            "ClusterName=tidaltest",
+            f"SlurmctldHost={socket.gethostname()}({self.ctld_addr})",
+            "MailProg=/bin/true",
+            f"SlurmctldPort={self.ctld_port}",
+            f"SlurmdPort={self.slurmd_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            # cred_expire is also how long a requeued job waits before it may start again (default 120 s).
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
+            "SchedulerParameters=sched_interval=1,bf_interval=1,sched_min_interval=100000",
+            f"StateSaveLocation={r / 'ctld'}",
+            f"SlurmdSpoolDir={r / 'spool'}/%n",
+            f"SlurmctldPidFile={r / 'ctld' / 'slurmctld.pid'}",
+            f"SlurmdPidFile={r / 'spool'}/slurmd-%n.pid",
+            f"SlurmctldLogFile={r / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={r / 'log'}/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            # Signals go to the step's process groups: Tidal's ranks run in sessions of their own, so SIGTERM
+            # reaches `tidal run`, which checkpoints them, and not the ranks themselves.
+            "ProctrackType=proctrack/pgid",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={r / 'log' / 'jobcomp.log'}",
+            "MpiDefault=none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/linear",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            "ReturnToService=2",
+            "KillWait=5",
+            "MinJobAge=600",
+            "InactiveLimit=0",
+            f"OverTimeLimit={self.over_time}",
+            "MessageTimeout=10",
+            "SlurmdTimeout=60",
+            "UnkillableStepTimeout=60",
+            "Prolog=",
+            "RebootProgram=",
+        ]
+        for n in self.nodes:
+            lines.append(f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={n.name} CPUs={n.cpus} State=UNKNOWN")
+        names = ",".join(n.name for n in self.nodes)
+        lines += [
+            f"PartitionName=low Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
+            f"PreemptMode=REQUEUE GraceTime={self.grace}",
+            f"PartitionName=high Nodes={names} MaxTime=INFINITE State=UP PriorityTier=10 PreemptMode=OFF",
+        ]
+        return "\n".join(ln for ln in lines if not ln.endswith("=")) + "\n"
+
+    def _spawn(self, argv: list[str], name: str) -> None:
+        out = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's, closed with it
+        try:
+            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
+                                               start_new_session=True))
+        finally:
+            out.close()
+
+    def stop(self) -> None:
+        """End every job and daemon of the cluster and remove its directory."""
+        for p in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in reversed(self.procs):
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+        self.procs.clear()
+        # A job's steps left behind by a slurmd that was stopped (their slurmstepd runs in a session of its own).
+        for pid in _pids_under(self.root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            _thaw(pid)  # a rank left frozen by a checkpoint cut short dies only once thawed
+        if self._own_root:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> SlurmCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- clients --------------------------------------------------------------------------------------------
+    def _run(self, argv: list[str], *, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        out = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False)
+        if check and out.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()}")
+        return out
+
+    def client(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm command (``scontrol``, ``squeue``, ...) against this cluster."""
+        return self._run(list(argv), check=check)
+
+    def sbatch(self, script: Path, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+        """Submit ``script``; its job id."""
+        out = subprocess.run(["sbatch", "--parsable", *args, str(script)], env={**self.env(), **(env or {})},
+                             cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {out.stderr.strip()}")
+        return out.stdout.strip().split(";")[0]
+
+    def job(self, job_id: str) -> dict[str, str]:
+        """``scontrol show job`` of one job, as its ``Key=Value`` fields."""
+        return parse_record(self._run(["scontrol", "-o", "show", "job", job_id]).stdout)
+
+    def wait_state(self, job_id: str, states: Sequence[str], timeout: float) -> dict[str, str]:
+        def reached() -> dict[str, str] | None:
+            info = self.job(job_id)
+            return info if info.get("JobState") in states else None
+
+        return wait_until(reached, timeout=timeout, what=f"job {job_id} to be {' or '.join(states)}", interval=0.3)
+
+    def completions(self) -> list[dict[str, str]]:
+        """The completion log: one record per end of a job (also each end that was requeued)."""
+        path = self.root / "log" / "jobcomp.log"
+        if not path.exists():
+            return []
+        return [parse_record(line) for line in path.read_text().splitlines() if line.strip()]
+
+    def logs(self) -> str:
+        """The daemons' logs, for a failing test's message."""
+        parts = []
+        for f in sorted((self.root / "log").glob("*")):
+            with contextlib.suppress(OSError):
+                parts.append(f"== {f.name}\n{f.read_text(errors='replace')[-4000:]}")
+        return "\n".join(parts)
+
+
+def _thaw(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "freezer" in controllers.split(","):
+                Path("/sys/fs/cgroup/freezer", path.lstrip("/"), "freezer.state").write_text("THAWED")
+
+
+def _pids_under(root: Path) -> list[int]:
+    """Processes whose command line names ``root`` (slurmstepd of this cluster's nodes)."""
+    found = []
+    needle = str(root).encode()
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit() or int(d.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if needle in (d / "cmdline").read_bytes() or needle in (d / "environ").read_bytes():
+                found.append(int(d.name))
+    return found
+
+
+__all__ = ["SlurmCluster", "SlurmNode", "missing_binaries", "parse_record"]

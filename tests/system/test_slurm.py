@@ -1,0 +1,271 @@
+"""Tidal under a real Slurm (Debian's slurmctld, slurmd, munge; a cluster of its own per test, see
+:mod:`tidal.testing.slurm`): `tidal run` in a batch script, preempted and requeued by Slurm, or stopped by its
+time limit, finishes with output and saved parameters byte-identical to an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tidal.mechanisms.criu.provision import find_criu
+from tidal.testing.slurm import SlurmCluster, missing_binaries
+from tidal.waiting import wait_for_line
+
+pytestmark = [pytest.mark.criu, pytest.mark.slow]
+TIDAL = Path(sys.executable).with_name("tidal")
+
+# A small deterministic "training": gradient descent on a linear model, one loss line per step, its
+# parameters saved at the end. Its steps take wall time so that Slurm's signals land in the middle.
+TRAIN = """\
+import json, os, sys, time
+steps, pause = int(sys.argv[1]), float(sys.argv[2])
+w, b = 0.0, 0.0
+data = [(x / 10, 3.0 * x / 10 - 1.0 + ((x * 7919) % 13 - 6) / 100) for x in range(50)]
+for step in range(steps):
+    gw = sum(2 * (w * x + b - y) * x for x, y in data) / len(data)
+    gb = sum(2 * (w * x + b - y) for x, y in data) / len(data)
+    w, b = w - 0.05 * gw, b - 0.05 * gb
+    loss = sum((w * x + b - y) ** 2 for x, y in data) / len(data)
+    print(f"step {step} loss {loss!r}")
+    time.sleep(pause)
+    while step == 20 and len(sys.argv) == 4 and not os.path.exists(sys.argv[3]):
+        time.sleep(0.05)  # held here until the test lets it go on
+with open("params.json", "w") as f:
+    json.dump({"w": w, "b": b}, f)
+print("done")
+"""
+
+
+@pytest.fixture
+def slurm() -> Iterator[SlurmCluster]:
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): run `make slurm` as root")
+    find_criu()  # no skip: `make test` provisions CRIU
+    # GraceTime: ample for a checkpoint of two torch ranks on a loaded 2-core machine (a job that is done
+    # sooner ends sooner).
+    cluster = SlurmCluster(grace=90)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _workdir(tmp: Path, name: str) -> Path:
+    d = tmp / name
+    d.mkdir()
+    (d / "train.py").write_text(TRAIN)
+    return d
+
+
+def _reference(tmp: Path, steps: int) -> tuple[bytes, bytes]:
+    d = _workdir(tmp, "reference")
+    out = subprocess.run([sys.executable, "train.py", str(steps), "0"], cwd=d, capture_output=True, check=True,
+                         env={"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"})
+    return out.stdout, (d / "params.json").read_bytes()
+
+
+def _script(d: Path, steps: int, pause: float, gate: str = "") -> Path:
+    script = d / "job.sh"
+    script.write_text(f"#!/bin/sh\nexec {TIDAL} run -- {sys.executable} train.py {steps} {pause} {gate}\n")
+    return script
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    return {"TIDAL_HOME": str(tmp / "tidal-home"), "TIDAL_CHECKPOINT_STORE": str(tmp / "store")}
+
+
+def _explain(slurm: SlurmCluster, d: Path) -> str:
+    err = (d / "err.txt").read_text() if (d / "err.txt").exists() else ""
+    return f"job stderr:\n{err}\n{slurm.logs()}"
+
+
+def test_preempted_job_is_requeued_and_finishes_identical(slurm: SlurmCluster, tmp_path: Path) -> None:
+    steps = 60
+    ref_out, ref_params = _reference(tmp_path, steps)
+    d = _workdir(tmp_path, "job")
+    gate = tmp_path / "gate"  # the job waits at step 20 until the test has seen it preempted
+    job = slurm.sbatch(_script(d, steps, 0.05, str(gate)), "--requeue", "-p", "low", "--output",
+                       str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append", cwd=d,
+                       env=_env(tmp_path))
+    wait_for_line(d / "out.txt", r"^step 10 ", timeout=60)
+    high = tmp_path / "high.sh"
+    high.write_text("#!/bin/sh\nexit 0\n")
+    hi = slurm.sbatch(high, "-p", "high", "--output", "/dev/null", cwd=tmp_path)
+    slurm.wait_state(hi, ["COMPLETED"], timeout=180)
+    gate.touch()
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=180)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
+    assert (d / "params.json").read_bytes() == ref_params
+    # Slurm's own records show the requeue: one restart, and the preempted end in the completion log.
+    assert info["Restarts"] == "1"
+    ends = [(c["JobId"], c["JobState"]) for c in slurm.completions() if c["JobId"] == job]
+    assert ends == [(job, "PREEMPTED"), (job, "COMPLETED")]
+    err = (d / "err.txt").read_text()
+    assert "SIGTERM: checkpoint" in err and "committed" in err and "restored from checkpoint" in err
+    assert json.loads(ref_params)["w"] != 0.0
+
+
+def test_job_longer_than_its_time_limit_finishes_after_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # About 60 s of work under a 1-minute limit, warned 30 s ahead (Slurm checks time limits every 30 s or
+    # so, so the warning comes 0-30 s earlier still): done in two to four runs.
+    steps = 300
+    ref_out, ref_params = _reference(tmp_path, steps)
+    d = _workdir(tmp_path, "job")
+    job = slurm.sbatch(_script(d, steps, 0.2), "--requeue", "--time=1", "--signal=B:USR1@30",
+                       "--output", str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append",
+                       cwd=d, env=_env(tmp_path))
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=280)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
+    assert (d / "params.json").read_bytes() == ref_params
+    assert int(info["Restarts"]) >= 1
+    err = (d / "err.txt").read_text()
+    assert err.count("SIGUSR1: checkpoint") == int(info["Restarts"]), err
+
+
+def test_restore_on_a_node_without_criu_fails_clearly_and_keeps_the_checkpoint(slurm: SlurmCluster,
+                                                                                tmp_path: Path) -> None:
+    d = _workdir(tmp_path, "job")
+    env = _env(tmp_path)
+    script = _script(d, 400, 0.1)
+    script.write_text(script.read_text().replace(
+        "exec", f"[ -e {tmp_path / 'no-criu'} ] && export TIDAL_CRIU=/nonexistent/criu\nexec"))
+    job = slurm.sbatch(script, "--requeue", "--output", str(d / "out.txt"), "--error",
+                       str(d / "err.txt"), "--open-mode=append", cwd=d, env=env)
+    wait_for_line(d / "out.txt", r"^step 5 ", timeout=60)
+    # Once requeued, the job starts where CRIU does not work (TIDAL_CRIU names a CRIU that is not there).
+    (tmp_path / "no-criu").touch()
+    slurm.client("scancel", "--batch", "--signal=USR1", job)
+    info = slurm.wait_state(job, ["FAILED", "COMPLETED"], timeout=120)
+    err = (d / "err.txt").read_text()
+    assert info["JobState"] == "FAILED", _explain(slurm, d)
+    assert f"error: cannot restore job {job} on node n1: CRIU is not usable here" in err, err
+    assert "then requeue the job; its checkpoint" in err
+    assert [c.name for c in (tmp_path / "store" / "jobs").iterdir()] == [job]
+
+
+def test_no_store_configured(tmp_path: Path) -> None:
+    env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "TIDAL_HOME": str(tmp_path)}
+    out = subprocess.run([str(TIDAL), "run", "--", "true"], env=env, capture_output=True, text=True, check=False)
+    assert out.returncode == 1
+    assert out.stderr.splitlines() == [
+        "error: tidal run has no checkpoint store: give --store URL or set TIDAL_CHECKPOINT_STORE",
+        "hint: a directory on storage every node mounts at the same path, or an s3:// URL; a node-local "
+        "directory would not follow the job to other nodes"]
+
+
+def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> None:
+    env = {**os.environ, **slurm.env(), "TIDAL_CHECKPOINT_STORE": str(tmp_path / "store")}
+    out = subprocess.run([str(TIDAL), "doctor", "--slurm", "-o", "json"], env=env, capture_output=True, text=True,
+                         check=False, timeout=180)
+    assert out.returncode == 0, out.stdout + out.stderr
+    rows = {c["name"]: c for c in json.loads(out.stdout)["checks"]}
+    assert {n: c["status"] for n, c in rows.items()} == {
+        "slurm": "ok", "slurm: PreemptMode": "ok", "slurm: GraceTime": "ok", "slurm: signals": "ok",
+        "slurm: store": "ok", "slurm: criu on nodes": "ok"}
+    assert rows["slurm"]["detail"].startswith("Slurm 22.05")
+    assert rows["slurm: PreemptMode"]["detail"] == "REQUEUE (preempt/partition_prio)"
+    assert rows["slurm: GraceTime"]["detail"] == "low=90s"
+    assert rows["slurm: criu on nodes"]["detail"] == "CRIU works on all 1 node(s)"
+    # Without a store: a required check missing, and what to do.
+    env.pop("TIDAL_CHECKPOINT_STORE")
+    out = subprocess.run([str(TIDAL), "doctor", "--slurm", "-o", "json"], env=env, capture_output=True, text=True,
+                         check=False, timeout=180)
+    assert out.returncode == 1
+    store = {c["name"]: c for c in json.loads(out.stdout)["checks"]}["slurm: store"]
+    assert (store["status"], store["detail"]) == ("missing", "no checkpoint store (TIDAL_CHECKPOINT_STORE or --store)")
+
+
+@pytest.mark.torch
+def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCluster, tmp_path: Path) -> None:
+    # The warning of the time limit, sent by hand (`scancel --batch --signal=USR1`, as `--signal=B:USR1@N`
+    # does): the moment is the test's, where Slurm's preemption decision may take from seconds to a minute.
+    pytest.importorskip("torch")
+    example = Path(__file__).parents[2] / "examples" / "ddp_train.py"
+    steps = 300
+    ref = tmp_path / "reference"
+    ref.mkdir()
+    (ref / "ddp_train.py").write_bytes(example.read_bytes())
+    # Per rank, as torchrun writes them with --redirects (on one stdout, the ranks' lines can run together).
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir",
+                    str(tmp_path / "torchrun-logs"), "--redirects", "1", "ddp_train.py", "--steps", str(steps)],
+                   cwd=ref, capture_output=True, check=True,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    want = {rank: next((tmp_path / "torchrun-logs").glob(f"**/attempt_0/{rank}/stdout.log")).read_bytes()
+            for rank in (0, 1)}
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "ddp_train.py").write_bytes(example.read_bytes())
+    script = d / "job.sh"
+    script.write_text("#!/bin/sh\nexport OMP_NUM_THREADS=1\n"
+                      f"exec {TIDAL} run --ranks-per-node 2 -- {sys.executable} ddp_train.py --steps {steps} "
+                      "--step-time 0.1\n")
+    job = slurm.sbatch(script, "--requeue", "-p", "low", "--output", str(d / "out.txt"), "--error",
+                       str(d / "err.txt"), "--open-mode=append", cwd=d, env=_env(tmp_path))
+    wait_for_line(d / "out.txt", r"^rank 1 step 20 ", timeout=120)
+    slurm.client("scancel", "--batch", "--signal=USR1", job)
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=240)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert info["Restarts"] == "1", _explain(slurm, d)
+    assert "SIGUSR1: checkpoint" in (d / "err.txt").read_text(), _explain(slurm, d)
+    # tidal run writes the ranks' output to Slurm's file whole lines at a time: each rank's lines, in order.
+    got = (d / "out.txt").read_bytes().splitlines(keepends=True)
+    for rank in (0, 1):
+        mine = b"".join(ln for ln in got if ln.startswith(f"rank {rank} ".encode()))
+        assert mine == want[rank], _explain(slurm, d)
+    assert (d / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
+
+
+# The training above, but at step 20 it opens a TCP connection and holds it until a file appears: CRIU cannot
+# dump an established connection, so a checkpoint taken meanwhile fails.
+CONNECTING = TRAIN.replace("    time.sleep(pause)\n", """    time.sleep(pause)
+    if step == 20:
+        import os, socket
+        while not os.path.exists(sys.argv[3] + ".connect"):
+            time.sleep(0.05)
+        conn = socket.create_connection(("127.0.0.1", int(sys.argv[4])))
+        print("connected", flush=True)
+        while not os.path.exists(sys.argv[3] + ".release"):
+            time.sleep(0.05)
+        conn.close()
+""")
+
+
+def test_failed_checkpoint_requeues_from_the_previous_one(slurm: SlurmCluster, tmp_path: Path) -> None:
+    steps = 60
+    _, ref_params = _reference(tmp_path, steps)
+    d = _workdir(tmp_path, "job")
+    (d / "train.py").write_text(CONNECTING)
+    gate = tmp_path / "gate"
+    with socket.create_server(("127.0.0.1", 0), backlog=8) as server:  # the kernel accepts; nobody reads
+        port = server.getsockname()[1]
+        script = d / "job.sh"
+        script.write_text(f"#!/bin/sh\nexec {TIDAL} run --checkpoint-every 1 -- {sys.executable} train.py {steps} "
+                          f"0.05 {gate} {port}\n")
+        job = slurm.sbatch(script, "--requeue", "--output", str(d / "out.txt"), "--error", str(d / "err.txt"),
+                           "--open-mode=append", cwd=d, env=_env(tmp_path))
+        first = wait_for_line(d / "err.txt", r"periodic checkpoint (\S+) of job \S+ committed", timeout=60)
+        gate.with_suffix(".connect").touch()
+        wait_for_line(d / "out.txt", "^connected$", timeout=60)
+        slurm.client("scancel", "--batch", "--signal=USR1", job)
+        failed = wait_for_line(d / "err.txt", r"SIGUSR1: checkpoint of job .* goes on from its last checkpoint (\S+),",
+                               timeout=60)
+        assert "criu dump of pid" in failed.group(0) and "failed" in failed.group(0)
+        wait_for_line(d / "err.txt", f"restored from checkpoint {failed.group(1)} on n1", timeout=120)
+        gate.with_suffix(".release").touch()
+        info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=120)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert info["Restarts"] == "1"
+    # Nothing lost: the work since that checkpoint was done again, to the same end (its output lines twice).
+    assert (d / "params.json").read_bytes() == ref_params
+    assert (d / "out.txt").read_text().endswith("done\n")
+    assert failed.group(1) >= first.group(1)
