@@ -64,6 +64,12 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="seconds between the control plane's passes of checkpoint retention and "
         "garbage collection"
     )
+    admit_sla: str = Field(
+        default="off",
+        description="admission against the load for premium and standard jobs that give their run time "
+        "(tidal submit --runtime): off, demote (accepted at the highest lower tier whose target the load "
+        "meets) or refuse (refused with the estimate)",
+    )
     quotas: str | None = Field(
         default=None,
         description="per-project quotas for premium and standard jobs: 'project=share,...' ('*=share' for "

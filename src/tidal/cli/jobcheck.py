@@ -18,6 +18,7 @@ from tidal.errors import ValidationError
 FLAGS: Mapping[str, str] = {
     "name": "--name", "tier": "--tier", "project": "--project", "ranks": "--ranks",
     "min_devices": "--min-devices", "max_devices": "--max-devices", "checkpoint_every": "--checkpoint-every",
+    "runtime": "--runtime",
     "max_restarts": "--max-restarts", "workdir": "--workdir", "region": "--region", "cluster": "--cluster",
 }
 # Where a message names a field: a field's name with an underscore anywhere (no English word has one); a

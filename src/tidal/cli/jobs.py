@@ -39,6 +39,7 @@ def parse_duration(text: str, field: str = "checkpoint_every") -> float:
 _FORMS: dict[str, Callable[[Any], Any]] = {
     "command": lambda v: ["sh", "-c", v] if isinstance(v, str) else v,
     "checkpoint_every": lambda v: parse_duration(v) if isinstance(v, str) else v,
+    "runtime": lambda v: parse_duration(v, "runtime") if isinstance(v, str) else v,
 }
 # The fields a submission may give (JobSpec's): the request's body is made of these.
 SUBMITTED = frozenset(f.name for f in JobSpec.submission_fields())
@@ -156,6 +157,10 @@ def register(app: typer.Typer) -> None:
                                         help="the fewest devices D it may run on (elastic; default W)"),
         max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),
         checkpoint_every: str = typer.Option(None, "--checkpoint-every", help="e.g. 30s, 5m"),
+        runtime: str = typer.Option(None, "--runtime",
+                                    help="its expected run time, e.g. 2h: a premium or standard job whose SLA the "
+                                         "load cannot meet is then told so (demoted or refused, by the site's "
+                                         "TIDAL_ADMIT_SLA)"),
         max_restarts: int = typer.Option(None, "--max-restarts",
                                          help="restarts after failures or lost nodes before it fails"),
         workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
@@ -169,6 +174,7 @@ def register(app: typer.Typer) -> None:
         and threading variables of yours (see docs/cluster.md), job.yaml's env and each --env."""
         options = {"command": command, "name": name, "tier": tier, "project": project, "ranks": ranks,
                    "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
+                   "runtime": runtime,
                    "max_restarts": max_restarts, "workdir": workdir, "region": region, "cluster": cluster}
         names = {f: flag(f) for f in SUBMITTED if f != "command"}
         try:

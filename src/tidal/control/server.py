@@ -12,7 +12,7 @@ import os
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import uvicorn
 from sqlalchemy import select, update
@@ -35,6 +35,8 @@ from tidal.mechanisms.interpose import storeserver
 from tidal.mechanisms.storage import open_store
 from tidal.policy.admission import Quotas, parse_quotas
 from tidal.policy.registry import DEFAULT_LIVE_POLICY, LIVE_POLICIES, make_live_policy
+from tidal.policy.sla_admission import MODES as SLA_MODES
+from tidal.policy.sla_admission import SlaMode
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,13 @@ def _quotas(text: str | None) -> Quotas | None:
         raise ConfigError(f"TIDAL_QUOTAS: {exc.message}", field="TIDAL_QUOTAS",
                           hint="set TIDAL_QUOTAS to 'project=share,...' with shares between 0 and 1, or unset "
                                "it") from None
+
+
+def _admit_sla(text: str) -> SlaMode:
+    if text not in SLA_MODES:
+        raise ConfigError(f"TIDAL_ADMIT_SLA={text}: not one of {', '.join(SLA_MODES)}", field="TIDAL_ADMIT_SLA",
+                          hint="off (admit as asked), demote or refuse; docs/cluster.md, Admission")
+    return cast(SlaMode, text)
 
 
 def _store_quotas(text: str | None) -> dict[str, int]:
@@ -244,6 +253,7 @@ def serve(args: argparse.Namespace) -> None:
     except ValidationError as exc:
         raise ConfigError(exc.message, field="store", hint=exc.hint) from None
     quotas = _quotas(settings.quotas)
+    admit_sla = _admit_sla(settings.admit_sla)
     home = Path(settings.home)
     home.mkdir(parents=True, exist_ok=True, mode=0o700)
     listen_host, port = listen_address(args)
@@ -266,6 +276,7 @@ def serve(args: argparse.Namespace) -> None:
                   quotas=_store_quotas(settings.store_quota))
     collector = _collector(db, settings, stores, rules)
     app = create_app(Context(db=db, home=home, keep=settings.keep_checkpoints, lease_s=args.lease, quotas=quotas,
+                             admit_sla=admit_sla,
                              stores=stores, fingerprint=tls.fingerprint if tls else None, retention=rules,
                              metrics_public=args.metrics_public))
     if args.bootstrap:

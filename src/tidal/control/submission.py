@@ -13,15 +13,18 @@ from tidal.control.clock import now
 from tidal.control.history import record
 from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import TERMINAL, JobSpec, JobState, Tier
-from tidal.errors import ValidationError
+from tidal.errors import Conflict, ValidationError
 from tidal.policy.admission import Quotas, decide
+from tidal.policy.sla_admission import SlaMode, decide_sla
 
 
 def submit(s: Session, spec: JobSpec, owner: str, cause: str,
-           quotas: Quotas | None = None) -> tuple[JobRow, str]:
+           quotas: Quotas | None = None, sla: SlaMode = "off") -> tuple[JobRow, str]:
     """Returns the job and, if it was admitted at a lower tier than asked for, why. ``quotas``: a premium
     or standard job over its project's quota is admitted as basic (the spec keeps the tier asked for; the
-    job's ``tier`` is the one admitted)."""
+    job's ``tier`` is the one admitted). ``sla``: a premium or standard job that gives its run time, whose
+    SLA the load cannot meet (:mod:`tidal.policy.sla_admission`, the simulator's rule), is demoted, or
+    refused (:class:`~tidal.errors.Conflict`, with the estimate: nothing is kept)."""
     if not os.path.isdir(spec.workdir):
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
@@ -29,6 +32,16 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
     if quotas is not None and spec.tier is not Tier.BASIC:
         d = decide(quotas, _capacity(s), spec.project, spec.tier, spec.ranks, _guaranteed_use(s, spec.project))
         tier, why = d.tier, d.reason
+    if sla != "off" and tier is not Tier.BASIC and spec.runtime is not None:
+        backlog, demand = _load(s)
+        a = decide_sla(sla, tier, spec.runtime, backlog, _capacity(s), demand, spec.max_devices or spec.ranks)
+        if a.outcome == "refused":
+            raise Conflict(f"job not admitted: {a.reason.removeprefix('refused: ')}", field="tier",
+                           estimate=round(a.estimate, 3),
+                           hint="submit it later, at a lower tier, or without --runtime (admitted as asked)")
+        if a.outcome == "demoted":
+            tier, why = a.tier, "; ".join(x for x in (why, a.reason.removeprefix(f"accepted as {a.tier.value}: "))
+                                          if x)
     jid = secrets.token_hex(4)
     values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec.to_json(),
                                   tier=tier.value, ranks=spec.ranks, state=JobState.PENDING.value, held=False,
@@ -40,6 +53,25 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}"
                   + (f"; admitted as {tier.value}: {why}" if why else ""))
     return JobRow(**values), why
+
+
+def _load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
+    """What unfinished jobs hold or ask for, per admitted tier: device-seconds of their run time left (the
+    run time they gave, less the time of their current run) and devices."""
+    t = now(s)
+    backlog = dict.fromkeys(Tier, 0.0)
+    demand = dict.fromkeys(Tier, 0)
+    rows = s.execute(select(JobRow.tier, JobRow.ranks, JobRow.spec, JobRow.state, JobRow.started_at).where(
+        JobRow.state.not_in(tuple(x.value for x in TERMINAL))))
+    for tier_name, ranks, spec, state, started_at in rows:
+        tier = Tier.parse(tier_name)
+        devices = int((spec or {}).get("max_devices") or ranks)
+        demand[tier] += devices
+        runtime = (spec or {}).get("runtime")
+        if runtime is not None:
+            ran = t - started_at if state == JobState.RUNNING.value and started_at else 0.0
+            backlog[tier] += devices * max(0.0, float(runtime) - ran)
+    return backlog, demand
 
 
 def _capacity(s: Session) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 MAX_RANKS = 4096  # world size W (and so devices, min_devices, max_devices)
 MAX_RESTARTS = 1000
 MAX_CHECKPOINT_EVERY_S = 30 * 86400.0  # a longer interval: submit without periodic checkpoints
+MAX_RUNTIME_S = 365 * 86400.0  # a job's expected run time (for SLA admission)
 MAX_NAME_CHARS = 256  # a job's name
 MAX_PROJECT_CHARS = 64
 MAX_WORKDIR_BYTES = 4096  # PATH_MAX

@@ -69,6 +69,9 @@ class JobSpec:
     max_devices: int | None = None  # None: ranks
     env: Mapping[str, str] = dataclasses.field(default_factory=dict, metadata=_submitted_as(dict[str, str]))
     checkpoint_every: float | None = None
+    # Expected run time at full size, seconds (tidal submit --runtime): what admission against the load
+    # weighs a guaranteed job's SLA by (TIDAL_ADMIT_SLA); without it the job is admitted as asked.
+    runtime: float | None = None
     max_restarts: int = 3
     project: str = "default"
     region: str | None = None  # pinned to this region's clusters (tidal submit --region)
@@ -184,6 +187,10 @@ class JobSpec:
             raise ValidationError(
                 f"checkpoint_every must be > 0 and ≤ {limits.MAX_CHECKPOINT_EVERY_S:.0f} seconds, got {every}",
                 field="checkpoint_every", hint="leave it out for no periodic checkpoints")
+        runtime = self.runtime
+        if runtime is not None and not 0 < runtime <= limits.MAX_RUNTIME_S:
+            raise ValidationError(f"runtime must be > 0 and ≤ {limits.MAX_RUNTIME_S:.0f} seconds, got {runtime}",
+                                  field="runtime", hint="the job's expected run time, e.g. 2h; or leave it out")
         if not 0 <= self.max_restarts <= limits.MAX_RESTARTS:
             raise ValidationError(f"max_restarts must be from 0 to {limits.MAX_RESTARTS}, got {self.max_restarts}",
                                   field="max_restarts")

@@ -20,20 +20,23 @@ from tidal.control.store.db import Database
 from tidal.core import protocol
 from tidal.policy.admission import Quotas
 from tidal.policy.firstfit import FirstFitPolicy
+from tidal.policy.sla_admission import SlaMode
 
 
 class Plane:
     """A control plane over a SQLite database in ``home``, with a user ``alice`` and the cluster's agent
     credential. ``rec.once()`` runs one round of the reconcile loop; ``http`` calls the API."""
 
-    def __init__(self, home: Path, lease_s: float = 30.0, quotas: Quotas | None = None) -> None:
+    def __init__(self, home: Path, lease_s: float = 30.0, quotas: Quotas | None = None,
+                 admit_sla: SlaMode = "off") -> None:
         self.db = Database(f"sqlite:///{home / 'tidal.db'}")
         self.db.migrate()
         with self.db.tx() as s:
             self.user = tokens.create_user(s, "alice", "user")
             self.agent = tokens.create_user(s, "cluster", "agent")
         self.rec = Reconciler(self.db, FirstFitPolicy())
-        self.http = TestClient(create_app(Context(db=self.db, home=home, lease_s=lease_s, quotas=quotas)))
+        self.http = TestClient(create_app(Context(db=self.db, home=home, lease_s=lease_s, quotas=quotas,
+                                                  admit_sla=admit_sla)))
         self.workdir = home
 
     def as_user(self) -> dict[str, str]:

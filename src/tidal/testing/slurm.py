@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tidal.errors import ConfigError, TidalError
 from tidal.waiting import wait_until
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
@@ -67,7 +68,7 @@ class SlurmCluster:
                  root: Path | None = None, ctld_addr: str = "127.0.0.1") -> None:
         missing = missing_binaries()
         if missing:
-            raise RuntimeError(f"Slurm is not installed here (missing {', '.join(missing)}): run `make slurm`")
+            raise ConfigError(f"Slurm is not installed here (missing {', '.join(missing)})", hint="run `make slurm`")
         self.nodes = list(nodes)
         self.root = root or Path(tempfile.mkdtemp(prefix="tidal-slurm-"))
         self._own_root = root is None
@@ -220,7 +221,7 @@ class SlurmCluster:
     def _run(self, argv: list[str], *, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout, check=False)
         if check and out.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()}")
+            raise TidalError(f"{' '.join(argv)} failed ({out.returncode}): {out.stderr.strip()}")
         return out
 
     def client(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -232,7 +233,7 @@ class SlurmCluster:
         out = subprocess.run(["sbatch", "--parsable", *args, str(script)], env={**self.env(), **(env or {})},
                              cwd=cwd, capture_output=True, text=True, timeout=30, check=False)
         if out.returncode != 0:
-            raise RuntimeError(f"sbatch failed: {out.stderr.strip()}")
+            raise TidalError(f"sbatch failed: {out.stderr.strip()}")
         return out.stdout.strip().split(";")[0]
 
     def job(self, job_id: str) -> dict[str, str]:

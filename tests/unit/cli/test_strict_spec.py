@@ -23,7 +23,7 @@ def _submit(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
                           env=env, cwd=tmp_path, timeout=60)
 
 
-KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, " \
+KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, runtime, " \
        "max_restarts, project, region, cluster"
 
 

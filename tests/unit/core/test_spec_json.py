@@ -33,8 +33,9 @@ SPECS = [
 @pytest.mark.parametrize("spec", SPECS)
 def test_to_json_is_what_the_database_held_before(spec: JobSpec) -> None:
     doc = spec.to_json()
-    # The pins came later: jobs stored before have none, and read back without (see the test below).
-    assert doc == {**legacy_spec_to_json(spec), "region": None, "cluster": None}
+    # The pins and the run time came later: jobs stored before have none, and read back without (see the test
+    # below).
+    assert doc == {**legacy_spec_to_json(spec), "region": None, "cluster": None, "runtime": None}
     assert type(doc["command"]) is list and type(doc["env"]) is dict and type(doc["tier"]) is str
 
 

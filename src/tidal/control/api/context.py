@@ -13,6 +13,7 @@ from tidal.control.regionstores import RegionStores
 from tidal.control.retention import Rules
 from tidal.control.store.db import Database
 from tidal.policy.admission import Quotas
+from tidal.policy.sla_admission import SlaMode
 
 
 @dataclass
@@ -22,6 +23,8 @@ class Context:
     keep: int = 3
     lease_s: float = 5.0
     quotas: Quotas | None = None  # premium and standard are admitted against these
+    # Admission against the load of guaranteed jobs that give their run time (TIDAL_ADMIT_SLA).
+    admit_sla: SlaMode = "off"
     # The checkpoint store of each region, told to an agent at registration (`tidal server --store`); a
     # region without one: each agent's own setting (TIDAL_CHECKPOINT_STORE, else its TIDAL_HOME/checkpoints).
     stores: RegionStores = field(default_factory=RegionStores)

@@ -10,7 +10,7 @@ import pytest
 
 from tidal.testing.control import Plane
 
-KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, " \
+KEYS = "valid keys: command, workdir, name, tier, ranks, min_devices, max_devices, env, checkpoint_every, runtime, " \
        "max_restarts, project, region, cluster"
 
 

@@ -25,7 +25,7 @@ router = APIRouter(prefix="/v1/jobs")
 async def submit(body: JobSubmit, p: User, ctx: Ctx) -> dict[str, Any]:
     spec = body.to_spec(owner=p.name)
     with ctx.db.tx() as s:
-        job, why = submission.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas)
+        job, why = submission.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas, sla=ctx.admit_sla)
         out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
         if why:  # over its project's quota
             out["admitted_as"], out["admission"] = job.tier, why
