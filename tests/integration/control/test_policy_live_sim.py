@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tidal.control.reconcile import Reconciler
+from tidal.control.store.models import JobRow
 from tidal.core import Cluster, Node, Region, Tier, Topology
 from tidal.policy.base import Policy
 from tidal.policy.registry import LIVE_SINGULARITY, make_live_policy
@@ -26,8 +27,11 @@ from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
 from tidal.testing.control import FakeAgent, Plane, checkpoint_result
 
-# Two nodes of different sizes, so that best fit has one answer at every step.
-NODES = {"node-1": 2, "node-2": 1}
+# Two nodes of different sizes, so that best fit has one answer at every step: node → (region, cluster,
+# devices). In one cluster, and in two clusters of two regions (the global level then chooses the cluster).
+NODES = {"node-1": ("r0", "c0", 2), "node-2": ("r0", "c0", 1)}
+TWO_REGIONS = {"node-1": ("west", "west-a", 2), "node-2": ("east", "east-a", 1), "node-3": ("east", "east-a", 3)}
+Layout = dict[str, tuple[str, str, int]]
 # id, submit (s), duration (s), devices, tier
 TRACE = [
     ("a", 0.0, 900.0, 2, Tier.BASIC),
@@ -56,10 +60,14 @@ def backfill_policy() -> Policy:
 
 
 def simulate(trace: list[tuple[str, float, float, int, Tier]] = TRACE,
-             policy: Callable[[], Policy] = make_live_policy) -> list[tuple[list[tuple[str, str]], list[Decision]]]:
+             policy: Callable[[], Policy] = make_live_policy,
+             layout: Layout = NODES) -> list[tuple[list[tuple[str, str]], list[Decision]]]:
     """The simulator's decisions, with the events that led to each batch of them. Without run-time hints,
     as the live control plane has none."""
-    topo = Topology((Region("r0", (Cluster("c0", tuple(Node(n, d) for n, d in NODES.items())),)),))
+    tree: dict[str, dict[str, list[Node]]] = {}
+    for n, (region, cluster, d) in layout.items():
+        tree.setdefault(region, {}).setdefault(cluster, []).append(Node(n, d))
+    topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items())) for r, cs in tree.items()))
     jobs = [TraceJob(j, t, dur, w, tier) for j, t, dur, w, tier in trace]
     log: list[dict[str, Any]] = []
     Simulator(topo, jobs, policy(), cost=CostModel(fixed_s=1.0), log=log.append, oracle=False).run()
@@ -74,25 +82,37 @@ def simulate(trace: list[tuple[str, float, float, int, Tier]] = TRACE,
 
 
 def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> list[Decision]:
-    """Run the loop until it asks for nothing more; the agents carry out every action at once."""
+    """Run the loop until it asks for nothing more; the agents carry out every action at once. A launch or
+    restore over several nodes is one decision (its orders, one a node, come in one pass); a checkpoint
+    that stops a job to restore it elsewhere or on another number of devices is the restore's decision
+    (migrate, resize), as the simulator has it."""
     out: list[Decision] = []
+    moving: dict[str, str] = {}  # job → the purpose of its checkpoint (migrate, resize)
     for _ in range(20):
         p.rec.once()
         acts = [(a, act) for a in agents.values() for act in a.actions()]
         if not acts:
             return out
+        starts: dict[str, tuple[str, list[tuple[str, int]]]] = {}
         for agent, act in acts:
             job = names[act["job_id"]]
             if act["kind"] in ("launch", "restore"):
-                devs = tuple(sorted((agent.name, r["device"]) for r in act["payload"]["ranks"]))
-                out.append(("place" if act["kind"] == "launch" else "resume", job, devs))
+                kind = "place" if act["kind"] == "launch" else moving.pop(job, "resume")
+                starts.setdefault(job, (kind, []))[1].extend((agent.name, r["device"]) for r in act["payload"]["ranks"])
                 assert agent.result(act, ranks=[{"rank": r["rank"], "pid": 1000 + r["rank"]}
                                                 for r in act["payload"]["ranks"]])
             else:
                 assert act["kind"] == "checkpoint" and act["payload"]["then"] == "kill"
-                out.append(("preempt", job, ()))
+                with p.db.read() as s:
+                    row = s.get(JobRow, act["job_id"])
+                    purpose = row.op_purpose if row is not None else None
+                if purpose in ("migrate", "resize"):
+                    moving[job] = purpose
+                else:
+                    out.append(("preempt", job, ()))
                 cid = act["payload"]["checkpoint_id"]
                 assert agent.result(act, **checkpoint_result(cid, size=1, stored=1))
+        out += [(kind, job, tuple(sorted(devs))) for job, (kind, devs) in starts.items()]
     raise AssertionError("the control loop did not settle")
 
 
@@ -105,6 +125,21 @@ def test_same_events_same_decisions(tmp_path: Path) -> None:
         ("resume", "a"), ("resume", "b"), ("place", "e"),
     ]
     replay(tmp_path, batches, TRACE, make_live_policy())  # the live default
+
+
+def test_same_decisions_over_two_clusters_in_two_regions(tmp_path: Path) -> None:
+    """The global level (which cluster, and so which region) decides live as in the simulator: each gang
+    stays in one cluster, preemptions make room within the cluster chosen."""
+    batches = simulate(layout=TWO_REGIONS)
+    sim_decisions = [d for _, ds in batches for d in ds]
+    assert sim_decisions == [
+        ("place", "a", (("node-3", 0), ("node-3", 1))),  # one node either way: the cluster with most free (east)
+        ("place", "b", (("node-2", 0),)),  # east still has the most free; best fit there
+        ("place", "c", (("node-1", 0), ("node-1", 1))),  # premium: west has room, nothing is preempted
+        ("place", "d", (("node-3", 2),)),
+        ("place", "e", (("node-1", 0),)),  # once c has ended
+    ]
+    replay(tmp_path, batches, TRACE, make_live_policy(), TWO_REGIONS)
 
 
 def test_same_decisions_with_backfill(tmp_path: Path) -> None:
@@ -120,11 +155,11 @@ def test_same_decisions_with_backfill(tmp_path: Path) -> None:
 
 
 def replay(tmp_path: Path, batches: list[tuple[list[tuple[str, str]], list[Decision]]],
-           trace: list[tuple[str, float, float, int, Tier]], policy: Policy) -> None:
+           trace: list[tuple[str, float, float, int, Tier]], policy: Policy, layout: Layout = NODES) -> None:
     """Feed the simulator's events to a live control plane running ``policy``: the same decisions."""
     p = Plane(tmp_path)
     p.rec = Reconciler(p.db, policy)
-    agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d) for n, d in NODES.items()}
+    agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d, region=r, cluster=c) for n, (r, c, d) in layout.items()}
     for a in agents.values():
         assert a.register() == 200
     spec = {j: (w, tier) for j, _, _, w, tier in trace}
