@@ -124,7 +124,7 @@ def test_the_working_directory_is_captured_as_the_account_not_as_root(shared_tmp
     before = fsstate.scan(wd)
     shutil.rmtree(wd / "data")
     (wd / "data").symlink_to(vault)
-    monkeypatch.setattr(fsstate, "scan", lambda _root: before)
+    monkeypatch.setattr(fsstate, "scan", lambda _root, *_ignored: before)
     staging = tmp_path / "staging"
     with pytest.raises(PermissionError):
         tracker.capture(staging)
