@@ -73,6 +73,7 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
         raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} in {target.url} differs from the one in "
                               f"{source.url}", object=f"jobs/{job_id}/{checkpoint_id}",
                               hint="delete the target's copy (tidal store) and replicate again")
+    deadline = time.monotonic() + stale_s
     while True:
         if _await_other(target, job_id, checkpoint_id, stale_s):
             return Replicated(job_id, checkpoint_id, len(unique), 0, logical, 0, 0, time.monotonic() - t0,
@@ -81,9 +82,11 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
             writer = target.writer(job_id, checkpoint_id)
             break
         except CheckpointError:
-            if not target.backend.listdir(f"jobs/{job_id}/{checkpoint_id}"):
+            # Another replication began between our look and our start (its directory is there, its start
+            # marker not yet): look again, and wait for it.
+            if time.monotonic() > deadline:
                 raise
-            # Another replication began between our look and our start: wait for it instead.
+            time.sleep(0.05)
     # Asked in the pool: on an object store each question is a request.
     found = target.pool.map(lambda h: target.backend.exists(chunk_key(h)), list(unique))
     present = {h for h, ok in zip(unique, found, strict=True) if ok}
@@ -126,8 +129,11 @@ def _await_other(target: CheckpointStore, job_id: str, checkpoint_id: str, stale
     while backend.listdir(prefix):
         if backend.exists(f"{prefix}/{MANIFEST}"):
             return True
+        # Its start marker, what it last said of itself, and (a local store's) directories, which change as
+        # it writes: a replication that is only beginning has the latter.
         marks = [m for m in (backend.modified(f"{prefix}/pending/{START}"),
-                             backend.modified(f"{prefix}/pending/{ALIVE}")) if m is not None]
+                             backend.modified(f"{prefix}/pending/{ALIVE}"), backend.modified(f"{prefix}/pending"),
+                             backend.modified(prefix)) if m is not None]
         if not marks or time.time() - max(marks) > stale_s:
             log.info("replica %s in %s was left by a replication that died: starting it again", prefix, target.url)
             backend.delete_tree(prefix)

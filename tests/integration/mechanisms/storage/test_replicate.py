@@ -101,9 +101,9 @@ def test_a_replica_left_by_a_dead_process_is_finished(stores: Stores, tmp_path: 
     w = b.writer("job", ck)  # a replication whose process died after its first file: no abort, no commit
     w.add_copy(entries["core.img"], a)
     assert b.latest("job") is None
-    pending = tmp_path / "region-b" / "jobs" / "job" / ck / "pending"
-    for f in pending.iterdir():  # silent for longer than a live replication ever is
-        os.utime(f, (time.time() - STALE_S - 1,) * 2)
+    prefix = tmp_path / "region-b" / "jobs" / "job" / ck
+    for f in [*(prefix / "pending").iterdir(), prefix / "pending", prefix]:  # silent for longer than a live
+        os.utime(f, (time.time() - STALE_S - 1,) * 2)                      # replication ever is
     r = replicate(a, b, "job", ck)
     assert (r.copied_chunks, r.missing_bytes) == (10, 10 * CHUNK)
     assert read_all(b, ck) == read_all(a, ck)
