@@ -23,8 +23,10 @@ def test_demo_story_end_to_end(tmp_path: Path) -> None:
     tidal = Path(sys.executable).with_name("tidal")
     env = {k: v for k, v in os.environ.items() if not k.startswith("TIDAL_")}
     env.update(TIDAL_HOME=str(tmp_path / "home"), COLUMNS="300")
+    # ^C must reach it even where this test runs with SIGINT ignored (a background job inherits that).
     proc = subprocess.Popen([str(tidal), "demo", "--keep-for", "300"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+                            stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -259,7 +260,9 @@ def test_failed_checkpoint_requeues_from_the_previous_one(slurm: SlurmCluster, t
         slurm.client("scancel", "--batch", "--signal=USR1", job)
         failed = wait_for_line(d / "err.txt", r"SIGUSR1: checkpoint of job .* goes on from its last checkpoint (\S+),",
                                timeout=60)
-        assert "criu dump of pid" in failed.group(0) and "failed" in failed.group(0)
+        # Refused before anything is frozen, naming the process and its connection.
+        assert re.search(r"cannot be checkpointed: process \d+ \(python\) holds a TCP connection "
+                         rf"127\.0\.0\.1:\d+ -> 127\.0\.0\.1:{port}", failed.group(0)), failed.group(0)
         wait_for_line(d / "err.txt", f"restored from checkpoint {failed.group(1)} on n1", timeout=120)
         gate.with_suffix(".release").touch()
         info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=120)

@@ -108,9 +108,10 @@ def test_checkpoints_nodes_events(served_plane: Served, job: str) -> None:
     assert list(rows[0]) == list(LISTINGS["checkpoints"].fields)
     wide = served_plane.cli("checkpoints", job, "-o", "wide").stdout.splitlines()
     ck = rows[0]["id"]
-    assert wide[0] == "CHECKPOINT" + " " * (len(ck) - 8) + "CREATED  CREATED AT  SIZE     STORED   PARTS  STATE"
-    assert re.fullmatch(rf"{ck}  {AGO} +{clock(rows[0]['created_at'])}    4\.0 GiB  1\.5 GiB  1      committed",
-                        wide[1]), wide[1]
+    assert wide[0] == ("CHECKPOINT" + " " * (len(ck) - 8)
+                       + "CREATED  CREATED AT  SIZE     STORED   PARTS  REGIONS  STATE")
+    assert re.fullmatch(rf"{ck}  {AGO} +{clock(rows[0]['created_at'])}    4\.0 GiB  1\.5 GiB  1      -        "
+                        "committed", wide[1]), wide[1]
 
     nodes = api(served_plane, "/v1/nodes")
     assert yaml.safe_load(served_plane.cli("nodes", "-o", "yaml").stdout) == [
