@@ -65,19 +65,22 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
     manifest, _ = source._load(job_id, checkpoint_id)
     logical = sum(e.size for e in manifest.entries if e.kind == "file")
     unique = {h: n for e in manifest.entries for h, n in e.chunks}
+
+    def already() -> Replicated:
+        return Replicated(job_id, checkpoint_id, len(unique), 0, logical, 0, 0, time.monotonic() - t0,
+                          already_there=True)
+
     with contextlib.suppress(CheckpointError):
         there, _ = target._load(job_id, checkpoint_id)
         if there.entries == manifest.entries:
-            return Replicated(job_id, checkpoint_id, len(unique), 0, logical, 0, 0, time.monotonic() - t0,
-                              already_there=True)
+            return already()
         raise CheckpointError(f"checkpoint {job_id}/{checkpoint_id} in {target.url} differs from the one in "
                               f"{source.url}", object=f"jobs/{job_id}/{checkpoint_id}",
                               hint="delete the target's copy (tidal store) and replicate again")
     deadline = time.monotonic() + stale_s
     while True:
         if _await_other(target, job_id, checkpoint_id, stale_s):
-            return Replicated(job_id, checkpoint_id, len(unique), 0, logical, 0, 0, time.monotonic() - t0,
-                              already_there=True)
+            return already()
         try:
             writer = target.writer(job_id, checkpoint_id)
             break
