@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-quick test-cgroup2 lint typecheck criu prometheus chromium slurm venv clean bench docs
+.PHONY: demo test test-gpu test-quick test-cgroup2 lint typecheck criu prometheus chromium slurm venv clean bench docs
 
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,11 +42,19 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache --no-logo
 
 test: criu prometheus chromium slurm lint
-	$(PY) -m pytest -p no:cacheprovider --durations=15 tests
+	$(PY) -m pytest -p no:cacheprovider --durations=15 --ignore=tests/gpu tests
+
+# The GPU tests (tests/gpu), on a machine with an NVIDIA GPU; skipped, saying why, where there is none.
+# The venv's torch is the CPU build: GPU_PYTHON is a Python with CUDA torch and Tidal's dependencies
+# (e.g. `make test-gpu GPU_PYTHON=/opt/torch/bin/python3`), with this checkout's src on its path.
+GPU_PYTHON ?= $(PY)
+test-gpu: $(if $(filter $(PY),$(GPU_PYTHON)),criu)
+	PYTHONPATH=$(CURDIR)/src:$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PYTHON) -m pytest -p no:cacheprovider \
+		-rs -v --durations=10 tests/gpu
 
 # Everything but the tests marked slow (DDP, torch, demos, chaos): a few minutes, for working on the code.
 test-quick: criu prometheus chromium slurm lint
-	$(PY) -m pytest -p no:cacheprovider -m "not slow" tests
+	$(PY) -m pytest -p no:cacheprovider -m "not slow" --ignore=tests/gpu tests
 
 # The ranks' and the agent's integration tests again, in a cgroup2-only view of this machine (a private mount
 # namespace, see tests/integration/cgroup2_view.py): what a host that mounts cgroup v2 only runs.

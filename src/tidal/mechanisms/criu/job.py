@@ -28,6 +28,7 @@ from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
 from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
 from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
@@ -83,7 +84,8 @@ class Job:
     """The ranks of one job placed on nodes of this machine."""
 
     def __init__(self, job_id: str, ranks: Sequence[RankProcess], fs: FsTracker | None, store: CheckpointStore,
-                 runner: CriuRunner | None = None, ghost_limit: int = 256 << 20, compare_last: bool = False) -> None:
+                 runner: CriuRunner | None = None, ghost_limit: int = 256 << 20, compare_last: bool = False,
+                 devices: DeviceState | None = None) -> None:
         """``fs``: the working directory's tracker, on the one node that saves and restores it (None on
         the job's other nodes: they share the directory). ``compare_last``: the next commit compares the
         new images with the last dump's instead of hashing them all; by default the last dump is removed
@@ -96,6 +98,7 @@ class Job:
         self.store = store
         self.runner = runner or CriuRunner()
         self.ghost_limit = ghost_limit
+        self.devices = devices or DeviceState()  # GPU state; nothing to do for CPU ranks
         self.last_timing: CheckpointTiming | None = None
         self.restore_timing: RestoreTiming | None = None
         self._last: dict[int, LastDump] = {r.spec.rank: LastDump() for r in self.ranks}
@@ -103,6 +106,7 @@ class Job:
         self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
         self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
         self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
+        self._held_gpu: dict[int, list[int]] = {}  # rank → its processes whose GPU state is in host memory
         self._settling: threading.Thread | None = None  # after a restore, until the ranks' memory is all in
 
     def _after_restore(self, staging: Path, kept: dict[int, tuple[Path, dict[str, Entry]]]) -> None:
@@ -226,6 +230,8 @@ class Job:
             teardown(channels, epoch, self.cut_timeout)
         staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}", need)
         frozen: list[RankProcess] = []
+        suspended: dict[int, list[int]] = {}
+        gpus: dict[int, list[str]] = {}
         writer = None
         released = False
         prehash: PreHash | None = None
@@ -234,6 +240,12 @@ class Job:
             if blocked:
                 raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
                                   hint=blocked[0][3])
+            # GPU state moves to host memory while the processes still run (the driver needs them to).
+            for r in self.ranks:
+                done = self.devices.suspend(r.spec.name, r.pids())
+                if done:
+                    suspended[r.spec.rank] = done
+                    gpus[r.spec.rank] = self.devices.gpus(r.spec.env)
             for r in self.ranks:
                 r.freeze()
                 frozen.append(r)
@@ -248,6 +260,7 @@ class Job:
             if then == "continue":
                 self._thaw(frozen)
                 released = True
+                self._resume_devices(suspended)
                 if let_go:
                     resume(channels, epoch, rendezvous, wait=False)
             t_pause = time.perf_counter()
@@ -269,7 +282,7 @@ class Job:
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
             for path in snap.captured if snap else ():
                 writer.add_file(f"fs/{path}", staging / "fs" / path)
-            info = writer.commit(self._meta(dumps, snap))
+            info = writer.commit(self._meta(dumps, snap, gpus))
             writer = None
             t_commit = time.perf_counter()
             if then == "continue":
@@ -283,6 +296,8 @@ class Job:
                     writer.abort()
             if not released:
                 self._thaw(frozen)
+                with contextlib.suppress(Exception):
+                    self._resume_devices(suspended)
                 if let_go:
                     with contextlib.suppress(Exception):
                         resume(channels, epoch, rendezvous, wait=False)
@@ -305,6 +320,7 @@ class Job:
             t_pause = time.perf_counter()
         elif then == "hold":
             self._held = (frozen, epoch)
+            self._held_gpu = suspended
             t_pause = time.perf_counter()
         self.last_timing = CheckpointTiming(
             pause_s=t_pause - t0, dump_s=t_dump - t0, fs_s=t_fs - t_dump,
@@ -322,7 +338,15 @@ class Job:
         frozen, epoch = self._held
         self._held = None
         self._thaw(frozen)
+        held_gpu, self._held_gpu = self._held_gpu, {}
+        self._resume_devices(held_gpu)
         resume(self.channels(), epoch, rendezvous, wait=False, rebuild=rebuild)
+
+    def _resume_devices(self, suspended: dict[int, list[int]]) -> None:
+        """Put the GPU state of the processes :meth:`DeviceState.suspend` took back onto their GPUs."""
+        for r in self.ranks:
+            if r.spec.rank in suspended:
+                self.devices.resume(r.spec.name, suspended[r.spec.rank])
 
     def _thaw(self, ranks: list[RankProcess]) -> None:
         for r in ranks:
@@ -340,7 +364,7 @@ class Job:
             finally:
                 _remove_staging(staging)  # nothing reuses pre-dump images yet
 
-    def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None) -> dict[str, Any]:
+    def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None, gpus: Mapping[int, list[str]]) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "job_id": self.job_id,
@@ -350,6 +374,7 @@ class Job:
                     "log_bytes": d.log_bytes, "out_pipe": d.out_pipe, "status_pipe": d.status_pipe,
                     "ctl_in_pipe": d.ctl_in_pipe, "ctl_out_pipe": d.ctl_out_pipe, "interposed": d.interposed,
                     "argv": list(r.spec.argv), "node": r.node.name,
+                    "gpus": gpus.get(d.rank, []),  # the GPUs whose state the images hold, by UUID
                 }
                 for r, d in zip(self.ranks, dumps, strict=True)
             },
@@ -499,6 +524,10 @@ class Job:
             t_fs = time.perf_counter()
             runner = kw.get("runner") or CriuRunner()
             lazy = lazy and runner.supports("uffd-noncoop")  # a tree that forks needs non-cooperative events
+            # The driver copies a GPU rank's device memory back from host memory at once: lazily restored
+            # pages would only be faulted in one by one.
+            on_gpu = {r: list(reader.meta["ranks"][str(r)].get("gpus") or []) for r, reader in mine.items()}
+            lazy = lazy and not any(on_gpu.values())
             for r, reader in sorted(mine.items()):
                 spec, node = by_rank[r]
                 info = reader.meta["ranks"][str(r)]
@@ -507,6 +536,14 @@ class Job:
                                 info.get("ctl_out_pipe"), bool(info.get("interposed")))
                 ranks.append(RankProcess.restore(spec, node, dump, runner, lazy=lazy))
             job = cls(job_id, ranks, fs, store, **kw)
+            for rp in ranks:
+                old_gpus = on_gpu[rp.spec.rank]
+                if old_gpus:
+                    remap = remap_for(old_gpus, job.devices.gpus(rp.spec.env))
+                    if not job.devices.resume(rp.spec.name, rp.pids(), remap):
+                        raise CheckpointError(f"rank {rp.spec.name} was checkpointed with GPU state, but none of "
+                                              "its restored processes waits for it", object=job_id,
+                                              hint="the checkpoint does not match this Tidal's restore")
             # The verified images just restored are exactly the committed ones: the next checkpoint of
             # this job can compare against them, or write into their memory. A lazily restored rank reads
             # them until its memory is all in.

@@ -352,10 +352,13 @@ def _make_group_class(dist: Any) -> type:
     handed: weakref.WeakSet[Any] = weakref.WeakSet()  # every work handed out, until the script drops it
 
     class TidalGroup(dist.ProcessGroup, TidalGroupBase):  # type: ignore[misc]
-        """A tearable group: the world (``ranks`` empty) or a sub-group, keyed by torch's group name."""
+        """A tearable group: the world (``ranks`` empty) or a sub-group, keyed by torch's group name; its
+        inner group is gloo's or NCCL's (``inner``), as the script asked."""
 
-        def __init__(self, rank: int, size: int, timeout: datetime.timedelta, key: str, ranks: list[int]) -> None:
+        def __init__(self, rank: int, size: int, timeout: datetime.timedelta, key: str, ranks: list[int],
+                     inner: str = "gloo") -> None:
             super().__init__(rank, size)
+            self._inner_kind = inner
             self._rank, self._size, self._timeout = rank, size, timeout
             self._key, self._ranks = key, list(ranks) or list(range(size))
             self._world = not ranks
@@ -391,7 +394,13 @@ def _make_group_class(dist: Any) -> type:
             # Each group its own keys: sub-groups by torch's name for them, which every rank shares.
             prefix = IP.prefix if self._world else f"{IP.prefix}/g{self._key}"
             self._store = dist.PrefixStore(prefix, store)
-            self._inner = gloo(self._store, self._rank, self._size, self._timeout)
+            if self._inner_kind == "nccl":
+                # Its communicator is made at the first collective, on the device of that tensor.
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = self._timeout
+                self._inner = dist.ProcessGroupNCCL(self._store, self._rank, self._size, opts)
+            else:
+                self._inner = gloo(self._store, self._rank, self._size, self._timeout)
 
         def _drop_inner(self) -> None:
             for w in list(handed):
@@ -401,6 +410,8 @@ def _make_group_class(dist: Any) -> type:
                 import contextlib
 
                 with contextlib.suppress(Exception):
+                    # NCCL: its communicators are destroyed and their device memory freed, so that the
+                    # GPU's state can then be checkpointed (no communicator may be left).
                     inner.shutdown()
             del inner
 
@@ -462,8 +473,9 @@ def _patch(dist: Any) -> None:
     def init_process_group(backend: Any = None, init_method: Any = None, timeout: Any = None,
                            world_size: int = -1, rank: int = -1, store: Any = None, group_name: str = "",
                            pg_options: Any = None, device_id: Any = None, **kw: Any) -> Any:
-        if backend not in (None, "gloo", "cpu:gloo") and str(backend) != "gloo":
-            raise RuntimeError(f"Tidal runs torch.distributed on CPU with gloo; backend {backend!r} is not "
+        kind = inner_kind(backend)
+        if kind is None:
+            raise RuntimeError(f"Tidal runs torch.distributed with gloo or NCCL; backend {backend!r} is not "
                                "supported on this node")
         if rank == -1 and "RANK" not in os.environ and store is None:
             # Not started as a rank of torchrun's (a job submitted without ranks): torch says what is missing.
@@ -471,6 +483,7 @@ def _patch(dist: Any) -> None:
                             rank=rank, store=store, group_name=group_name, pg_options=pg_options,
                             device_id=device_id, **kw)
         _register(dist)
+        dist._tidal_inner = kind  # the default group's, and that of groups that name no backend
         if rank == -1:
             rank = int(os.environ["RANK"])
         if world_size == -1:
@@ -485,14 +498,24 @@ def _patch(dist: Any) -> None:
         # Every group (new_group, new_subgroups, a DeviceMesh dimension) is a Tidal group, even one asked
         # for with backend="gloo": torch would build that on the default group's store, which is a
         # local one here (rank 0 hosts no store under Tidal).
-        if str(backend) in ("gloo", "cpu:gloo") and getattr(dist, "_tidal_registered", False):
-            backend = "tidal"
+        if getattr(dist, "_tidal_registered", False):
+            kind = inner_kind(backend) if str(backend) != "tidal" else None
+            if kind is not None:
+                backend = "tidal"
+            dist._tidal_next_inner = kind  # read by the backend's constructor, called below
         return original_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
 
     init_process_group.__doc__ = original.__doc__
     c10d.init_process_group = dist.init_process_group = init_process_group
     c10d._new_process_group_helper = new_process_group_helper
     dist._tidal_patched = True
+
+
+def inner_kind(backend: Any) -> str | None:
+    """The inner group a backend name asks for ("gloo" or "nccl"); None for one Tidal cannot cut."""
+    if backend is None:
+        return "gloo"
+    return {"gloo": "gloo", "cpu:gloo": "gloo", "nccl": "nccl", "cuda:nccl": "nccl"}.get(str(backend).lower())
 
 
 def _register(dist: Any) -> None:
@@ -505,7 +528,9 @@ def _register(dist: Any) -> None:
         assert IP is not None
         ranks = list(opts.global_ranks_in_group)
         key = str(opts.group_id)
-        group = group_cls(opts.group_rank, opts.group_size, opts.timeout, key, ranks)
+        inner = getattr(dist, "_tidal_next_inner", None) or getattr(dist, "_tidal_inner", "gloo")
+        dist._tidal_next_inner = None
+        group = group_cls(opts.group_rank, opts.group_size, opts.timeout, key, ranks, inner)
         if not ranks:
             IP.default_key, IP.rank = key, int(opts.group_rank)
         # Building a group is a rendezvous of its members: it counts as their first op on it.
@@ -518,7 +543,15 @@ def _register(dist: Any) -> None:
             IP.leave(key, None)
         return group
 
-    dist.Backend.register_backend("tidal", create, extended_api=True, devices=["cpu"])
+    devices = ["cpu"]
+    try:
+        import torch
+
+        if torch.cuda.is_available():  # gloo takes CUDA tensors too; NCCL only those
+            devices.append("cuda")
+    except Exception:
+        pass
+    dist.Backend.register_backend("tidal", create, extended_api=True, devices=devices)
     dist._tidal_registered = True
     try:
         from torch.optim.optimizer import register_optimizer_step_post_hook
