@@ -315,8 +315,8 @@ class Job:
             _remove_staging(staging)
         if then == "kill":
             # The checkpoint is committed: the job's downtime need not include the kernel freeing the
-            # ranks' memory.
-            self.kill(wait=False)
+            # ranks' memory; except for ranks in the host's PID namespace, whose PIDs their restore needs.
+            self.kill(wait=not all(r.spec.pidns for r in self.ranks))
             t_pause = time.perf_counter()
         elif then == "hold":
             self._held = (frozen, epoch)

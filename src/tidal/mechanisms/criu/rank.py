@@ -64,6 +64,15 @@ class RankSpec:
     # Load the interposer into the rank's first Python process (torch.distributed made checkpointable).
     interpose: bool = True
     account: Account | None = None  # None: the owner's own account
+    # A PID namespace of its own (restores never meet a PID in use). None: all but ranks given GPUs
+    # (CUDA_VISIBLE_DEVICES set): the CUDA driver cannot start in a PID namespace without a /proc of its
+    # own, and CRIU cannot dump a rank in a mount namespace of its own on these hosts. Such a rank is
+    # restored with its PIDs, which must then be free on the node.
+    own_pidns: bool | None = None
+
+    @property
+    def pidns(self) -> bool:
+        return self.own_pidns if self.own_pidns is not None else "CUDA_VISIBLE_DEVICES" not in self.env
 
     @property
     def name(self) -> str:
@@ -255,7 +264,7 @@ class RankProcess:
         acct = spec.account
         payload = json.dumps({"argv": list(spec.argv), "env": env, "cwd": str(spec.workdir),
                               "uid": acct.uid if acct else None, "gid": acct.gid if acct else None,
-                              "groups": list(acct.groups) if acct else []}).encode()
+                              "groups": list(acct.groups) if acct else [], "pidns": spec.pidns}).encode()
         try:
             # Absolute paths, a fixed environment and "/" as working directory: see INIT_ENV.
             launcher = subprocess.Popen(
@@ -514,8 +523,11 @@ class RankProcess:
         if not wait:  # before the signal: it may be reaped at once
             with _REAPING_LOCK:
                 _REAPING[self.key] = self._exited
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.pid, signal.SIGKILL)
+        # In the host's PID namespace the init outlives its tree: it reaps it, reports, then exits.
+        below = [] if self.spec.pidns else tasks.descendants(self.pid)[1:]
+        for pid in below or [self.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         pager = self._pager
         if pager is not None:  # nothing left to fill in
             pager.kill()

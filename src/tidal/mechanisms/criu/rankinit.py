@@ -14,7 +14,9 @@ It is dumped and restored with the rank, so it must hold nothing tied to one nod
 * fences: when the owner's end of the status pipe closes (the owner died), it kills the whole rank.
 
 Usage: rankinit.py CTL_OUT_FD GO_IN_FD STATUS_FD SPEC_FD. The spec is one JSON object, read to EOF:
-``{"argv": [...], "env": {...}, "cwd": "/abs", "uid": N|null, "gid": N|null, "groups": [N, ...]}``.
+``{"argv": [...], "env": {...}, "cwd": "/abs", "uid": N|null, "gid": N|null, "groups": [N, ...],
+"pidns": bool}``. ``pidns`` false (GPU ranks): the init stays in the host's PID namespace, a child subreaper
+of its rank, and its fence kills the processes below it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ if TYPE_CHECKING:  # annotations only: the init imports as little as it can
     Spec = dict[str, Any]
 
 CLONE_NEWPID = 0x20000000
+PR_SET_CHILD_SUBREAPER = 36
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGWINCH, signal.SIGCONT)
 
@@ -44,6 +47,55 @@ def _unshare_pidns() -> None:
         err = ctypes.get_errno()
         os.write(2, f"tidal-init: unshare(CLONE_NEWPID) failed: {os.strerror(err)}\n".encode())
         os._exit(125)
+
+
+def _subreaper() -> None:
+    """In the host's PID namespace: the rank's orphans come to the init, as they would to a PID 1."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        os.write(2, f"tidal-init: prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(ctypes.get_errno())}\n".encode())
+        os._exit(125)
+
+
+def _kill_descendants() -> None:
+    """SIGKILL every process below this one (in the host's PID namespace, where kill(-1) would reach
+    every process of the machine). Children are stopped first, so none forks past the walk."""
+    seen: set[int] = set()
+    todo = [os.getpid()]
+    while todo:
+        pid = todo.pop()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+            for kid in kids:
+                if kid not in seen:
+                    seen.add(kid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(kid, signal.SIGSTOP)
+                    todo.append(kid)
+    for pid in seen:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _end_tree() -> None:
+    """In the host's PID namespace, once the command has ended: what it left behind goes too, as it would
+    with a namespace's PID 1, and is reaped before the end is reported (a restore may need the PIDs)."""
+    _kill_descendants()
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
 
 
 def _become(spec: Spec) -> None:
@@ -133,7 +185,10 @@ def _init(spec: Spec, status_fd: int) -> None:
         # command that ended unseen, and wakes or kills the init).
         for fd, ev in poller.poll():
             if fd == status_fd and ev & (select.POLLERR | select.POLLHUP):
-                os.kill(-1, signal.SIGKILL)  # every process of the namespace but PID 1
+                if os.getpid() == 1:
+                    os.kill(-1, signal.SIGKILL)  # every process of the namespace but PID 1
+                else:
+                    _kill_descendants()
                 os._exit(137)
             if fd == rfd:
                 try:
@@ -149,6 +204,8 @@ def _init(spec: Spec, status_fd: int) -> None:
             if pid == 0:
                 break
             if pid == child:
+                if os.getpid() != 1:
+                    _end_tree()
                 if os.WIFSIGNALED(status):
                     signum = os.WTERMSIG(status)
                     _report(status_fd, f"signaled {signum}\n")
@@ -171,12 +228,16 @@ def main() -> None:
     args = sys.argv[1:]
     ctl_out, go_in, status_fd, spec_fd = (int(a) for a in args[:4])
     spec = _read_spec(spec_fd)
-    _unshare_pidns()
+    own_pidns = spec.get("pidns", True)
+    if own_pidns:
+        _unshare_pidns()
     pid = os.fork()
     if pid:
         os.write(ctl_out, f"{pid}\n".encode())
         os._exit(0)
     os.close(ctl_out)
+    if not own_pidns:
+        _subreaper()
     go = os.read(go_in, 1)
     os.close(go_in)
     if go != b"g":
