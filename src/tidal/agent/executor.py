@@ -20,13 +20,14 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tidal.agent.client import ControlClient, Refused
 from tidal.agent.devices import CpuQuota
+from tidal.agent.gpus import Gpu, rank_env
 from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
@@ -196,9 +197,11 @@ class Executor:
     agent's next lease."""
 
     def __init__(self, client: ControlClient, node: NodeRoot, store: CheckpointStore, agent_id: str,
-                 on_lease_lost: Callable[[str], None], quota: CpuQuota | None = None) -> None:
+                 on_lease_lost: Callable[[str], None], quota: CpuQuota | None = None,
+                 gpus: Sequence[Gpu] = ()) -> None:
         self.client = client
         self.quota = quota
+        self.gpus = tuple(gpus)  # device index → its GPU, on a node of GPU devices (empty: CPU devices)
         self.node = node
         self.store = store
         self.agent_id = agent_id
@@ -324,6 +327,7 @@ class Executor:
                     master_port=port, run_id=order.job_id, user_env=order.env)
             if rdv:
                 env |= {"TIDAL_STORE": rdv.addr, "TIDAL_STORE_PREFIX": rdv.prefix}
+            env |= rank_env(r.device, self.gpus)  # its GPU, over any the submitter's environment named
             out.append(RankSpec(order.job_id, r.rank, tuple(order.argv), Path(order.workdir), env,
                                 tuple(r.cpus) if r.cpus else None, account=account))
         return out

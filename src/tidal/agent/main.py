@@ -3,7 +3,9 @@
 node that joins a remote control plane (``tidal agent``): the join token is exchanged once for the node's
 own credential, kept in the node root (:mod:`tidal.agent.credential`). ``--ca``/``--ca-fingerprint`` say
 which certificate of the control plane to trust (:mod:`tidal.tls`), ``--advertise-addr`` where the other
-nodes reach this one (stored with the node).
+nodes reach this one (stored with the node). ``--devices N`` offers N CPU devices (shares of the machine's CPUs),
+``--devices auto`` one device per NVIDIA GPU found through NVML (:mod:`tidal.agent.gpus`; no GPU is an error,
+never a fall-back to CPU devices).
 
 A credential refused (401: revoked, or the node removed) stops the agent: it kills its ranks and exits
 with status 78 (a service manager should not restart it: ``RestartPreventExitStatus=78``). So does a
@@ -43,9 +45,11 @@ from tidal.agent.client import ControlClient, Refused, Unreachable, Untrusted
 from tidal.agent.devices import CpuQuota, cpu_sets
 from tidal.agent.executor import Executor
 from tidal.agent.fencing import reap_leftovers
+from tidal.agent.gpus import offer
 from tidal.agent.lease import WATCH_INTERVAL_S, LeaseClock, fence_margin, request_timeout
 from tidal.config import load_settings
-from tidal.core import limits, protocol
+from tidal.core import protocol
+from tidal.core.topology import devices_option
 from tidal.errors import ConfigError, LeaseLost, ProtocolMismatch, TidalError, ValidationError
 from tidal.mechanisms.criu.discard import wait_discarded
 from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
@@ -77,7 +81,13 @@ class Agent:
         self.agent_id = uuid.uuid4().hex[:12]
         self.root = Path(args.root)
         self.verify = client_context(ca=args.ca, pin=args.ca_fingerprint) or True
-        self.cpus = cpu_sets(args.devices)
+        # `--devices auto`: one device per NVIDIA GPU (a ConfigError where NVML finds none); a number: CPU devices.
+        self.devices, self.gpus = offer(args.devices)
+        if self.gpus:
+            log.info("%d GPU device(s): %s", self.devices,
+                     "; ".join(f"{g.index}: {g.model} ({g.memory_bytes / (1 << 30):.1f} GiB, {g.uuid})"
+                               for g in self.gpus))
+        self.cpus = cpu_sets(self.devices)
         self.hello()  # a name, region, cluster or address the control plane would refuse is an error now
         self.node = NodeRoot.of_agent(self.name, self.root)
         self.key = self.node.name
@@ -118,7 +128,9 @@ class Agent:
         """This node's registration."""
         return protocol.decode(protocol.Register, {
             "agent_id": self.agent_id, "name": self.name, "region": self.args.region, "cluster": self.args.cluster,
-            "devices": self.args.devices, "cpus": self.cpus, "advertise_addr": self.args.advertise_addr},
+            "devices": self.devices, "cpus": self.cpus, "advertise_addr": self.args.advertise_addr,
+            **({"gpus": [{"index": g.index, "uuid": g.uuid, "model": g.model, "memory_bytes": g.memory_bytes}
+                         for g in self.gpus]} if self.gpus else {})},
             "registration")
 
     def register(self) -> None:
@@ -178,9 +190,9 @@ class Agent:
         store = CheckpointStore(url, workers=settings.store_concurrency, **store_options(settings, url))
         self.store_url = url
         log.info("checkpoint store: %s", url)
-        quota = CpuQuota(self.key, self.args.devices, cpus=self.cpus)
+        quota = CpuQuota(self.key, self.devices, cpus=self.cpus)
         self._executor = Executor(self.client, self.node, store, self.agent_id, self.lease_lost,
-                                  quota if quota.enabled else None)
+                                  quota if quota.enabled else None, gpus=self.gpus)
 
     @property
     def executor(self) -> Executor:
@@ -358,13 +370,16 @@ def main(argv: list[str] | None = None) -> None:
                                              "SHA-256 fingerprint (as `tidal server` prints it)")
     ap.add_argument("--advertise-addr", help="the address other nodes reach this one at (stored with the node)")
     ap.add_argument("--root", required=True, help="the node root: this node's private state")
-    ap.add_argument("--devices", type=int, default=1)
+    ap.add_argument("--devices", default="1",
+                    help="N: N CPU devices (shares of the CPUs); auto: one device per NVIDIA GPU (through NVML)")
     ap.add_argument("--region", default="local")
     ap.add_argument("--cluster", default="local")
     args = ap.parse_args(argv)
     os.environ.pop("TIDAL_JOIN_TOKEN", None)  # read: nothing this process starts (CRIU, the store) needs it
-    if not 1 <= args.devices <= limits.MAX_DEVICES_PER_NODE:  # the control plane would refuse the node
-        ap.error(f"--devices: from 1 to {limits.MAX_DEVICES_PER_NODE}")
+    try:  # a number the control plane would refuse is refused now
+        args.devices = devices_option(args.devices)
+    except ValidationError as exc:
+        ap.error(exc.message)
     os.umask(0o077)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s %(levelname)s {args.name}: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)

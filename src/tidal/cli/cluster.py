@@ -8,7 +8,7 @@ import typer
 
 from tidal.cli import listings
 from tidal.cli.api import Api
-from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
+from tidal.cli.formats import Format, emit, output_option, print_table
 from tidal.cli.output import console
 from tidal.config import load_settings
 
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"control plane at {st.url}", highlight=False)
             print_table(procs, listings.PROCESSES.columns, wide)
             if procs[0]["alive"]:
-                print_table(nodes, listings.NODES.columns, wide)
+                print_nodes(nodes, wide)
 
         emit(data, output, table)
 
@@ -72,5 +72,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def nodes(output: Format = output_option()) -> None:
-        """List the nodes, their devices and leases."""
-        print_rows(Api().get("/v1/nodes"), listings.NODES, output)
+        """List the nodes, their devices and leases; GPU devices (model, memory, jobs) in a table of their own."""
+        rows: list[dict[str, Any]] = Api().get("/v1/nodes")
+        emit(rows, output, lambda wide: print_nodes(rows, wide))
+
+
+def print_nodes(rows: list[dict[str, Any]], wide: bool) -> None:
+    """The nodes' table and, where nodes offer GPUs, their GPU devices' (unchanged for CPU nodes: one table)."""
+    print_table(rows, listings.NODES.columns, wide)
+    gpus = listings.gpu_rows(rows)
+    if gpus:
+        console.print()
+        print_table(gpus, listings.NODE_GPUS.columns, wide, title="GPU devices")

@@ -26,6 +26,7 @@ from tidal.cli.formats import Format, output_option, print_rows
 from tidal.cli.jobs import parse_duration
 from tidal.cli.output import console
 from tidal.config import load_settings
+from tidal.core.topology import devices_option
 from tidal.errors import ConfigError, Conflict
 
 JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
@@ -108,7 +109,9 @@ def register(app: typer.Typer) -> None:
                                        help="exchanged at the first start for the node's own credential (then kept "
                                             "in the node root); from `tidal token create --node NAME`"),
         name: str = typer.Option(None, "--name", help="the node's name (default: the host name)"),
-        devices: int = typer.Option(1, "--devices", help="devices the node offers"),
+        devices: str = typer.Option("1", "--devices", metavar="N|auto",
+                                    help="devices the node offers: N CPU devices (shares of its CPUs), or auto: one "
+                                         "per NVIDIA GPU (found through NVML: pip install 'tidal[gpu]')"),
         cluster: str = typer.Option("local", "--cluster", help="the cluster the node belongs to"),
         region: str = typer.Option("local", "--region", help="the region the node is in"),
         advertise_addr: str = typer.Option(None, "--advertise-addr", envvar="TIDAL_ADVERTISE_ADDR",
@@ -124,7 +127,7 @@ def register(app: typer.Typer) -> None:
         """Run this node's agent (in the foreground, as root), joining the control plane at --server."""
         name = name or socket.gethostname().split(".")[0]
         node_root = root or load_settings().home / "nodes" / name
-        args = ["--name", name, "--server", server, "--devices", str(devices), "--cluster", cluster,
+        args = ["--name", name, "--server", server, "--devices", str(devices_option(devices)), "--cluster", cluster,
                 "--region", region, "--root", str(node_root.absolute())]
         for flag, value in (("--advertise-addr", advertise_addr), ("--ca", ca and str(ca.absolute())),
                             ("--ca-fingerprint", ca_fingerprint),
@@ -153,6 +156,7 @@ def token_create(node: str = typer.Option(..., "--node", help="the node the toke
     print(r["token"])
     console.print("on the node, as root:", highlight=False)
     print(f"  tidal agent --server {api.url}{trust} --join-token {r['token']} --name {r['node']} --devices N")
+    console.print("(--devices N: N CPU devices; --devices auto: one device per NVIDIA GPU)", highlight=False)
 
 
 @token_app.command("ls")
@@ -216,3 +220,4 @@ def node_remove(node: str = typer.Argument(..., help="the node"),
         raise Conflict(f"node {node} is still up after {timeout:g}s",
                        hint="its agent may act with the cluster credential (`tidal up`), which is not revoked: stop "
                             "it (`systemctl stop tidal-agent`, or `tidal down`)")
+

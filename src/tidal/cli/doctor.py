@@ -1,7 +1,8 @@
 """``tidal doctor``: is this machine ready to run Tidal, and what to do where it is not.
 
-The checks are those of the layers they check: the machine's (kernel, root, CRIU, cgroups, torch, GPUs,
-staging) in :mod:`tidal.mechanisms.checks`, the control plane's (TIDAL_HOME, PostgreSQL) in
+The checks are those of the layers they check: the machine's (kernel, root, CRIU, cgroups, torch, staging)
+in :mod:`tidal.mechanisms.checks`, the GPUs an agent would offer (NVML, the NVIDIA and CUDA drivers, the CUDA
+checkpoint API, NCCL) in :mod:`tidal.agent.gpuchecks`, the control plane's (TIDAL_HOME, PostgreSQL) in
 :mod:`tidal.control.checks`. This command only runs them and renders them: a table, or ``-o json|yaml``. The exit
 code is 1 when a *required* check is missing; warnings never fail.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import typer
 from rich.text import Text
 
+from tidal.agent import gpuchecks
 from tidal.cli import listings
 from tidal.cli.formats import Format, emit, output_option, print_table
 from tidal.cli.output import console
@@ -26,8 +28,8 @@ from tidal.mechanisms.slurm import site
 
 
 def run_checks() -> list[Check]:
-    """Every check, in display order: the machine's, then the control plane's."""
-    return checks.run_checks([*checks.machine_checks(), *control_plane_checks()])
+    """Every check, in display order: the machine's, its GPUs', then the control plane's."""
+    return checks.run_checks([*checks.machine_checks(), *gpuchecks.planned(), *control_plane_checks()])
 
 
 def exit_code(results: Sequence[Check]) -> int:

@@ -3,7 +3,7 @@ in docs/cli.md, which is generated from these) and the columns of its tables, in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tidal.cli import units
 from tidal.cli.formats import Column, Listing, Row
@@ -136,6 +136,8 @@ NODES = Listing("nodes", {
     "cpus": "the CPUs of each device (lists of CPU numbers)",
     "address": "the address other nodes reach it at (null: not given)",
     "lease_left_s": "seconds left on its agent's lease",
+    "gpus": "its devices' GPUs, where its devices are NVIDIA GPUs (`tidal agent --devices auto`): the items of "
+            "`nodes: gpus` (null: CPU devices)",
 }, (
     Column("NODE", _text("name")),
     Column("ADDRESS", _text("address")),
@@ -146,6 +148,30 @@ NODES = Listing("nodes", {
     Column("UP", lambda n: "yes" if n["up"] else "no", style=lambda n: None if n["up"] else "bold red"),
     Column("LEASE LEFT", lambda n: units.duration(n["lease_left_s"])),
 ))
+
+NODE_GPUS = Listing("nodes: gpus", {
+    "device": "the device's index on its node",
+    "index": "its GPU's index as NVML numbers the node's GPUs",
+    "uuid": "its GPU's UUID (GPU-…): the CUDA_VISIBLE_DEVICES of the ranks placed on the device",
+    "model": "the GPU's model, as NVML names it",
+    "memory_bytes": "the GPU's memory (bytes)",
+    "jobs": "the jobs whose ranks run on the device now (ids; several when jobs share it)",
+}, (
+    Column("NODE", _text("node")),
+    Column("DEVICE", _text("device")),
+    Column("GPU", _text("index"), wide=True),
+    Column("MODEL", _text("model")),
+    Column("MEMORY", lambda g: units.size(g["memory_bytes"])),
+    Column("JOBS", lambda g: ",".join(g.get("jobs") or []) or "-"),
+    Column("UUID", _text("uuid"), wide=True),
+), note="A GPU node's devices: one per GPU. `tidal nodes` shows them in a second table, under the nodes.")
+
+
+def gpu_rows(nodes: Sequence[Row]) -> list[Row]:
+    """The GPU devices of ``nodes`` (API items of `nodes`), one row each, with its node's name: none when every
+    node's devices are CPU devices."""
+    return [{"node": n["name"], **g} for n in nodes for g in (n.get("gpus") or [])]
+
 
 TOKENS = Listing("token ls", {
     "id": "a join token's id (jt-…), or the node whose credential it is",
@@ -230,7 +256,7 @@ STORE_JOBS = Listing("store usage: jobs", {
     Column("STORED", lambda j: units.size(j["stored_bytes"])),
 ))
 
-LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, TOKENS, PROCESSES, CHECKS,
-                                   STORE_USAGE, STORE_USERS, STORE_JOBS)}
+LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, NODE_GPUS, TOKENS,
+                                   PROCESSES, CHECKS, STORE_USAGE, STORE_USERS, STORE_JOBS)}
 """Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
 docs/cli.md documents."""

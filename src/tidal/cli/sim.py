@@ -12,6 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tidal.errors import ValidationError
+from tidal.sim.cost import DEFAULT_D2H_GBPS
 
 DEFAULT_POLICIES = "fifo,priority-requeue,tiresias,gandiva,singularity"
 
@@ -49,6 +50,14 @@ def sim(
         str, typer.Option(help="Premium and standard jobs whose SLA the load makes unreachable (by the admitted "
                                "backlog): off, demote (to the highest tier that meets its target) or refuse.")
     ] = "off",
+    gpu_mem_gb: Annotated[
+        float, typer.Option(help="GPU memory in use per rank (GB): a checkpoint copies it to the host, then dumps it "
+                                 "with the rank's host memory; 0: CPU jobs.")
+    ] = 0.0,
+    d2h_gbps: Annotated[
+        float, typer.Option(help="Device-to-host (and back) copy rate of GPU memory at a checkpoint and a restore, "
+                                 "GB/s (an assumed default: measure it on the GPU).")
+    ] = DEFAULT_D2H_GBPS,
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
@@ -68,6 +77,14 @@ def sim(
     if len(mix) != 3:
         raise ValidationError("--tier-mix needs three shares", field="tier_mix", hint=mix_hint)
     names = check_policies(policies.split(","))
+    from tidal.sim.cost import CostModel
+
+    if not gpu_mem_gb >= 0:
+        raise ValidationError(f"--gpu-mem-gb must be 0 or more, not {gpu_mem_gb}", field="gpu_mem_gb")
+    if not d2h_gbps > 0:
+        raise ValidationError(f"--d2h-gbps must be above 0, not {d2h_gbps}", field="d2h_gbps",
+                              hint="a copy rate in GB/s, e.g. --d2h-gbps 20")
+    cost = CostModel(gpu_mem_per_rank_gb=gpu_mem_gb, d2h_gbps=d2h_gbps)
     from tidal.policy.sla_admission import MODES
 
     if admit_sla not in MODES:
@@ -98,7 +115,7 @@ def sim(
                   console=console) as bar:
         tasks = {n: bar.add_task(n, total=len(p.jobs)) for n in names}
         summaries, series = run_policies(
-            p, names, workers=workers, progress=lambda n, d: bar.update(tasks[n], completed=d),
+            p, names, cost=cost, workers=workers, progress=lambda n, d: bar.update(tasks[n], completed=d),
             event_log=str(event_log) if event_log is not None else None)
         for n in names:
             bar.update(tasks[n], completed=len(p.jobs))
@@ -129,7 +146,7 @@ def sim(
             out.print(f"{n}: admission against the load ({admit_sla}): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
     meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
-            "quota": quota, "quota_scale": quota_scale,
+            "quota": quota, "quota_scale": quota_scale, "gpu_mem_gb": gpu_mem_gb, "d2h_gbps": d2h_gbps,
             "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
     if json_out is not None:
         write_json(str(json_out), to_json(p, summaries, meta))

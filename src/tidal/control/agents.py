@@ -45,7 +45,10 @@ log = logging.getLogger(__name__)
 
 
 def register(s: Session, *, name: str, region: str, cluster: str, devices: int, cpus: list[list[int]],
-             agent_id: str, lease_s: float, advertise_addr: str | None = None) -> None:
+             agent_id: str, lease_s: float, advertise_addr: str | None = None,
+             gpus: list[dict[str, Any]] | None = None) -> None:
+    """Give the node's lease to ``agent_id`` (a new node is added). ``gpus``: its devices' GPUs, device index →
+    ``{"index", "uuid", "model", "memory_bytes"}``, where its devices are GPUs (None: CPU devices)."""
     now = clock.now(s)
     node = s.get(NodeRow, name)
     if node is not None and node.agent_id != agent_id and node.up and node.lease_until > now:
@@ -62,15 +65,16 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
     if node is None:
         node = NodeRow(name=name, region=region, cluster=cluster, devices=devices, cpus=cpus,
                        agent_id=agent_id, lease_until=now + lease_s, up=True, registered_at=now,
-                       advertise_addr=advertise_addr)
+                       advertise_addr=advertise_addr, gpus=gpus)
         s.add(node)
     else:
         if node.up and node.agent_id != agent_id:
             expire(s, node, "its agent was replaced")
         node.region, node.cluster, node.devices, node.cpus = region, cluster, devices, cpus
-        node.advertise_addr = advertise_addr
+        node.advertise_addr, node.gpus = advertise_addr, gpus
         node.agent_id, node.lease_until, node.up, node.registered_at = agent_id, now + lease_s, True, now
-    record(s, "node_up", node=name, cause=agent_id, detail=f"{devices} device(s) in {region}/{cluster}")
+    kind = f" GPU(s) ({', '.join(sorted({g['model'] for g in gpus}))})" if gpus else " device(s)"
+    record(s, "node_up", node=name, cause=agent_id, detail=f"{devices}{kind} in {region}/{cluster}")
 
 
 def _within_limits(s: Session, node: NodeRow | None, name: str, devices: int) -> None:

@@ -152,6 +152,17 @@ def free_devices(s: Session) -> dict[str, list[int]]:
     return {n: sorted(v) for n, v in sorted(free.items())}
 
 
+def jobs_on_devices(s: Session) -> dict[tuple[str, int], list[str]]:
+    """(node, device index) → the ids of the jobs whose ranks run there now (several where jobs time-slice
+    a device), in the order of their submission."""
+    out: dict[tuple[str, int], list[str]] = {}
+    active = select(JobRow).where(JobRow.state.in_([st.value for st in ACTIVE])).order_by(JobRow.seq)
+    for job in s.scalars(active):
+        for key in dict.fromkeys((p["node"], int(p["device"])) for p in job.placement):
+            out.setdefault(key, []).append(job.id)
+    return out
+
+
 def device_count(job: JobRow) -> int:
     return len({(p["node"], p["device"]) for p in job.placement})
 

@@ -369,6 +369,16 @@ class _FromAgent(_Versioned):
     agent_id: Ident
 
 
+class GpuDevice(Message):
+    """A device that is an NVIDIA GPU, as the node's agent found it through NVML: its NVML index, UUID (what
+    the rank's ``CUDA_VISIBLE_DEVICES`` names), model and memory (bytes)."""
+
+    index: Annotated[int, Field(ge=0, lt=limits.MAX_DEVICES_PER_NODE)]
+    uuid: Ident
+    model: Annotated[str, StringConstraints(pattern=r"^[ -~]+$", max_length=96)]
+    memory_bytes: Annotated[int, Field(ge=0, lt=2**63)]
+
+
 class Register(_FromAgent):
     name: NodeName
     region: Ident = "local"
@@ -378,6 +388,22 @@ class Register(_FromAgent):
     cpus: Annotated[list[list[int]], Field(max_length=limits.MAX_DEVICES_PER_NODE)]
     # Where the other nodes reach this one (its ranks' rendezvous and collectives): `--advertise-addr`.
     advertise_addr: Address | None = None
+    # device index → its GPU, on a node whose devices are NVIDIA GPUs (`--devices auto`); absent (None) on a
+    # node of CPU devices, and from agents older than the field.
+    gpus: Annotated[list[GpuDevice], Field(max_length=limits.MAX_DEVICES_PER_NODE)] | None = None
+
+    @field_validator("gpus")
+    @classmethod
+    def _one_gpu_per_device(cls, gpus: list[GpuDevice] | None,
+                            info: pydantic.ValidationInfo) -> list[GpuDevice] | None:
+        devices = info.data.get("devices")
+        if gpus is None:
+            return None
+        if devices is not None and len(gpus) != devices:
+            raise InvalidField(f"{len(gpus)} GPUs for {devices} device(s): give one per device")
+        if len({g.uuid for g in gpus}) != len(gpus):
+            raise InvalidField("two devices name the same GPU: each device is a GPU of its own")
+        return gpus
 
     @field_validator("cpus")
     @classmethod

@@ -6,7 +6,27 @@ import dataclasses
 from collections.abc import Iterator
 from typing import NamedTuple
 
+from tidal.core import limits
 from tidal.errors import ValidationError
+
+#: A node's ``--devices auto``: one device per NVIDIA GPU of the node.
+AUTO_DEVICES = "auto"
+
+
+def devices_option(text: str) -> int | str:
+    """A node's ``--devices`` (``tidal agent``): a number N of CPU devices, from 1 to the most a node may have,
+    or :data:`AUTO_DEVICES`."""
+    if text == AUTO_DEVICES:
+        return text
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValidationError(f"--devices {text!r}: give a number of CPU devices, or auto (one device per NVIDIA "
+                              "GPU)", field="devices") from None
+    if not 1 <= n <= limits.MAX_DEVICES_PER_NODE:
+        raise ValidationError(f"--devices {n}: a node offers from 1 to {limits.MAX_DEVICES_PER_NODE} devices",
+                              field="devices")
+    return n
 
 
 class DeviceRef(NamedTuple):

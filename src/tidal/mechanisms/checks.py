@@ -1,6 +1,7 @@
 """Can this machine run Tidal's ranks, and what to do where it cannot: the machine's checks behind
 ``tidal doctor`` (kernel, root, CRIU and its optional features, PID namespaces, cgroups, Python, torch,
-GPUs, the staging tmpfs). The control plane's own checks are in :mod:`tidal.control.checks`.
+the staging tmpfs). The control plane's own checks are in :mod:`tidal.control.checks`; the GPU rows, which
+look at the devices an agent would offer, in :mod:`tidal.agent.gpuchecks`.
 
 A check is a plain function returning a :class:`Check` (or a list of them); :func:`run_checks` runs a list
 of :class:`Planned` checks in threads, so the whole lot stays well under a few seconds, and turns a check
@@ -235,30 +236,6 @@ def check_torch(find_spec: Callable[[str], Any] | None = None,
     return Check("torch", "ok", v)
 
 
-def check_gpus(which: Callable[[str], str | None] = shutil.which,
-               run: Callable[[Sequence[str]], tuple[int, str]] = run_command) -> list[Check]:
-    smi = which("nvidia-smi")
-    if smi is None:
-        return [Check("gpus", "ok", "none (CPU devices only)"),
-                Check("cuda-checkpoint", "ok", "not needed (no GPUs)")]
-    rc, text = run([smi, "--query-gpu=name,driver_version", "--format=csv,noheader"])
-    if rc != 0:
-        gpus = Check("gpus", "warn", f"nvidia-smi failed: {text.splitlines()[-1] if text else rc}",
-                     "check the NVIDIA driver (nvidia-smi must run)")
-    else:
-        rows = [r.split(",") for r in text.splitlines() if r.strip()]
-        drivers = sorted({r[1].strip() for r in rows if len(r) > 1})
-        names = sorted({r[0].strip() for r in rows})
-        gpus = Check("gpus", "ok", f"{len(rows)} GPU(s): {', '.join(names)}; driver {', '.join(drivers)}")
-    cc = which("cuda-checkpoint")
-    if cc:
-        ckpt = Check("cuda-checkpoint", "ok", cc)
-    else:
-        ckpt = Check("cuda-checkpoint", "warn", "not found: GPU jobs cannot be checkpointed with CRIU",
-                     "install NVIDIA's cuda-checkpoint (driver ≥ 550) and put it on PATH")
-    return [gpus, ckpt]
-
-
 def check_staging(base: Path | None = None, euid: int | None = None) -> Check:
     """Where checkpoint images are staged in memory: Tidal's large-page tmpfs (see
     ``tidal.mechanisms.criu.ramdisk``). Looked at only: nothing is mounted."""
@@ -401,6 +378,5 @@ def machine_checks() -> list[Planned]:
         Planned("cgroups", True, check_cgroups),
         Planned("python", True, check_python),
         Planned("torch", False, check_torch),
-        Planned("gpus", False, check_gpus),
         Planned("staging", False, check_staging),
     ]

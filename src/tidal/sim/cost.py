@@ -11,6 +11,15 @@ The rates and the fixed part are fitted from the mechanism's own benchmarks (``c
 - a migration or resize is a checkpoint followed by a restore on the new devices.
 A rank's image is the job's own size where the trace gives one (its model), else ``mem_per_rank_gb`` when
 set, else the model-size distribution :func:`model_size_gb` (drawn per job, reproducibly).
+
+GPU jobs (``gpu_mem_per_rank_gb`` > 0, ``tidal sim --gpu-mem-gb``): a rank's checkpoint image is its GPU
+memory in use plus its host memory (the size above), because the device-state step copies the GPU's memory
+to host memory, where CRIU dumps it with the rest. So a checkpoint first copies each rank's GPU memory to the
+host at ``d2h_gbps`` (``--d2h-gbps``; the ranks sharing a GPU one after another), then dumps the whole image
+as above; a restore fetches and restores the whole image, then copies the GPU part back at ``h2d_gbps``
+(default: the same rate). The 20 GB/s default is an assumption (a PCIe 4/5 link's order of magnitude), not a
+measurement: it is to be measured on a GPU and passed. With no GPU memory (the default) the costs are the CPU
+jobs' as before.
 Time-slicing runs at ``timeslice_efficiency`` (docs/cluster.md: +5.5 % CPU work for 4 ranks on a device;
 Singularity reports +1.4 … +5.6 %). Preemption by kill loses the work since the job's last user-level
 checkpoint (every ``user_checkpoint_s``) and pays ``restart_s`` to start again from it.
@@ -21,7 +30,12 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
+from tidal.errors import ValidationError
 from tidal.sim import cost_fit
+
+#: The device-to-host copy rate of a GPU checkpoint when none is given (GB/s): an assumption of the order of a
+#: PCIe 4/5 x16 link, to be replaced by the rate measured on the GPU.
+DEFAULT_D2H_GBPS = 20.0
 
 # Per-rank image (device memory in use: parameters, optimizer state, activations; plus host state) of a
 # job whose trace names no model, in GB, with the share of jobs drawn at each size. An assumption, not a
@@ -66,6 +80,18 @@ class CostModel:
     user_checkpoint_s: float = 1800.0
     restart_s: float = 30.0
     start_s: float = 0.0  # a fresh start: the trace's durations already include it
+    gpu_mem_per_rank_gb: float = 0.0  # GPU memory in use per rank (GB); 0: CPU jobs
+    d2h_gbps: float = DEFAULT_D2H_GBPS  # device-to-host copy of a rank's GPU memory at a checkpoint (GB/s)
+    h2d_gbps: float | None = None  # host-to-device copy back at a restore (GB/s); None: d2h_gbps
+
+    def __post_init__(self) -> None:
+        for name in ("d2h_gbps", "h2d_gbps"):
+            rate = getattr(self, name)
+            if rate is not None and not rate > 0:
+                raise ValidationError(f"{name} must be a rate above 0 GB/s, not {rate}", field=name)
+        if not self.gpu_mem_per_rank_gb >= 0:
+            raise ValidationError(f"gpu_mem_per_rank_gb must be 0 or more, not {self.gpu_mem_per_rank_gb}",
+                                  field="gpu_mem_per_rank_gb")
 
     def mem_gb(self, job_id: str, own: float | None = None) -> float:
         """A rank's image size of job ``job_id`` (``own``: what its trace says)."""
@@ -78,27 +104,44 @@ class CostModel:
             return mem_gb
         return self.mem_per_rank_gb if self.mem_per_rank_gb is not None else 6.2
 
+    def _gpu(self, gpu_gb: float | None) -> float:
+        return self.gpu_mem_per_rank_gb if gpu_gb is None else gpu_gb
+
+    def image_gb(self, mem_gb: float | None = None, gpu_gb: float | None = None) -> float:
+        """A rank's checkpoint image: its host memory (``mem_gb``) plus its GPU memory in use (``gpu_gb``,
+        default ``gpu_mem_per_rank_gb``), which the device-state step moves to the host before the dump."""
+        return self._m(mem_gb) + self._gpu(gpu_gb)
+
     def _transfer(self, gb: float, nodes: int, cross_region: bool) -> float:
         t = gb / (max(nodes, 1) * self.net_gbps_per_node)
         if cross_region:
             t = max(t, gb / self.cross_region_gbps)
         return t
 
-    def checkpoint_s(self, ranks: int, devices: int, nodes: int, mem_gb: float | None = None) -> float:
+    def checkpoint_s(self, ranks: int, devices: int, nodes: int, mem_gb: float | None = None,
+                     gpu_gb: float | None = None) -> float:
+        """The pause of a checkpoint: per device, its ranks one after another copy their GPU memory to the
+        host (``gpu_gb`` each at ``d2h_gbps``) and dump their image (host + GPU memory at ``dump_gbps``)."""
         per_device = -(-ranks // max(devices, 1))
-        return self.fixed_s + per_device * self._m(mem_gb) / self.dump_gbps
+        g = self._gpu(gpu_gb)
+        return self.fixed_s + per_device * (g / self.d2h_gbps + self.image_gb(mem_gb, g) / self.dump_gbps)
 
     def restore_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
-                  mem_gb: float | None = None) -> float:
-        m = self._m(mem_gb)
+                  mem_gb: float | None = None, gpu_gb: float | None = None) -> float:
+        """The pause of a restore: the images are fetched over the nodes' links, then, per device, each rank's
+        image is restored and its GPU memory copied back (``gpu_gb`` at ``h2d_gbps``)."""
+        g = self._gpu(gpu_gb)
+        image = self.image_gb(mem_gb, g)
         per_device = -(-ranks // max(devices, 1))
-        return self.fixed_s + self._transfer(ranks * m, nodes, cross_region) + per_device * m / self.restore_gbps
+        h2d = self.h2d_gbps if self.h2d_gbps is not None else self.d2h_gbps
+        return (self.fixed_s + self._transfer(ranks * image, nodes, cross_region)
+                + per_device * (image / self.restore_gbps + g / h2d))
 
     def migration_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
-                    mem_gb: float | None = None) -> float:
+                    mem_gb: float | None = None, gpu_gb: float | None = None) -> float:
         """A checkpoint on the old devices then a restore on ``devices`` (a resize is the same)."""
-        return (self.checkpoint_s(ranks, devices, nodes, mem_gb)
-                + self.restore_s(ranks, devices, nodes, cross_region=cross_region, mem_gb=mem_gb))
+        return (self.checkpoint_s(ranks, devices, nodes, mem_gb, gpu_gb)
+                + self.restore_s(ranks, devices, nodes, cross_region=cross_region, mem_gb=mem_gb, gpu_gb=gpu_gb))
 
     def rate(self, ranks: int, devices: int, sharers: int) -> float:
         """Progress per second relative to the job at full size on dedicated devices."""

@@ -60,18 +60,21 @@ class Plane:
 
 
 class FakeAgent:
-    """The agent of node ``name`` (instance ``agent_id``, with ``devices`` devices), scripted by a test."""
+    """The agent of node ``name`` (instance ``agent_id``, with ``devices`` devices), scripted by a test;
+    ``gpus``: the devices' GPUs as a GPU node registers them (``{"index", "uuid", "model", "memory_bytes"}``
+    each; None: CPU devices)."""
 
     def __init__(self, plane: Plane, name: str, agent_id: str, devices: int = 1, region: str = "local",
-                 cluster: str = "local") -> None:
+                 cluster: str = "local", gpus: list[dict[str, Any]] | None = None) -> None:
         self.p, self.name, self.id, self.devices = plane, name, agent_id, devices
-        self.region, self.cluster = region, cluster
+        self.region, self.cluster, self.gpus = region, cluster, gpus
 
     def register(self) -> int:
         """Register the node; the HTTP status."""
         r = self.p.http.post("/v1/agent/register", headers=self.p.as_agent(), json={
             "name": self.name, "agent_id": self.id, "devices": self.devices,
-            "cpus": [[i] for i in range(self.devices)], "region": self.region, "cluster": self.cluster})
+            "cpus": [[i] for i in range(self.devices)], "region": self.region, "cluster": self.cluster,
+            **({"gpus": self.gpus} if self.gpus is not None else {})})
         return int(r.status_code)
 
     def actions(self) -> list[dict[str, Any]]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import json
 import os
 import subprocess
@@ -12,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tidal.agent.gpuchecks import probe_torch
 from tidal.mechanisms.criu.features import probe_feature
 from tidal.mechanisms.criu.provision import find_criu
 
@@ -87,3 +90,15 @@ def test_doctor_says_when_jobs_of_other_accounts_cannot_be_checkpointed(tmp_path
         assert row.status == "missing" and row.required
         assert "Can't get rlimit" in row.detail and "make criu" in row.fix
     assert check_other_accounts(criu).status == "ok"
+
+
+def test_the_nccl_probe_asks_the_real_torch_in_a_child_process() -> None:
+    """The probe behind the doctor's nccl row, run for real (a child Python importing torch). Here torch is a
+    CPU build: what a CUDA build answers is for a GPU machine to show."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed")
+    probe = probe_torch()
+    assert probe is not None and probe["torch"] == importlib.metadata.version("torch")
+    if probe["cuda"] is None:
+        assert probe == {"torch": probe["torch"], "cuda": None, "available": False, "nccl": None}
+    assert probe_torch("/nonexistent/python") == {"error": "[Errno 2] No such file or directory: '/nonexistent/python'"}

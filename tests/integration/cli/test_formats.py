@@ -182,3 +182,39 @@ def test_colour_on_a_terminal_only(served_plane: Served, job: str) -> None:
     plain = _on_a_terminal(served_plane, "ls", env={"NO_COLOR": "1"})
     assert "running" in plain and not re.search(r"\x1b\[(3\d|9\d|38;)", plain)
     assert "\x1b" not in served_plane.cli("ls").stdout  # piped
+
+
+def test_nodes_with_gpu_devices(served_plane: Served) -> None:
+    """A GPU node (as a scripted agent registers one: no GPU here) beside a CPU node: the nodes' table is as
+    before, and a second table lists each GPU device with its model, memory and jobs."""
+    p = served_plane.plane
+    gpus = [{"index": i, "uuid": f"GPU-{i}aaaaaaa-0000-0000-0000-000000000000", "model": "NVIDIA H100 80GB HBM3",
+             "memory_bytes": 85520809984} for i in range(2)]
+    a = FakeAgent(p, "gpu-1", "A", devices=2, gpus=gpus)
+    assert a.register() == 200
+    jid = p.submit(name="train", ranks=1)
+    p.rec.once()
+    (act,) = a.actions()
+    assert a.result(act, ranks=[{"rank": 0, "pid": 11}])
+    assert FakeAgent(p, "cpu-1", "B", devices=1).register() == 200
+
+    nodes = api(served_plane, "/v1/nodes")
+    assert json.loads(served_plane.cli("nodes", "-o", "json").stdout)[0]["gpus"] == nodes[0]["gpus"] is None
+    gpu_node = nodes[1]
+    assert list(gpu_node["gpus"][0]) == list(LISTINGS["nodes: gpus"].fields)
+    assert gpu_node["gpus"][0]["jobs"] == [jid] and gpu_node["gpus"][1]["jobs"] == []
+    table = served_plane.cli("nodes").stdout.splitlines()
+    assert table[0] == "NODE   ADDRESS  REGION/CLUSTER  DEVICES  FREE  UP   LEASE LEFT"
+    assert table[1].startswith("cpu-1  -        local/local     1        1     yes  ")
+    assert table[2].startswith("gpu-1  -        local/local     2        1     yes  ")
+    assert table[3:] == [
+        "",
+        "GPU devices",
+        "NODE   DEVICE  MODEL                  MEMORY    JOBS",
+        f"gpu-1  0       NVIDIA H100 80GB HBM3  79.6 GiB  {jid}",
+        "gpu-1  1       NVIDIA H100 80GB HBM3  79.6 GiB  -",
+    ]
+    wide = served_plane.cli("nodes", "-o", "wide").stdout.splitlines()
+    assert wide[5] == "NODE   DEVICE  GPU  MODEL                  MEMORY    JOBS" + " " * (len(jid) - 4) + "  UUID"
+    assert wide[6] == (f"gpu-1  0       0    NVIDIA H100 80GB HBM3  79.6 GiB  {jid}  "
+                       "GPU-0aaaaaaa-0000-0000-0000-000000000000")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -166,24 +165,6 @@ def test_find_postgres_under_usr_lib(tmp_path: Path) -> None:
     assert control.find_postgres(lambda _: None, str(base / "*" / "bin")) == str(d)
     assert control.find_postgres(lambda n: f"/opt/pg/bin/{n}") == "/opt/pg/bin"
     assert control.find_postgres(lambda _: None, str(base / "nothing" / "*")) is None
-
-
-def test_gpus_cpu_only() -> None:
-    gpus, ckpt = machine.check_gpus(which=lambda _: None)
-    assert gpus.status == "ok" and gpus.detail == "none (CPU devices only)"
-    assert ckpt.status == "ok"
-
-
-def test_gpus_present_without_cuda_checkpoint() -> None:
-    def which(name: str) -> str | None:
-        return "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None
-
-    def run(argv: Sequence[str]) -> tuple[int, str]:
-        return 0, "NVIDIA H100 80GB HBM3, 550.54.15\nNVIDIA H100 80GB HBM3, 550.54.15\n"
-
-    gpus, ckpt = machine.check_gpus(which, run)
-    assert gpus.status == "ok" and "2 GPU(s)" in gpus.detail and "550.54.15" in gpus.detail
-    assert ckpt.status == "warn" and "cuda-checkpoint" in ckpt.fix
 
 
 def test_home(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
@@ -94,3 +96,32 @@ def test_sim_report_is_one_html_file_with_tables_and_embedded_plots(tmp_path: Pa
     assert "<tr><td>fifo</td>" in text and "<tr><td>singularity</td>" in text
     assert "http://" not in text and "https://" not in text  # it loads nothing: it opens offline
     assert sorted(tmp_path.iterdir()) == sorted([trace, out])
+
+
+def test_gpu_memory_and_the_copy_rate_reach_the_cost_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--gpu-mem-gb`` and ``--d2h-gbps`` make the cost model the runs use, and are written with the input."""
+    from tidal.sim import experiment
+    from tidal.sim.cost import CostModel
+
+    used: list[CostModel | None] = []
+    real = experiment.run_policies
+
+    def run_policies(p: Any, names: Any, *, cost: CostModel | None = None, **kw: Any) -> Any:
+        used.append(cost)
+        return real(p, names, cost=cost, **kw)
+
+    monkeypatch.setattr(experiment, "run_policies", run_policies)
+    trace = tmp_path / "t.csv"
+    trace.write_text(TRACE)
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--workers", "1", "--policies",
+                                   "fifo", "--json", str(out), "--gpu-mem-gb", "16", "--d2h-gbps", "12.5"])
+    assert r.exit_code == 0, r.output
+    (cost,) = used
+    assert cost is not None and (cost.gpu_mem_per_rank_gb, cost.d2h_gbps, cost.h2d_gbps) == (16.0, 12.5, None)
+    doc = json.loads(out.read_text())
+    assert (doc["input"]["gpu_mem_gb"], doc["input"]["d2h_gbps"]) == (16.0, 12.5)
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
+                                   "--d2h-gbps", "0"])
+    assert r.exit_code != 0 and str(r.exception) == "--d2h-gbps must be above 0, not 0.0 (a copy rate in GB/s, e.g. " \
+                                                    "--d2h-gbps 20)"

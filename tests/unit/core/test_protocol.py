@@ -47,6 +47,11 @@ RESULTS: list[protocol.Message] = [
 ]
 FROM_AGENT: list[protocol.Message] = [
     protocol.Register(agent_id="A1", name="node-1", region="eu", cluster="c1", devices=2, cpus=[[0, 1], [2, 3]]),
+    protocol.Register(agent_id="A1", name="gpu-1", devices=2, cpus=[[0], [1]], gpus=[
+        protocol.GpuDevice(index=0, uuid="GPU-0f4c2c1e-6a1b-4d2e-9b7a-2f3c4d5e6f70", model="NVIDIA H100 80GB HBM3",
+                           memory_bytes=85520809984),
+        protocol.GpuDevice(index=1, uuid="GPU-1a2b3c4d-5e6f-4a7b-8c9d-0e1f2a3b4c5d", model="NVIDIA H100 80GB HBM3",
+                           memory_bytes=85520809984)]),
     protocol.Leave(agent_id="A1"),
     protocol.Heartbeat(agent_id="A1", jobs={"j1": {"attempt": 2, "cpu_s": 1.5, "steps_per_s": 3.25}}),
     protocol.ActionResult(agent_id="A1", action_id="a-9", ok=True, data=protocol.encode(RESULTS[0])),
@@ -205,6 +210,29 @@ def test_a_registration_names_cpus_for_any_bad_cpu_set() -> None:
         with pytest.raises(ValidationError) as e:
             protocol.decode(protocol.Register, {"agent_id": "A", "name": "n1", "devices": 2, "cpus": cpus})
         assert e.value.fields["field"] == "cpus", cpus
+
+
+def _gpu(uuid: str = "GPU-a", **kw: object) -> dict[str, object]:
+    return {"index": 0, "uuid": uuid, "model": "NVIDIA H100 80GB HBM3", "memory_bytes": 1 << 30, **kw}
+
+
+def test_a_registration_of_gpu_devices_names_one_gpu_per_device() -> None:
+    base = {"agent_id": "A", "name": "n1", "devices": 2, "cpus": [[0], [1]]}
+    assert protocol.decode(protocol.Register, base).gpus is None  # a CPU node, and agents from before GPUs
+    cases = {
+        "1 GPUs for 2 device(s): give one per device": [_gpu()],
+        "two devices name the same GPU: each device is a GPU of its own": [_gpu(), _gpu(index=1)],
+    }
+    for message, gpus in cases.items():
+        with pytest.raises(ValidationError) as e:
+            protocol.decode(protocol.Register, {**base, "gpus": gpus})
+        assert e.value.fields["field"] == "gpus" and message in e.value.message, e.value
+    for field, gpu in {"gpus.1.uuid": _gpu("GPU b/../x"), "gpus.1.model": _gpu("GPU-b", model="H100\n"),
+                       "gpus.1.memory_bytes": _gpu("GPU-b", memory_bytes=-1),
+                       "gpus.1.kind": _gpu("GPU-b", kind="gpu")}.items():
+        with pytest.raises(ValidationError) as e:
+            protocol.decode(protocol.Register, {**base, "gpus": [_gpu(), gpu]})
+        assert e.value.fields["field"] == field, (field, e.value)
 
 
 def test_figures_that_are_not_finite_are_left_out_of_a_heartbeat() -> None:

@@ -53,3 +53,11 @@ def detail(s: Session, j: JobRow) -> dict[str, Any]:
         "checkpoints": [checkpoint(c) for c in jobs.checkpoints(s, j.id)],
         "events": [event(e) for e in evs][::-1],
     }
+
+
+def node_gpus(gpus: list[dict[str, Any]], node: str, on: dict[tuple[str, int], list[str]]) -> list[dict[str, Any]]:
+    """A GPU node's devices as the API shows them: device index, its GPU (NVML index, UUID, model, memory in
+    bytes) and the jobs whose ranks run on it (``on``: :func:`tidal.control.jobs.jobs_on_devices`)."""
+    return [{"device": d, "index": g.get("index"), "uuid": g.get("uuid"), "model": g.get("model"),
+             "memory_bytes": g.get("memory_bytes"), "jobs": on.get((node, d), [])}
+            for d, g in enumerate(gpus)]

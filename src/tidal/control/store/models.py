@@ -60,6 +60,9 @@ class NodeRow(Base):
     # Heartbeats that renewed the lease of the node's agents since the node was first registered (a counter
     # of the exported metrics: kept here, it survives restarts of the control plane).
     lease_renewals: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    # Device index → its GPU ({"index", "uuid", "model", "memory_bytes"}) on a node whose devices are NVIDIA GPUs
+    # (``tidal agent --devices auto``); None on a node of CPU devices.
+    gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
 
 
 class JobRow(Base):

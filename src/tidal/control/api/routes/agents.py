@@ -13,7 +13,7 @@ from tidal.control import agents, tokens
 from tidal.control.api.auth import Agent, bearer, for_node, forget_principals
 from tidal.control.api.context import Ctx
 from tidal.control.api.schemas import ActionResult, AgentHello, ExitReport, Heartbeat, Join, Register
-from tidal.core import limits
+from tidal.core import limits, protocol
 
 router = APIRouter(prefix="/v1/agent")
 
@@ -38,7 +38,8 @@ def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
     with ctx.db.tx() as s:
         agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
                         cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s,
-                        advertise_addr=body.advertise_addr)
+                        advertise_addr=body.advertise_addr,
+                        gpus=[protocol.encode(g) for g in body.gpus] if body.gpus is not None else None)
     return {"lease_s": ctx.lease_s, "store": ctx.stores.for_region(body.region)}
 
 

@@ -41,10 +41,14 @@ def events(p: User, ctx: Ctx, job: str | None = None, after: Annotated[int, Quer
 
 @router.get("/nodes")
 def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
+    """Every node; ``gpus`` lists a GPU node's devices (its GPU, and the jobs on each), null on a CPU node."""
     with ctx.db.read() as s:
         free = jobs.free_devices(s)
+        rows = list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
+        on = jobs.jobs_on_devices(s) if any(n.gpus for n in rows) else {}
         return [{"name": n.name, "region": n.region, "cluster": n.cluster, "devices": n.devices,
                  "free": len(free.get(n.name, [])) if n.up else 0, "up": n.up, "cpus": n.cpus,
                  "address": n.advertise_addr,
-                 "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1)}
-                for n in s.scalars(select(NodeRow).order_by(NodeRow.name))]
+                 "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1),
+                 "gpus": views.node_gpus(n.gpus, n.name, on) if n.gpus else None}
+                for n in rows]
