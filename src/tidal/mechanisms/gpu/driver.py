@@ -23,12 +23,14 @@ API = ("cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint", "cuCheckpoint
 
 
 class DriverError(MechanismError):
-    """A driver call failed; ``code`` is the CUresult, ``name`` its symbolic name."""
+    """A driver call failed (:meth:`of`): its fields ``call``, ``code`` (the CUresult), ``name`` (its
+    symbolic name) and ``pid``."""
 
-    def __init__(self, call: str, code: int, name: str, pid: int | None = None) -> None:
-        self.call, self.code, self.name, self.pid = call, code, name, pid
+    @classmethod
+    def of(cls, call: str, code: int, name: str, pid: int | None = None) -> DriverError:
         target = f" for process {pid}" if pid is not None else ""
-        super().__init__(f"{call}{target} failed: {name} ({code})", hint=_HINTS.get(name, "see `tidal doctor`"))
+        return cls(f"{call}{target} failed: {name} ({code})", hint=_HINTS.get(name, "see `tidal doctor`"),
+                   call=call, code=code, name=name, pid=pid)
 
 
 _HINTS = {
@@ -134,7 +136,7 @@ class CudaDriver:
     def _call(self, name: str, *args: object, pid: int | None = None) -> None:
         code = getattr(self.lib, name)(*args)
         if code != 0:
-            raise DriverError(name, code, self._error_name(code), pid)
+            raise DriverError.of(name, code, self._error_name(code), pid)
 
     def state(self, pid: int) -> int | None:
         """The process's CUDA state; None when it holds no CUDA context."""
@@ -177,6 +179,6 @@ class CudaDriver:
             u = _Uuid()
             code = get_uuid(ctypes.byref(u), dev)
             if code != 0:
-                raise DriverError("cuDeviceGetUuid", code, self._error_name(code))
+                raise DriverError.of("cuDeviceGetUuid", code, self._error_name(code))
             out.append(uuid_text(bytes(u.bytes)))
         return out

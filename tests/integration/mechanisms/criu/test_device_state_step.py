@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from tests.integration.ranks import Cluster, train_argv
-from tests.unit.mechanisms.gpu.test_devicestate import U0, U1, FakeDriver
 from tidal.errors import CheckpointError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import RankSpec
 from tidal.mechanisms.gpu.devicestate import DeviceState, device_fds
 from tidal.mechanisms.gpu.driver import CHECKPOINTED
 from tidal.testing import wait_for_line
+from tidal.testing.cudadriver import U0, U1, FakeDriver
 
 pytestmark = [pytest.mark.torch, pytest.mark.criu]
 
