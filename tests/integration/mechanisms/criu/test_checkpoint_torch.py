@@ -60,8 +60,10 @@ def test_dataloader_workers_identical(cluster: Cluster) -> None:
 
 def test_periodic_checkpoint_keeps_running_and_older_restore_rolls_back(cluster: Cluster) -> None:
     """Checkpoints taken while the job runs; then restoring the *older* one after the job went on
-    writing: the output and the working directory roll back, and the run still ends identical."""
-    argv = train_argv("--steps", str(STEPS), "--step-time", "0.02")
+    writing: the output and the working directory roll back, and the run still ends identical. (Steps to
+    spare after the last wait: a checkpoint on a loaded machine takes seconds, and the run must not end
+    before it.)"""
+    argv = train_argv("--steps", "300", "--step-time", "0.02")
     spec = cluster.spec(argv)
     ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
     node = cluster.nodes[0]
