@@ -230,13 +230,13 @@ class Job:
         released = False
         prehash: PreHash | None = None
         try:
-            blocked = resources.unsupported([p for r in self.ranks for p in r.pids()])
-            if blocked:
-                raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
-                                  hint=blocked[0][3])
+            self._refuse_unsupported()
             for r in self.ranks:
                 r.freeze()
                 frozen.append(r)
+            # Again, frozen: what a rank opened since the first look would make CRIU fail with a far less
+            # clear error (thawed at once below, the job goes on).
+            self._refuse_unsupported()
             # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
             prehash = PreHash(staging, self.store.chunk_size)
             dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
@@ -316,6 +316,13 @@ class Job:
         if keep is not None:
             self.store.retain(self.job_id, keep)
         return info
+
+    def _refuse_unsupported(self) -> None:
+        """:class:`Unsupported` naming what the ranks hold that CRIU cannot dump (a socket, io_uring)."""
+        blocked = resources.unsupported([p for r in self.ranks for p in r.pids()])
+        if blocked:
+            raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
+                              hint=blocked[0][3])
 
     def release(self, rendezvous: Store | None = None, rebuild: bool = False) -> None:
         """Let ranks waiting after a step of a cut across nodes go on: thaw those held frozen, rebuild
