@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, Unsupported, ValidationError
-from tidal.mechanisms.criu import resources
+from tidal.mechanisms.criu import resources, shmfiles
 from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
@@ -236,10 +236,7 @@ class Job:
         released = False
         prehash: PreHash | None = None
         try:
-            blocked = resources.unsupported([p for r in self.ranks for p in r.pids()])
-            if blocked:
-                raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
-                                  hint=blocked[0][3])
+            self._refuse_unsupported()
             # GPU state moves to host memory while the processes still run (the driver needs them to).
             for r in self.ranks:
                 done = self.devices.suspend(r.spec.name, r.pids())
@@ -249,11 +246,16 @@ class Job:
             for r in self.ranks:
                 r.freeze()
                 frozen.append(r)
+            # Again, frozen: what a rank opened since the first look would make CRIU fail with a far less
+            # clear error (thawed at once below, the job goes on).
+            self._refuse_unsupported()
             # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
             prehash = PreHash(staging, self.store.chunk_size)
             dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
             t_dump = time.perf_counter()
             snap = self.fs.capture(staging / "fs") if self.fs is not None else None
+            # Files of /dev/shm the ranks hold by name: CRIU reopens them by name at restore.
+            shm = {r.spec.rank: shmfiles.capture(r.pids(), staging / f"shm-{r.spec.rank}") for r in self.ranks}
             for r, d in zip(self.ranks, dumps, strict=True):
                 _copy_prefix(r.node.log_path(r.spec), staging / f"rank-{r.spec.rank}.log", d.log_bytes)
             t_fs = time.perf_counter()
@@ -280,9 +282,11 @@ class Job:
                     for f in sorted(d.images.iterdir()) if f.suffix == ".img"
                 }
                 writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
+                for f in shm[d.rank]:
+                    writer.add_file(f"ranks/{d.rank}/shm/{f.name}", staging / f"shm-{d.rank}" / f.name)
             for path in snap.captured if snap else ():
                 writer.add_file(f"fs/{path}", staging / "fs" / path)
-            info = writer.commit(self._meta(dumps, snap, gpus))
+            info = writer.commit(self._meta(dumps, snap, gpus, shm))
             writer = None
             t_commit = time.perf_counter()
             if then == "continue":
@@ -329,6 +333,13 @@ class Job:
             self.store.retain(self.job_id, keep)
         return info
 
+    def _refuse_unsupported(self) -> None:
+        """:class:`Unsupported` naming what the ranks hold that CRIU cannot dump (a socket, io_uring)."""
+        blocked = resources.unsupported([p for r in self.ranks for p in r.pids()])
+        if blocked:
+            raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
+                              hint=blocked[0][3])
+
     def release(self, rendezvous: Store | None = None, rebuild: bool = False) -> None:
         """Let ranks waiting after a step of a cut across nodes go on: thaw those held frozen, rebuild
         the process groups (``rebuild``: also where not dropped: every rank of the job must be on the
@@ -364,7 +375,8 @@ class Job:
             finally:
                 _remove_staging(staging)  # nothing reuses pre-dump images yet
 
-    def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None, gpus: Mapping[int, list[str]]) -> dict[str, Any]:
+    def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None, gpus: Mapping[int, list[str]],
+              shm: dict[int, list[shmfiles.ShmFile]]) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "job_id": self.job_id,
@@ -375,6 +387,7 @@ class Job:
                     "ctl_in_pipe": d.ctl_in_pipe, "ctl_out_pipe": d.ctl_out_pipe, "interposed": d.interposed,
                     "argv": list(r.spec.argv), "node": r.node.name,
                     "gpus": gpus.get(d.rank, []),  # the GPUs whose state the images hold, by UUID
+                    "shm": [f.to_json() for f in shm.get(d.rank, [])],
                 }
                 for r, d in zip(self.ranks, dumps, strict=True)
             },
@@ -521,6 +534,12 @@ class Job:
             for r, reader in mine.items():
                 spec, node = by_rank[r]
                 reader.extract(f"ranks/{r}/output.log", node.log_path(spec))
+                # Before CRIU runs: it opens them by name (a rank may have removed one since the dump).
+                shm = [shmfiles.ShmFile.from_json(f) for f in reader.meta["ranks"][str(r)].get("shm", [])]
+                if shm:
+                    into = private_dir(staging / "shm" / str(r))
+                    reader.extract_all([(f"ranks/{r}/shm/{f.name}", into / f.name) for f in shm])
+                    shmfiles.put_back([(f, into / f.name) for f in shm], spec.account)
             t_fs = time.perf_counter()
             runner = kw.get("runner") or CriuRunner()
             lazy = lazy and runner.supports("uffd-noncoop")  # a tree that forks needs non-cooperative events

@@ -523,9 +523,18 @@ class RankProcess:
         if not wait:  # before the signal: it may be reaped at once
             with _REAPING_LOCK:
                 _REAPING[self.key] = self._exited
-        # In the host's PID namespace the init outlives its tree: it reaps it, reports, then exits.
-        below = [] if self.spec.pidns else tasks.descendants(self.pid)[1:]
-        for pid in below or [self.pid]:
+        # A frozen rank (killed right after its dump) must not run another instruction: with only its init
+        # signalled, the thaw below would let its other tasks run on until the kernel tears the namespace
+        # down, past the state just dumped. A DataLoader worker then finished creating a shared-memory file
+        # the checkpoint holds open by name (torch unlinks it right after creating it), and the restore
+        # failed ("Can't open file dev/shm/torch_..."). Every task gets SIGKILL while frozen (a frozen task
+        # cannot fork): thawed, it dies before returning to its code. In the host's PID namespace the init
+        # outlives its tree: it reaps it, reports, then exits.
+        if self.spec.pidns:
+            victims = tasks.descendants(self.pid) if self._frozen else [self.pid]
+        else:
+            victims = tasks.descendants(self.pid)[1:] or [self.pid]
+        for pid in victims:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         pager = self._pager

@@ -249,13 +249,23 @@ def park_all(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: f
 
 
 def teardown(channels: Sequence[RankChannel], epoch: int, timeout: float) -> None:
-    """Step 3 (every rank of the job parked): drop the process groups, so no socket is left to dump."""
+    """Step 3 (every rank of the job parked): drop the process groups, so no socket is left to dump. A rank
+    whose groups left a socket open (CRIU cannot dump it) names it: the checkpoint fails before anything
+    is frozen."""
     live = _live(channels)
     deadline = time.monotonic() + timeout
     for c in live:
         c.send(op="teardown", epoch=epoch)
+    left: dict[str, list[str]] = {}
     for c in live:
-        c.expect(("down",), epoch, deadline, "tear its process group down")
+        msg = c.expect(("down",), epoch, deadline, "tear its process group down")
+        if msg.get("left"):
+            left[c.name] = [str(s) for s in msg["left"]]
+    if left:
+        raise CheckpointError("sockets opened while the job's process groups were built are still open after their "
+                              "teardown, and CRIU cannot checkpoint them: "
+                              + "; ".join(f"rank {name}: {', '.join(socks)}" for name, socks in left.items()),
+                              object=next(iter(left)), hint="the job goes on; its last good checkpoint is untouched")
 
 
 def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, timeout: float = 120,
@@ -277,8 +287,8 @@ def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, tim
 
 def cut(channels: Sequence[RankChannel], epoch: int, timeout: float) -> int:
     """The whole cut when every rank is owned here: counts, targets, park, tear down. On failure every rank
-    is let go again (its groups were dropped only if every rank had parked). Returns the world group's
-    target."""
+    is let go again (its groups were dropped only if every rank had parked: it rebuilds them). Returns the
+    world group's target."""
     try:
         got = _ask_counts(channels, epoch, timeout)
         plan = Plan.from_counts({k: (int(n), m) for k, (n, m) in (msg.get("comms") or {}).items()}
@@ -286,9 +296,10 @@ def cut(channels: Sequence[RankChannel], epoch: int, timeout: float) -> int:
         park_all(channels, epoch, plan, timeout)
         default = next((msg.get("default") for msg in got.values() if msg.get("default")), None)
         target = plan.targets.get(default, 0) if default else 0
+        teardown(channels, epoch, timeout)
     except BaseException:
-        with contextlib.suppress(CheckpointError):  # a stopped rank reads its resume when continued
+        # A stopped rank reads its resume when continued; a rank whose groups were dropped rebuilds them.
+        with contextlib.suppress(CheckpointError):
             resume(channels, epoch, None, wait=False)
         raise
-    teardown(channels, epoch, timeout)
     return target

@@ -158,15 +158,22 @@ class Interposer:
         elif op == "teardown":
             with self.cond:
                 groups = list(self.groups)
+            left: list[str] = []
             if groups:
-                ours = _sockets() - groups[0]._older_sockets  # the groups', and any opened since
+                opened = set().union(*(g._opened for g in groups))  # what building the groups opened
                 for g in groups:
                     g._drop_inner()
                 # Dropping the groups closes their sockets; a full collection (a good part of a second in a
                 # process holding torch) only if some are still open.
-                if ours & _sockets():
+                if opened & _sockets():
                     gc.collect()
-            self.send(op="down", epoch=epoch)
+                # CRIU cannot dump an internet socket (in any state, on Linux >= 6.16): none of the groups'
+                # may outlive the teardown. One still closing is waited for; one that stays is named.
+                left = _describe(_await_closed(opened, TEARDOWN_WAIT_S))
+            if left:
+                self.send(op="down", epoch=epoch, left=left)
+            else:
+                self.send(op="down", epoch=epoch)
         elif op == "resume":
             store = msg.get("store")
             if store:
@@ -259,6 +266,47 @@ class Interposer:
             self.cond.notify_all()
 
 
+TEARDOWN_WAIT_S = 10.0  # how long a teardown waits for the dropped groups' sockets to close
+
+
+def _await_closed(sockets: set[str], timeout: float) -> set[str]:
+    """Those of ``sockets`` still open after waiting up to ``timeout`` seconds for them to close."""
+    left = sockets & _sockets()
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while left and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+        left &= _sockets()
+    return left
+
+
+def _describe(sockets: set[str]) -> list[str]:
+    """What each open socket of ``sockets`` ("socket:[inode]") is, read from a copy of its descriptor."""
+    import contextlib
+    import socket
+
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") not in sockets:
+                continue
+            copy = os.dup(int(fd))
+        except OSError:
+            continue
+        what = [f"fd {fd}"]
+        try:
+            with socket.socket(fileno=copy) as s:  # closes the copy
+                what.append(f"{getattr(s.family, 'name', s.family)} {getattr(s.type, 'name', s.type)}")
+                for arrow, end in (("", s.getsockname), ("-> ", s.getpeername)):
+                    with contextlib.suppress(OSError):
+                        what.append(f"{arrow}{end()}")
+        except OSError:
+            os.close(copy)
+        out.append(" ".join(what))
+    return sorted(out)
+
+
 def _sockets() -> set[str]:
     """The sockets this process has open ("socket:[inode]")."""
     found = set()
@@ -283,7 +331,7 @@ class TidalGroupBase:
     """Typing anchor: the real class derives from torch's ProcessGroup and is made in :func:`_patch`."""
 
     _inner: Any
-    _older_sockets: set[str]  # the sockets the process had before the inner group was built
+    _opened: set[str]  # the sockets opened while the inner group was built: its store's and its own
 
     def _drop_inner(self) -> None: ...
 
@@ -364,7 +412,7 @@ def _make_group_class(dist: Any) -> type:
             self._world = not ranks
             self._inner: Any = None
             self._store: Any = None
-            self._older_sockets: set[str] = set()
+            self._opened: set[str] = set()
 
         def getBackendName(self) -> str:
             return "tidal"
@@ -389,18 +437,29 @@ def _make_group_class(dist: Any) -> type:
             if not IP.store_addr:
                 raise RuntimeError("Tidal: no rendezvous store for torch.distributed (TIDAL_STORE is unset)")
             host, port = IP.store_addr.rsplit(":", 1)
-            self._older_sockets = _sockets()
-            store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
-            # Each group its own keys: sub-groups by torch's name for them, which every rank shares.
-            prefix = IP.prefix if self._world else f"{IP.prefix}/g{self._key}"
-            self._store = dist.PrefixStore(prefix, store)
-            if self._inner_kind == "nccl":
-                # Its communicator is made at the first collective, on the device of that tensor.
-                opts = dist.ProcessGroupNCCL.Options()
-                opts._timeout = self._timeout
-                self._inner = dist.ProcessGroupNCCL(self._store, self._rank, self._size, opts)
-            else:
-                self._inner = gloo(self._store, self._rank, self._size, self._timeout)
+            before = _sockets()
+            store = None
+            try:
+                store = dist.TCPStore(host, int(port), is_master=False, timeout=self._timeout)
+                # Each group its own keys: sub-groups by torch's name for them, which every rank shares.
+                prefix = IP.prefix if self._world else f"{IP.prefix}/g{self._key}"
+                self._store = dist.PrefixStore(prefix, store)
+                store = None
+                if self._inner_kind == "nccl":
+                    # Its communicator is made at the first collective, on the device of that tensor.
+                    opts = dist.ProcessGroupNCCL.Options()
+                    opts._timeout = self._timeout
+                    self._inner = dist.ProcessGroupNCCL(self._store, self._rank, self._size, opts)
+                else:
+                    self._inner = gloo(self._store, self._rank, self._size, self._timeout)
+            except BaseException:
+                # Its connection to the store must not stay open (CRIU cannot dump it), not even held by
+                # this frame in the exception's traceback.
+                self._store = store = None
+                raise
+            finally:
+                # Also on failure: a socket the attempt left open is the teardown's to wait for.
+                self._opened = _sockets() - before
 
         def _drop_inner(self) -> None:
             for w in list(handed):

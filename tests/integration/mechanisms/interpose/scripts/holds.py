@@ -1,5 +1,6 @@
 """Holds what CRIU cannot checkpoint, then ticks: ``--tcp HOST:PORT`` a connection to that service,
-``--io-uring`` an io_uring instance (made with the raw system call). Prints ``tick N`` every 50 ms."""
+``--io-uring`` an io_uring instance (made with the raw system call), ``--listen`` a listening TCP socket,
+``--udp`` a bound UDP socket, ``--unconnected`` a TCP socket never connected. Prints ``tick N`` every 50 ms."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tcp", default=None)
     ap.add_argument("--io-uring", action="store_true")
+    ap.add_argument("--listen", action="store_true")
+    ap.add_argument("--udp", action="store_true")
+    ap.add_argument("--unconnected", action="store_true")
     ap.add_argument("--ticks", type=int, default=400)
     args = ap.parse_args()
     held = []
@@ -25,6 +29,14 @@ def main() -> None:
         if fd < 0:
             raise SystemExit(f"io_uring_setup failed: errno {ctypes.get_errno()}")
         held.append(fd)
+    if args.listen:
+        held.append(socket.create_server(("127.0.0.1", 0)))
+    if args.udp:
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind(("127.0.0.1", 0))
+        held.append(udp)
+    if args.unconnected:
+        held.append(socket.socket(socket.AF_INET6, socket.SOCK_STREAM))
     print("holding", flush=True)
     for i in range(args.ticks):
         print(f"tick {i}", flush=True)
