@@ -70,11 +70,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
-from tidal.agent.devices import PERIOD_US, cpu_sets
+from tidal.agent.devices import cpu_sets
 from tidal.core.view import rank_map
 from tidal.errors import ConfigError
 from tidal.mechanisms.criu import tasks
-from tidal.mechanisms.criu.cgroups import ROOT
+from tidal.mechanisms.criu.cgroups import PERIOD_US
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose.channel import Store
@@ -86,6 +86,7 @@ WORLD = 4
 NODE_DEVICES = 4
 STEP = re.compile(rb"rank (\d+) step (\d+) ")
 JOB_ID = "elastic"
+ROOT = Path("/sys/fs/cgroup")  # the cgroup v1 controllers (a device's CPU quota: cpu/)
 
 
 # -- devices ------------------------------------------------------------------------------------------------
