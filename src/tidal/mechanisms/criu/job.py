@@ -4,6 +4,11 @@ Checkpoint: freeze every rank → drain their output → CRIU-dump each (they st
 working directory's changes → then either thaw at once (periodic checkpoint: the store commit runs while
 the job goes on) or commit and kill (preempt, migrate). A checkpoint exists only once its manifest is
 committed; if anything fails before that, the ranks are thawed and go on as if nothing happened.
+
+A resize or a move to another node root of this machine need not wait for the commit: :meth:`Job.checkpoint_local`
+kills the ranks once dumped and commits in the background while :meth:`Job.restore` (``local=``) starts them
+again from the images dumped here. The dump is the job's checkpoint only once committed: if that commit
+fails, the restored job goes on and its latest committed checkpoint stays the one to fall back to.
 """
 
 from __future__ import annotations
