@@ -15,7 +15,9 @@ share its CPUs) and a new rendezvous. Measured:
 * **Resize pause**: the gap in the step lines across a resize: from the last step line before the cut
   to the moment every rank has printed a step after the restore (one normal step of that interval is
   training, not pause: the step interval is reported beside it); with the checkpoint and the restore
-  apart.
+  apart. By default the restore starts from the images dumped on the node while the commit to the store
+  runs in the background (``--restore-from local``); ``--restore-from store`` restores from the store once
+  committed, ``both`` alternates the two in one run and reports their medians side by side.
 * **Time-slicing overhead**, comparable to Singularity's +1.4 … +5.6 % for 4 ranks time-sliced on one
   GPU: the 4 ranks on one device against the work of the same 4 ranks done one after another on that
   device. The fair baseline on CPU is the *work* of the 4 ranks in the 4-device run, where every rank has
@@ -68,11 +70,11 @@ from pathlib import Path
 from typing import Any
 
 from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
-from tidal.agent.devices import PERIOD_US, cpu_sets
+from tidal.agent.devices import cpu_sets
 from tidal.core.view import rank_map
 from tidal.errors import ConfigError
 from tidal.mechanisms.criu import tasks
-from tidal.mechanisms.criu.cgroups import ROOT
+from tidal.mechanisms.criu.cgroups import PERIOD_US
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose.channel import Store
@@ -84,6 +86,7 @@ WORLD = 4
 NODE_DEVICES = 4
 STEP = re.compile(rb"rank (\d+) step (\d+) ")
 JOB_ID = "elastic"
+ROOT = Path("/sys/fs/cgroup")  # the cgroup v1 controllers (a device's CPU quota: cpu/)
 
 
 # -- devices ------------------------------------------------------------------------------------------------
@@ -253,11 +256,14 @@ class Elastic:
         self.job = Job.launch(JOB_ID, [(s, self.node) for s in specs], self.store)
         self._placed(specs, d)
 
-    def resize(self, d: int) -> dict[str, Any]:
+    def resize(self, d: int, local: bool) -> dict[str, Any]:
+        """``local``: restore from the images dumped here while the commit runs in the background, else from
+        the store once committed."""
         assert self.job is not None
         before = self.d
         t0 = time.perf_counter()
-        info = self.job.checkpoint(then="kill", keep=1)
+        dump = self.job.checkpoint_local(keep=1) if local else None
+        info = self.job.checkpoint(then="kill", keep=1) if dump is None else None
         t1 = time.perf_counter()
         ck = self.job.last_timing
         assert ck is not None
@@ -265,18 +271,23 @@ class Elastic:
         last_seen = max(self.poller.when(r, self.poller.step(r)) for r in range(WORLD))
         specs, prefix = self.specs(d)
         self.job = Job.restore(self.store, JOB_ID, [(s, self.node) for s in specs],
-                               rendezvous=Store(self.server.addr, prefix))
+                               rendezvous=Store(self.server.addr, prefix), local=dump)
         t2 = time.perf_counter()
         rt = self.job.restore_timing
         assert rt is not None
         self._placed(specs, d)
         wait_for(lambda: self.poller.all_past(cut_step), 120, "steps after the restore")
         resumed = max(self.poller.when(r, cut_step + 1) for r in range(WORLD))
-        return {"from": before, "to": d, "gap_s": resumed - last_seen, "request_to_resumed_s": resumed - t0,
+        if dump is not None:  # committed in the background, after the ranks went on
+            info = dump.wait()
+        assert info is not None
+        return {"from": before, "to": d, "restored_from": "local" if local else "store",
+                "gap_s": resumed - last_seen, "request_to_resumed_s": resumed - t0,
                 "checkpoint_s": t1 - t0, "restore_s": t2 - t1, "cut_step": cut_step,
                 # checkpoint: cut + CRIU dump of the 4 ranks, working directory and logs, commit to the store
                 # (before the ranks are killed); restore: fetch and verify, put files back, CRIU restore
-                "cut_and_dump_s": ck.dump_s, "files_s": ck.fs_s, "commit_s": ck.commit_s,
+                # (local: the commit ran in the background, off the pause)
+                "cut_and_dump_s": ck.dump_s, "files_s": ck.fs_s, "commit_s": dump.commit_s if dump else ck.commit_s,
                 "fetch_s": rt.fetch_s, "restore_files_s": rt.fs_s, "criu_restore_s": rt.criu_s,
                 "image_bytes": info.logical_bytes, "stored_bytes": info.stored_bytes}
 
@@ -335,6 +346,8 @@ def summarize(windows: list[dict[str, Any]], resizes: list[dict[str, Any]], shar
         "by_devices": {str(d): b for d, b in by.items()},
         "resize_pause_s": statistics.median(r["gap_s"] for r in resizes),
         "resize_pause_max_s": max(r["gap_s"] for r in resizes),
+        "resize_pause_s_by_source": {src: statistics.median(r["gap_s"] for r in resizes if r["restored_from"] == src)
+                                     for src in ("store", "local") if any(r["restored_from"] == src for r in resizes)},
         "resizes": resizes,
     }
     if 1 in by:
@@ -353,6 +366,10 @@ def main() -> int:
     p.add_argument("--window", type=float, default=12.0, help="seconds of each throughput window")
     p.add_argument("--hidden", type=int, default=512, help="the model's hidden width (ddp_train.py)")
     p.add_argument("--batch", type=int, default=64, help="each rank's batch (ddp_train.py)")
+    p.add_argument("--restore-from", choices=("store", "local", "both"), default="local",
+                   help="where a resize restores from: the images dumped on this node while the commit runs in "
+                        "the background (local), the store once committed (store), or each in turn, the first "
+                        "resize from the store (both: the two compared in one run)")
     args = p.parse_args()
     seq = [int(d) for d in args.sequence.split(",")]
     if seq[0] != WORLD or any(not 1 <= d <= WORLD for d in seq) or any(a == b for a, b in itertools.pairwise(seq)):
@@ -367,7 +384,8 @@ def main() -> int:
                            "devices": devices.describe(), "world_size": WORLD,
                            "workload": {"script": "examples/ddp_train.py", "hidden": args.hidden,
                                         "batch": args.batch},
-                           "sequence": seq, "warmup_s": args.warmup, "window_s": args.window}
+                           "sequence": seq, "warmup_s": args.warmup, "window_s": args.window,
+                           "restore_from": args.restore_from}
     windows: list[dict[str, Any]] = []
     resizes: list[dict[str, Any]] = []
     t_start = time.perf_counter()
@@ -381,7 +399,8 @@ def main() -> int:
                 for i, d in enumerate(seq):
                     if i:
                         say(f"resize {el.d} → {d}")
-                        resizes.append(el.resize(d))
+                        local = args.restore_from == "local" or (args.restore_from == "both" and i % 2 == 0)
+                        resizes.append(el.resize(d, local))
                         say(f"  gap {resizes[-1]['gap_s']:.2f} s")
                     say(f"window {i + 1} of {len(seq)}: {d} device(s)")
                     windows.append(el.measure(args.warmup, args.window))
@@ -418,14 +437,22 @@ def main() -> int:
     print("  eff/device: (steps/s ÷ D) against the 4-device run; eff (CPU): CPU ms/step on 4 against on D; "
           "share got: the job's CPU over its devices' capacity; others, busy: cores used by other processes, "
           "by all")
-    print(f"{'resize':>7} {'gap s':>7} {'checkpoint s':>12} {'cut+dump':>8} {'commit':>7} {'restore s':>10} "
+    print(f"{'resize':>7} {'from':>5} {'gap s':>7} {'checkpoint s':>12} {'cut+dump':>8} {'commit':>7} "
+          f"{'restore s':>10} "
           f"{'fetch':>6} {'criu':>6} {'request→resumed s':>18} {'step s after':>12} {'image MB':>9} {'stored MB':>9}")
     for r in resizes:
-        print(f"{r['from']:>3}→{r['to']:<3} {r['gap_s']:>7.2f} {r['checkpoint_s']:>12.2f} {r['cut_and_dump_s']:>8.2f} "
+        print(f"{r['from']:>3}→{r['to']:<3} {r['restored_from']:>5} {r['gap_s']:>7.2f} {r['checkpoint_s']:>12.2f} "
+              f"{r['cut_and_dump_s']:>8.2f} "
               f"{r['commit_s']:>7.2f} {r['restore_s']:>10.2f} {r['fetch_s']:>6.2f} {r['criu_restore_s']:>6.2f} "
               f"{r['request_to_resumed_s']:>18.2f} {r['step_s_after']:>12.3f} {r['image_bytes'] / 1e6:>9.0f} "
               f"{r['stored_bytes'] / 1e6:>9.1f}")
     print(f"resize_pause_s {out['resize_pause_s']:.2f} (median of {len(resizes)}; max {out['resize_pause_max_s']:.2f})")
+    by_source = out["resize_pause_s_by_source"]
+    for src, pause in by_source.items():
+        n = sum(r["restored_from"] == src for r in resizes)
+        print(f"  restored from {src}: median pause {pause:.2f} s ({n} resizes)")
+    if len(by_source) == 2:
+        print(f"  local / store: {by_source['local'] / by_source['store']:.2f}")
     if "timeslice_overhead_cpu" in out:
         print(f"time-slicing 4 ranks on 1 device against their work one after another: "
               f"{out['timeslice_overhead_cpu'] * 100:+.1f} % CPU work, "

@@ -4,6 +4,11 @@ Checkpoint: freeze every rank → drain their output → CRIU-dump each (they st
 working directory's changes → then either thaw at once (periodic checkpoint: the store commit runs while
 the job goes on) or commit and kill (preempt, migrate). A checkpoint exists only once its manifest is
 committed; if anything fails before that, the ranks are thawed and go on as if nothing happened.
+
+A resize or a move to another node root of this machine need not wait for the commit: :meth:`Job.checkpoint_local`
+kills the ranks once dumped and commits in the background while :meth:`Job.restore` (``local=``) starts them
+again from the images dumped here. The dump is the job's checkpoint only once committed: if that commit
+fails, the restored job goes on and its latest committed checkpoint stays the one to fall back to.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +36,7 @@ from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
 from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
 from tidal.mechanisms.permissions import private_dir
-from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, Entry
+from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, CheckpointWriter, Entry
 
 FORMAT = 1
 log = logging.getLogger(__name__)
@@ -80,6 +85,118 @@ def _remove_staging(staging: Path) -> None:
     discard(staging, parent_too=True)  # and the node's staging area, once nothing of it is left
 
 
+# A commit's outcome: the checkpoint, each rank's image entries, each rank's page-file windows.
+_Committed = tuple[CheckpointInfo, dict[int, dict[str, Entry]], dict[int, dict[str, dict[int, int]]]]
+
+
+class _LocalReader:
+    """What :meth:`Job.restore` reads of a :class:`LocalDump` besides its images: the meta, logs and files."""
+
+    fetched_bytes = 0
+
+    @dataclass(frozen=True)
+    class _Info:
+        id: str
+
+    def __init__(self, dump: LocalDump) -> None:
+        self.dump = dump
+        self.meta = dump.meta
+        self.info = self._Info(dump.id)
+
+    def _source(self, name: str) -> Path:
+        if name.startswith("fs/"):
+            return self.dump.staging / name
+        rank, what = name.removeprefix("ranks/").split("/", 1)
+        if what.startswith("shm/"):
+            return self.dump.staging / f"shm-{rank}" / what.removeprefix("shm/")
+        assert what == "output.log", name
+        return self.dump.log(int(rank))
+
+    def extract(self, name: str, dest: Path) -> None:
+        self.extract_all([(name, dest)])
+
+    def extract_all(self, pairs: Sequence[tuple[str, Path]]) -> None:
+        """Copy the files (temp file + rename, as a store's reader does)."""
+        for name, dest in pairs:
+            src = self._source(name)
+            tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}")
+            try:
+                _copy_prefix(src, tmp, src.stat().st_size)
+                tmp.rename(dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+
+
+class LocalDump:
+    """A job dumped on this machine by :meth:`Job.checkpoint_local`, being committed to the store in the
+    background. :meth:`Job.restore` (``local=``) starts its ranks from these images at once, here; the
+    commit goes on meanwhile. Until :attr:`info` is set the dump is no checkpoint of the job: whatever must
+    fall back (a restore elsewhere, later, after a crash) uses the job's latest committed one, which a failed
+    commit leaves as it was. The staging area stays until :meth:`close` (its restore closes it)."""
+
+    def __init__(self, job_id: str, checkpoint_id: str, meta: dict[str, Any], staging: Path,
+                 images: dict[int, Path]) -> None:
+        self.job_id = job_id
+        self.id = checkpoint_id
+        self.meta = meta  # as committed
+        self.staging = staging
+        self.images = images  # rank → its images directory
+        self.info: CheckpointInfo | None = None  # once committed
+        self.error: BaseException | None = None  # why the commit failed
+        self.entries: dict[int, dict[str, Entry]] = {}
+        self.windows: dict[int, dict[str, dict[int, int]]] = {}
+        self.commit_s = 0.0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._mu = threading.Lock()
+
+    def commit_in_background(self, commit: Callable[[], _Committed],
+                             on_commit: Callable[[LocalDump], None] | None) -> None:
+        def run() -> None:
+            t0 = time.perf_counter()
+            try:
+                self.info, self.entries, self.windows = commit()
+            except BaseException as e:  # reported; the restored job goes on
+                self.error = e
+                log.error("job %s: checkpoint %s was not committed, the job goes on from its dump here; its "
+                          "latest committed checkpoint stays the one to fall back to: %s", self.job_id, self.id, e)
+            finally:
+                self.commit_s = time.perf_counter() - t0
+            if on_commit is not None:
+                try:
+                    on_commit(self)
+                except Exception:
+                    log.exception("job %s: reporting the commit of checkpoint %s failed", self.job_id, self.id)
+
+        self._thread = threading.Thread(target=run, name=f"tidal-commit-{self.job_id}", daemon=True)
+        self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> CheckpointInfo:
+        """The committed checkpoint, once its commit has ended; :class:`CheckpointError` if it failed."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise CheckpointError(f"checkpoint {self.id} of job {self.job_id} is still being committed",
+                                      object=self.id, hint="wait longer")
+        if self.info is None:
+            raise CheckpointError(f"checkpoint {self.id} of job {self.job_id} was not committed: {self.error}",
+                                  object=self.id, hint="the job's latest committed checkpoint is its fallback")
+        return self.info
+
+    def log(self, rank: int) -> Path:
+        return self.staging / f"rank-{rank}.log"
+
+    def close(self) -> None:
+        """Once the commit has ended, remove what is left of the staging area (in the background)."""
+        with self._mu:
+            if self._closed:
+                return
+            self._closed = True
+        if self._thread is not None:
+            self._thread.join()
+        _remove_staging(self.staging)
+
+
 class Job:
     """The ranks of one job placed on nodes of this machine."""
 
@@ -109,10 +226,12 @@ class Job:
         self._held_gpu: dict[int, list[int]] = {}  # rank → its processes whose GPU state is in host memory
         self._settling: threading.Thread | None = None  # after a restore, until the ranks' memory is all in
 
-    def _after_restore(self, staging: Path, kept: dict[int, tuple[Path, dict[str, Entry]]]) -> None:
+    def _after_restore(self, staging: Path, kept: dict[int, tuple[Path, dict[str, Entry]]],
+                       local: LocalDump | None = None) -> None:
         """Once every restored rank has all its memory: keep its images for the next checkpoint and drop
         the restore's staging area. A rank whose memory could not all be filled in is killed: it would
-        otherwise go on with pages of zeros."""
+        otherwise go on with pages of zeros. ``local``: the dump restored from, kept too once committed (a
+        next checkpoint waits for that commit)."""
         try:
             for r in self.ranks:
                 try:
@@ -125,8 +244,16 @@ class Job:
             if all(r.running for r in self.ranks):
                 for rank, (images, entries) in kept.items():
                     self._last[rank].keep(images, entries, staging.parent / f"{self.job_id}-last-r{rank}")
+            if local is not None:
+                with contextlib.suppress(CheckpointError):
+                    local.wait()  # a failure was reported by its commit
+                if local.info is not None and all(r.running for r in self.ranks):
+                    for rank, images in local.images.items():
+                        self._keep_last(rank, images, local.entries[rank], local.windows[rank])
         finally:
             _remove_staging(staging)
+            if local is not None:
+                local.close()
 
     def _await_restored(self) -> None:
         if self._settling is not None:
@@ -205,6 +332,25 @@ class Job:
         ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
         collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when
         they go on (default: the same store)."""
+        info = self._checkpoint(then, keep, checkpoint_id, cut_at, rendezvous, local=False)
+        assert isinstance(info, CheckpointInfo)
+        return info
+
+    def checkpoint_local(self, keep: int | None = None, *, checkpoint_id: str | None = None,
+                         on_commit: Callable[[LocalDump], None] | None = None) -> LocalDump:
+        """Checkpoint every rank and kill the job, for a restore on this machine (a resize, a move to
+        another node root here): the ranks are killed once dumped, and the commit to the store runs in the
+        background while :meth:`restore` (``local=``) starts the ranks again from the images dumped here.
+        ``on_commit``: called with the result once the commit has ended, committed or failed (a failure is
+        also logged). Until it is committed the new checkpoint is no checkpoint of the job: if its commit
+        fails, the job's latest committed checkpoint stays the one to fall back to."""
+        dump = self._checkpoint("kill", keep, checkpoint_id, None, None, local=True, on_commit=on_commit)
+        assert isinstance(dump, LocalDump)
+        return dump
+
+    def _checkpoint(self, then: Then, keep: int | None, checkpoint_id: str | None, cut_at: tuple[int, int] | None,
+                    rendezvous: Store | None, *, local: bool,
+                    on_commit: Callable[[LocalDump], None] | None = None) -> CheckpointInfo | LocalDump:
         if then not in ("continue", "kill", "hold"):
             raise ValidationError(f"then must be 'continue', 'kill' or 'hold', not {then!r}", field="then",
                                   hint="continue: the job goes on; kill: it stops; hold: it stays frozen")
@@ -235,6 +381,7 @@ class Job:
         writer = None
         released = False
         prehash: PreHash | None = None
+        handed: LocalDump | None = None  # the dump, handed over for a restore here while it is committed
         try:
             self._refuse_unsupported()
             # GPU state moves to host memory while the processes still run (the driver needs them to).
@@ -266,32 +413,23 @@ class Job:
                 if let_go:
                     resume(channels, epoch, rendezvous, wait=False)
             t_pause = time.perf_counter()
-            hashed = prehash.stop()
             writer = self.store.writer(self.job_id, checkpoint_id)
-            entries: dict[int, dict[str, Entry]] = {}
-            windows_of: dict[int, dict[str, dict[int, int]]] = {}
-            for d in dumps:
-                windows = windows_of[d.rank] = page_file_windows(d.images)
-                last = self._last[d.rank]
-                entries[d.rank] = {
-                    f.name: writer.add_file(
-                        f"ranks/{d.rank}/images/{f.name}", f,
-                        boundaries=window_boundaries(windows.get(f.name, {})),
-                        previous=last.previous(f.name), previous_offsets=last.moved(f.name, windows.get(f.name, {})),
-                        digests=hashed.get(f))
-                    for f in sorted(d.images.iterdir()) if f.suffix == ".img"
-                }
-                writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
-                for f in shm[d.rank]:
-                    writer.add_file(f"ranks/{d.rank}/shm/{f.name}", staging / f"shm-{d.rank}" / f.name)
-            for path in snap.captured if snap else ():
-                writer.add_file(f"fs/{path}", staging / "fs" / path)
-            info = writer.commit(self._meta(dumps, snap, gpus, shm))
-            writer = None
-            t_commit = time.perf_counter()
-            if then == "continue":
-                for d in dumps:
-                    self._keep_last(d.rank, d.images, entries[d.rank], windows_of[d.rank])
+            meta = self._meta(dumps, snap, gpus, shm)
+            if local:
+                # The commit compares with the last dump still: it takes it over, and drops it once done.
+                lasts, self._last = self._last, {rank: LastDump() for rank in self._last}
+                handed = LocalDump(self.job_id, writer.id, meta, staging, {d.rank: d.images for d in dumps})
+                handed.commit_in_background(
+                    self._committer(writer, prehash, dumps, snap, shm, staging, meta, keep, lasts), on_commit)
+                writer = None
+                t_commit = time.perf_counter()
+            else:
+                info, entries, windows_of = self._committer(writer, prehash, dumps, snap, shm, staging, meta, None)()
+                writer = None
+                t_commit = time.perf_counter()
+                if then == "continue":
+                    for d in dumps:
+                        self._keep_last(d.rank, d.images, entries[d.rank], windows_of[d.rank])
         except BaseException as exc:
             if prehash is not None:
                 prehash.stop()
@@ -316,7 +454,8 @@ class Job:
                                       hint="the job goes on; its last good checkpoint is untouched") from exc
             raise
         finally:
-            _remove_staging(staging)
+            if handed is None:
+                _remove_staging(staging)
         if then == "kill":
             # The checkpoint is committed: the job's downtime need not include the kernel freeing the
             # ranks' memory; except for ranks in the host's PID namespace, whose PIDs their restore needs.
@@ -329,6 +468,8 @@ class Job:
         self.last_timing = CheckpointTiming(
             pause_s=t_pause - t0, dump_s=t_dump - t0, fs_s=t_fs - t_dump,
             commit_s=t_commit - (t_pause if then == "continue" else t_fs), total_s=time.perf_counter() - t0)
+        if handed is not None:
+            return handed  # retention follows its commit
         if keep is not None:
             self.store.retain(self.job_id, keep)
         return info
@@ -339,6 +480,48 @@ class Job:
         if blocked:
             raise Unsupported(f"job {self.job_id} cannot be checkpointed: {resources.describe(blocked)}",
                               hint=blocked[0][3])
+
+    def _committer(self, writer: CheckpointWriter, prehash: PreHash, dumps: list[RankDump], snap: FsSnapshot | None,
+                   shm: dict[int, list[shmfiles.ShmFile]], staging: Path, meta: dict[str, Any], keep: int | None,
+                   lasts: dict[int, LastDump] | None = None) -> Callable[[], _Committed]:
+        """The commit of a dump staged in ``staging``: what the job's last dump has of it is compared, the
+        rest hashed and stored, then the manifest put. ``keep``: retention after it. ``lasts``: the last
+        dumps to compare with, taken over from the job (dropped after the commit); default: the job's."""
+        last_of = self._last if lasts is None else lasts
+
+        def commit() -> _Committed:
+            try:
+                hashed = prehash.stop()
+                entries: dict[int, dict[str, Entry]] = {}
+                windows_of: dict[int, dict[str, dict[int, int]]] = {}
+                for d in dumps:
+                    windows = windows_of[d.rank] = page_file_windows(d.images)
+                    last = last_of[d.rank]
+                    entries[d.rank] = {
+                        f.name: writer.add_file(
+                            f"ranks/{d.rank}/images/{f.name}", f,
+                            boundaries=window_boundaries(windows.get(f.name, {})), previous=last.previous(f.name),
+                            previous_offsets=last.moved(f.name, windows.get(f.name, {})), digests=hashed.get(f))
+                        for f in sorted(d.images.iterdir()) if f.suffix == ".img"
+                    }
+                    writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
+                    for f in shm[d.rank]:
+                        writer.add_file(f"ranks/{d.rank}/shm/{f.name}", staging / f"shm-{d.rank}" / f.name)
+                for path in snap.captured if snap else ():
+                    writer.add_file(f"fs/{path}", staging / "fs" / path)
+                info = writer.commit(meta)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    writer.abort()
+                raise
+            finally:
+                for last in (lasts or {}).values():
+                    last.drop()
+            if keep is not None:
+                self.store.retain(self.job_id, keep)
+            return info, entries, windows_of
+
+        return commit
 
     def release(self, rendezvous: Store | None = None, rebuild: bool = False) -> None:
         """Let ranks waiting after a step of a cut across nodes go on: thaw those held frozen, rebuild
@@ -454,7 +637,7 @@ class Job:
     def restore(cls, store: CheckpointStore, job_id: str, placement: Sequence[tuple[RankSpec, NodeRoot]],
                 checkpoint_id: str | Sequence[str] | None = None, prestaged: Mapping[int, LastDump] | None = None,
                 rendezvous: Store | None = None, track_fs: bool = True, lazy: bool = True,
-                fs_ignore: frozenset[str] = frozenset(), **kw: Any) -> Job:
+                fs_ignore: frozenset[str] = frozenset(), local: LocalDump | None = None, **kw: Any) -> Job:
         """Restore the ranks of ``placement`` from ``checkpoint_id`` (default: the latest committed one),
         or from its parts (one per node it was spread over; the placement may take any of their ranks).
         ``prestaged``: what :meth:`prestage` fetched on these nodes earlier (consumed here).
@@ -463,14 +646,21 @@ class Job:
         ``lazy``: the ranks resume before their memory is all in; it is filled in from the verified images
         as they touch it and in the background (see :meth:`CriuRunner.restore`), which takes most of CRIU's
         restore out of the downtime. Where the kernel lacks what it needs (``tidal doctor``: "criu: lazy
-        pages"), the restore is eager. ``fs_ignore``: as for :meth:`launch`."""
+        pages"), the restore is eager. ``fs_ignore``: as for :meth:`launch`. ``local``: restore from the
+        images of :meth:`checkpoint_local` on this machine instead of a checkpoint in the store, while it is
+        being committed (consumed here: closed once the ranks no longer need its images; once committed,
+        they are kept for the next checkpoint as a restore's own are)."""
         # One checkpoint (or the latest): every rank must be placed. Parts: any of their ranks.
         whole = checkpoint_id is None or isinstance(checkpoint_id, str)
         parts: list[str | None] = [checkpoint_id] if checkpoint_id is None or isinstance(checkpoint_id, str) \
             else list(checkpoint_id)
-        readers = [cls._reader(store, job_id, p) for p in parts]
-        owner: dict[int, CheckpointReader] = {}
-        fs_reader: CheckpointReader | None = None
+        if local is not None and (checkpoint_id not in (None, local.id) or prestaged):
+            raise ValidationError("a restore from a local dump takes neither another checkpoint nor prestaged "
+                                  "images", field="local", hint="give only local=")
+        readers: list[CheckpointReader | _LocalReader] = [_LocalReader(local)] if local is not None \
+            else [cls._reader(store, job_id, p) for p in parts]
+        owner: dict[int, CheckpointReader | _LocalReader] = {}
+        fs_reader: CheckpointReader | _LocalReader | None = None
         for reader in readers:
             meta = reader.meta
             if meta.get("format") != FORMAT:
@@ -499,7 +689,7 @@ class Job:
             fs = FsTracker.from_json(workdir, fs_reader.meta["baseline"], placement[0][0].account, fs_ignore)
         node0 = placement[0][1]
         mine = {r: owner[r] for r in by_rank}
-        need = sum(rd.entry(n).size for r, rd in mine.items() for n in rd.names()
+        need = sum(rd.entry(n).size for r, rd in mine.items() if isinstance(rd, CheckpointReader) for n in rd.names()
                    if n.startswith(f"ranks/{r}/images/"))
         staging = node0.staging(f"{job_id}-restore-{uuid.uuid4().hex[:8]}", need, fetched=True)
         ranks: list[RankProcess] = []
@@ -508,6 +698,8 @@ class Job:
         try:
             # Fetch and verify every image before touching the working directory or any log.
             for r, reader in sorted(mine.items()):
+                if not isinstance(reader, CheckpointReader):
+                    continue  # its images are here already
                 pairs = [(n, staging / n) for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
                 bases = {}
                 staged = (prestaged or {}).get(r)
@@ -550,7 +742,8 @@ class Job:
             for r, reader in sorted(mine.items()):
                 spec, node = by_rank[r]
                 info = reader.meta["ranks"][str(r)]
-                dump = RankDump(r, staging / "ranks" / str(r) / "images", int(info["log_bytes"]),
+                images = local.images[r] if local is not None else staging / "ranks" / str(r) / "images"
+                dump = RankDump(r, images, int(info["log_bytes"]),
                                 info["out_pipe"], info["status_pipe"], info.get("ctl_in_pipe"),
                                 info.get("ctl_out_pipe"), bool(info.get("interposed")))
                 ranks.append(RankProcess.restore(spec, node, dump, runner, lazy=lazy))
@@ -566,11 +759,14 @@ class Job:
             # The verified images just restored are exactly the committed ones: the next checkpoint of
             # this job can compare against them, or write into their memory. A lazily restored rank reads
             # them until its memory is all in.
+            # A local dump's images are kept once committed (see _after_restore).
             kept = {}
             for r, reader in mine.items():
-                names = [n for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
-                kept[r] = (staging / "ranks" / str(r) / "images", {n.rsplit("/", 1)[1]: reader.entry(n) for n in names})
-            job._settling = threading.Thread(target=job._after_restore, args=(staging, kept),
+                if isinstance(reader, CheckpointReader):
+                    names = [n for n in reader.names() if n.startswith(f"ranks/{r}/images/")]
+                    kept[r] = (staging / "ranks" / str(r) / "images",
+                               {n.rsplit("/", 1)[1]: reader.entry(n) for n in names})
+            job._settling = threading.Thread(target=job._after_restore, args=(staging, kept, local),
                                              name=f"tidal-settle-{job_id}")
             job._settling.start()
         except BaseException:
@@ -579,6 +775,9 @@ class Job:
                     rp.kill()
             if job is None:
                 _remove_staging(staging)
+            if local is not None and (job is None or job._settling is None):
+                # Its commit goes on; the images go once it has ended.
+                threading.Thread(target=local.close, name=f"tidal-close-{job_id}", daemon=True).start()
             raise
         finally:
             for last in (prestaged or {}).values():
@@ -586,5 +785,7 @@ class Job:
         # The ranks were dumped at a cut, waiting: let them rebuild their group and go on.
         resume(job.channels(), new_epoch(), rendezvous, wait=False)
         end = time.perf_counter()
+        if local is not None:
+            need = sum(f.stat().st_size for d in local.images.values() for f in d.iterdir() if f.suffix == ".img")
         job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0, need, fetched)
         return job
