@@ -18,6 +18,7 @@ Prints a table and writes JSON (``--json FILE``).
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,13 +37,19 @@ HOLDER = r"""
 import os, sys, time, torch
 size, device = int(sys.argv[1]), sys.argv[2]
 n = max(1, size // 4)
-block = torch.rand(min(n, 1 << 26), device=device)  # 256 MiB of random data, repeated: quick on a CPU too
-x = block.repeat(-(-n // block.numel()))[:n].clone()
+# One allocation of SIZE bytes, filled block by block with 256 MiB of random data (no second copy: 40 GB must
+# fit on an 80 GB GPU), and summed block by block in double precision.
+x = torch.empty(n, device=device)
+block = torch.rand(min(n, 1 << 26), device=device)
+for i in range(0, n, block.numel()):
+    x[i:i + block.numel()] = block[:n - i]
 del block
-print("sum", x.double().sum().item(), flush=True)
+def checksum():
+    return sum(x[i:i + (1 << 26)].double().sum().item() for i in range(0, n, 1 << 26))
+print("sum", checksum(), flush=True)
 while not os.path.exists("verify"):
     time.sleep(0.02)
-print("sum", x.double().sum().item(), flush=True)
+print("sum", checksum(), flush=True)
 """
 
 
@@ -76,6 +83,7 @@ def one(root: Path, name: str, size: int, device: str, runner: CriuRunner, step:
         if status.code != 0 or len(sums) != 2 or sums[0] != sums[1]:
             raise SystemExit(f"{name}: the restored process lost data or failed ({status}, {sums})")
         return {"case": name, "device": device, "bytes": size, "image_bytes": image,
+                "images_in": "memory" if str(staging).startswith("/dev/shm") else "disk",
                 "cuda_processes": len(suspended), "resumed": len(resumed),
                 "device_to_host_s": t_dev - t0, "dump_s": t_dump - t_dev, "pause_s": t_dump - t0,
                 "criu_restore_s": t_restore - t1, "host_to_device_s": t_back - t_restore,
@@ -85,26 +93,52 @@ def one(root: Path, name: str, size: int, device: str, runner: CriuRunner, step:
         node.clear_staging()
 
 
+def room(root: Path, size: int) -> str | None:
+    """Why a case of ``size`` bytes cannot run here (its images on disk, its bytes in host memory), or None."""
+    # Images go to /dev/shm where it has room (NodeRoot.staging), else to the work directory's disk.
+    free = max(shutil.disk_usage(root).free, shutil.disk_usage("/dev/shm").free)
+    if free < size + 2 * GB:
+        return f"needs {(size + 2 * GB) / GB:.0f} GB free for its images (memory or disk), {free / GB:.1f} GB is"
+    avail = next(int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
+                 if ln.startswith("MemAvailable:"))
+    if avail < size + 4 * GB:
+        return f"needs {(size + 4 * GB) / GB:.0f} GB of host memory, {avail / GB:.1f} GB is available"
+    return None
+
+
 def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench-gpu")
     p.add_argument("--sizes", default="1,8,40", help="GPU memory per case, in GB (comma-separated)")
     p.add_argument("--no-baseline", action="store_true", help="skip plain CRIU of host memory")
+    p.add_argument("--cpu-only", action="store_true",
+                   help="only the baseline (plain CRIU of host memory): checks the benchmark where there is no GPU")
     args = p.parse_args()
     host_ranks()
     find_criu()
     runner = CriuRunner()
     step = DeviceState()
     sizes = [float(s) for s in args.sizes.split(",")]
+    devices = ("cpu",) if args.cpu_only else ("cuda",) + (() if args.no_baseline else ("cpu",))
     results: list[dict[str, Any]] = []
-    out: dict[str, Any] = {"machine": machine(with_torch=True), "gpus": step.driver.uuids(), "results": results}
+    skipped: list[dict[str, str]] = []
+    out: dict[str, Any] = {"machine": machine(with_torch=True),
+                           "gpus": [] if args.cpu_only else step.driver.uuids(), "results": results,
+                           "skipped": skipped}
     with workspace(args.dir) as root:
         for gb in sizes:
-            for device in ("cuda",) + (() if args.no_baseline else ("cpu",)):
+            for device in devices:
                 name = f"{device}-{gb:g}GB"
+                why = room(root, int(gb * GB))
+                if why:
+                    say(f"{name}: skipped: {why}")
+                    skipped.append({"case": name, "why": why})
+                    continue
                 say(f"{name}: fill, checkpoint, restore")
                 results.append(one(root, name, int(gb * GB), device, runner, step))
                 r = results[-1]
-                say(f"{name}: pause {r['pause_s']:.2f} s, restore {r['restore_s']:.2f} s")
+                say(f"{name}: pause {r['pause_s']:.2f} s (device to host {r['device_to_host_s']:.2f} s, dump "
+                    f"{r['dump_s']:.2f} s), restore {r['restore_s']:.2f} s (host to device "
+                    f"{r['host_to_device_s']:.2f} s)")
                 write_json(args.json, out)
     print(f"{'case':<12} {'GiB':>6} {'d2h s':>7} {'dump s':>7} {'pause s':>8} {'restore s':>9} {'h2d s':>7} "
           f"{'d2h GB/s':>9} {'pause ×plain':>12}")
