@@ -22,6 +22,9 @@ from tidal.testing import wait_for_line
 pytestmark = [pytest.mark.gpu, pytest.mark.criu, pytest.mark.torch]
 
 CUDA = EXAMPLES / "train_cuda.py"
+# Enough steps that the script still runs when the second checkpoint comes (after step 30): on an H100, 60
+# steps were over before it.
+STEPS = "200"
 
 
 def on_gpu(spec: RankSpec, gpu: str) -> RankSpec:
@@ -29,7 +32,7 @@ def on_gpu(spec: RankSpec, gpu: str) -> RankSpec:
 
 
 def cuda_argv(*extra: str) -> list[str]:
-    return [sys.executable, str(CUDA), "--steps", "60", "--step-time", "0.03", *extra]
+    return [sys.executable, str(CUDA), "--steps", STEPS, "--step-time", "0.04", *extra]
 
 
 def test_cuda_script_checkpointed_going_on_then_killed_and_restored_is_identical(cluster: Cluster,
@@ -73,7 +76,7 @@ def test_restored_onto_another_gpu_index(cluster: Cluster, gpus: list[str]) -> N
 
 def _ddp(cluster: Cluster, rendezvous: RendezvousServer, torchrun: StartRef, world: int, backend: str,
          gpu_of: list[str]) -> None:
-    argv = [str(CUDA), "--steps", "60", "--step-time", "0.03", "--backend", backend, "--gpu-mb", "128"]
+    argv = [str(CUDA), "--steps", STEPS, "--step-time", "0.04", "--backend", backend, "--gpu-mb", "128"]
     ref = torchrun(argv, world)
     pre = prefix()
     specs = [on_gpu(s, gpu_of[s.rank]) for s in rank_specs(cluster, [sys.executable, *argv], world,

@@ -483,7 +483,10 @@ def _make_group_class(dist: Any) -> type:
             IP.enter(key, members)
             work = None
             try:
-                inner = getattr(self._inner, name)(*args, **kw)
+                if self._inner_kind == "nccl" and not _NCCL_SEEN:
+                    inner = _without_nccl_ras(lambda: getattr(self._inner, name)(*args, **kw))
+                else:
+                    inner = getattr(self._inner, name)(*args, **kw)
                 work = work_cls(inner, name in P2P_OPS) if inner is not None else None
                 if work is not None:
                     handed.add(work)
@@ -568,6 +571,25 @@ def _patch(dist: Any) -> None:
     c10d.init_process_group = dist.init_process_group = init_process_group
     c10d._new_process_group_helper = new_process_group_helper
     dist._tidal_patched = True
+
+
+_NCCL_SEEN: list[bool] = []  # not empty once this process's first NCCL communicator was made
+
+
+def _without_nccl_ras(first: Any) -> Any:
+    """Run the process's first NCCL collective (where NCCL starts) with NCCL's RAS off, unless the script's
+    environment sets NCCL_RAS_ENABLE. RAS is a thread per process, started with the first communicator, that
+    listens on TCP sockets until the process exits: no communicator teardown closes them, and CRIU cannot dump
+    them. NCCL reads the variable once, so it is removed again at once: the script never sees it."""
+    ours = "NCCL_RAS_ENABLE" not in os.environ
+    if ours:
+        os.environ["NCCL_RAS_ENABLE"] = "0"
+    try:
+        return first()
+    finally:
+        if ours:
+            os.environ.pop("NCCL_RAS_ENABLE", None)
+        _NCCL_SEEN.append(True)
 
 
 def inner_kind(backend: Any) -> str | None:
