@@ -27,7 +27,7 @@ from typing import Any
 
 from tidal.agent.client import ControlClient, Refused
 from tidal.agent.devices import CpuQuota
-from tidal.agent.gpus import Gpu, rank_env
+from tidal.agent.gpus import Gpu, Nvml, process_memory, rank_env
 from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
@@ -62,6 +62,22 @@ def _cpu_seconds(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _gpu_rank_bytes(rank_pids: list[list[int]], memory: dict[int, int | None]) -> int | None:
+    """The most GPU memory one rank holds (its processes' sum), from :func:`process_memory`'s reading; None
+    when it cannot be told: none of the ranks' processes is listed (the job has not touched a GPU yet, or
+    NVML could not be read), or the driver does not say how much one holds. A rank NVML does not list holds
+    none."""
+    if not any(p in memory for ps in rank_pids for p in ps):
+        return None
+    sums = []
+    for ps in rank_pids:
+        used = [memory.get(p, 0) for p in ps]
+        if None in used:
+            return None
+        sums.append(sum(u for u in used if u is not None))
+    return max(sums)
 
 
 class Watchdog:
@@ -202,6 +218,7 @@ class Executor:
         self.client = client
         self.quota = quota
         self.gpus = tuple(gpus)  # device index → its GPU, on a node of GPU devices (empty: CPU devices)
+        self.nvml: Nvml | None = None  # where the ranks' GPU memory is read (None: the real NVML)
         self.node = node
         self.store = store
         self.agent_id = agent_id
@@ -623,18 +640,26 @@ class Executor:
         return {"staging_memory_bytes": float(usage["memory"]), "staging_disk_bytes": float(usage["disk"])}
 
     def progress(self) -> dict[str, dict[str, float]]:
-        """What can be seen of each running job: CPU time, memory, output so far and, from the interposer,
-        optimizer steps and collectives (with steps per second since the previous report)."""
+        """What can be seen of each running job: CPU time, memory (on a GPU node, the GPU memory of its
+        largest rank too), output so far and, from the interposer, optimizer steps and collectives (with steps
+        per second since the previous report)."""
         out: dict[str, dict[str, float]] = {}
         now = time.time()
-        for run in self._runs():
-            pids = [p for r in run.job.ranks for p in r.pids()]
+        runs = self._runs()
+        # One NVML reading for all the jobs; none on a CPU node, or with nothing running.
+        gpu_memory = process_memory(self.nvml) if self.gpus and runs else {}
+        for run in runs:
+            rank_pids = [r.pids() for r in run.job.ranks]
+            pids = [p for ps in rank_pids for p in ps]
             info: dict[str, float] = {
                 "attempt": run.attempt,
                 "cpu_s": round(sum(_cpu_seconds(p) for p in pids), 2),
                 "rss_bytes": tasks.rss_bytes(pids),
                 "output_bytes": sum(run.shipped.values()),
             }
+            rank_bytes = _gpu_rank_bytes(rank_pids, gpu_memory)
+            if rank_bytes is not None:
+                info["gpu_rank_bytes"] = rank_bytes
             stats = [c.last_stat for c in run.job.channels() if c.last_stat]
             if stats:
                 steps = max(int(st["steps"]) for st in stats)

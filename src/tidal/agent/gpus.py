@@ -37,7 +37,8 @@ CPU_DEVICES_HINT = "give --devices N to offer N CPU devices instead"
 
 
 class Nvml(Protocol):
-    """The part of ``pynvml`` that discovery calls (a fake NVML in tests implements the same)."""
+    """The part of ``pynvml`` that discovery and :func:`process_memory` call (a fake NVML in tests implements
+    the same)."""
 
     NVMLError: type[Exception]
 
@@ -51,6 +52,7 @@ class Nvml(Protocol):
     def nvmlDeviceGetUUID(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -159,6 +161,38 @@ def offer(devices: str | int, nvml: Nvml | None = None) -> tuple[int, tuple[Gpu,
     except ConfigError as exc:
         raise ConfigError(f"--devices auto: {exc.message}", hint=exc.hint, **exc.fields) from None
     return len(inventory.gpus), inventory.gpus
+
+
+def process_memory(nvml: Nvml | None = None) -> dict[int, int | None]:
+    """GPU memory each process holds now, as NVML counts it (its CUDA context and all it allocated, a caching
+    allocator's reserve included), summed over this machine's GPUs: pid → bytes, None where the driver does
+    not say (``usedGpuMemory`` unavailable, as under MIG or some virtualised GPUs). A process that uses no GPU
+    is not listed.
+
+    Called with every progress report: it never raises, and any NVML failure (no module, no driver, an
+    error of the listing) gives an empty answer, for the figure to be left out rather than the report lost."""
+    try:
+        nvml = nvml if nvml is not None else load_nvml()
+    except ConfigError:
+        return {}
+    try:
+        nvml.nvmlInit()
+    except nvml.NVMLError:
+        return {}
+    out: dict[int, int | None] = {}
+    try:
+        for i in range(int(nvml.nvmlDeviceGetCount())):
+            for proc in nvml.nvmlDeviceGetComputeRunningProcesses(nvml.nvmlDeviceGetHandleByIndex(i)):
+                pid, used = int(proc.pid), proc.usedGpuMemory
+                before = out.get(pid, 0)
+                # Unknown on one GPU: unknown in all (a partial sum would pass for the whole).
+                out[pid] = None if used is None or before is None else before + int(used)
+    except nvml.NVMLError:
+        return {}
+    finally:
+        with contextlib.suppress(nvml.NVMLError):
+            nvml.nvmlShutdown()
+    return out
 
 
 def rank_env(device: int, gpus: Sequence[Gpu]) -> dict[str, str]:

@@ -114,7 +114,8 @@ JOB_DETAIL = Listing("show", {
     "terminal": "true once it succeeded, failed or was cancelled",
     "busy": "true while an operation (a checkpoint, a start) is in flight",
     "progress": "the latest heartbeat's: time, cpu_s, rss_bytes, output_bytes; steps, steps_per_s, collectives, "
-                "collectives_per_s for a distributed job (null: none yet)",
+                "collectives_per_s for a distributed job; gpu_rank_bytes on GPU nodes, the most GPU memory one "
+                "rank holds (null: none yet)",
     "exited": "the ranks that ended, by rank: code, signal, at",
     "devices": "how many devices it runs on (D)",
     "min_devices": "the fewest devices it may run on (--min-devices)",

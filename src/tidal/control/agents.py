@@ -159,7 +159,8 @@ def _check_stalled(s: Session, job: JobRow, now: float) -> None:
 
 def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -> dict[str, Any]:
     """A job over several nodes: each agent reports its ranks; the job's figures are their sum (steps and
-    collectives: the furthest rank; steps/s: the slowest node, which paces a synchronous job)."""
+    collectives: the furthest rank; steps/s: the slowest node, which paces a synchronous job; GPU memory of
+    one rank: the largest on any node)."""
     here = {p["node"] for p in job.placement}
     nodes = {n: v for n, v in ((job.progress or {}).get("nodes") or {}).items() if n in here} | {node: mine}
     out: dict[str, Any] = {"time": now, "nodes": nodes}
@@ -168,7 +169,7 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
     for key in ("copy_to_go_bytes", "copy_total_bytes"):  # a restore's replication from another region
         if any(key in v for v in nodes.values()):
             out[key] = sum(int(v.get(key, 0)) for v in nodes.values())
-    for key in ("steps", "collectives"):
+    for key in ("steps", "collectives", "gpu_rank_bytes"):
         if any(key in v for v in nodes.values()):
             out[key] = max(int(v[key]) for v in nodes.values() if key in v)
     for key in ("steps_per_s", "collectives_per_s"):

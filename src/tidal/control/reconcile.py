@@ -17,13 +17,15 @@ from sqlalchemy.orm import Session
 
 from tidal.control import agents, jobs
 from tidal.control.checkpointing import checkpoint
+from tidal.control.history import record
 from tidal.control.launch import start
 from tidal.control.reasons import set_reason
 from tidal.control.rendezvous import RendezvousHost
-from tidal.control.requests import resize_to
+from tidal.control.requests import gpu_misfits, resize_to
 from tidal.control.store.db import Database, lost_connection
 from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import (
+    Action,
     ActionKind,
     Cluster,
     ClusterView,
@@ -37,6 +39,7 @@ from tidal.core import (
 )
 from tidal.core.clock import SYSTEM, Clock
 from tidal.errors import TidalError, Unavailable
+from tidal.policy import gpufit
 from tidal.policy import reasons as policy_reasons
 from tidal.policy.base import Policy
 
@@ -65,6 +68,8 @@ class Reconciler:
         # to a full cluster would pay that read once per submission.
         self.explain_every = explain_every
         self._explained_at: float | None = None
+        # Job → the placement last refused for its GPU memory (see _refuse_unfit).
+        self._unfit: dict[str, tuple[DeviceRef, ...]] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
@@ -148,6 +153,7 @@ class Reconciler:
         self._passes += 1
         view, rows = snapshot(s, generation=self._passes)
         free = jobs.free_devices(s)
+        self._unfit = {j: p for j, p in self._unfit.items() if j in rows}
         freeing: dict[str, int] = {}  # job → devices of its placement that preemptions have yet to free
         for a in self.policy.decide(view, [], now):
             job = rows.get(a.job_id)
@@ -163,9 +169,13 @@ class Reconciler:
                 # committed: a later pass places the job then.
                 freeing[a.job_id] = sum(1 for d in new if d.index not in free.get(d.node, ()))
                 continue
+            cause = f"{a.id}-{self._run}"
+            moves = (jobs.state(job) is S.RUNNING and job.op is None
+                     and (a.kind is ActionKind.MIGRATE or (a.kind is ActionKind.RESIZE and not job.pinned_devices)))
+            if moves and self._refuse_unfit(s, job, a, cause):
+                continue
             for d in new:
                 free[d.node].remove(d.index)
-            cause = f"{a.id}-{self._run}"
             try:
                 waiting = jobs.state(job) in (S.PENDING, S.PREEMPTED) and not job.held
                 if a.kind in (ActionKind.PLACE, ActionKind.RESUME) and waiting:
@@ -185,6 +195,24 @@ class Reconciler:
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
         self._explain(s, rows, freeing)
+
+    def _refuse_unfit(self, s: Session, job: JobRow, a: Action, cause: str) -> bool:
+        """Whether the move or resize ``a`` would splice ranks onto a GPU whose memory they do not fit in (or put
+        a rank on a GPU too small for it): then it is not applied, and its refusal recorded (once per
+        placement: the policy, which does not know GPU memory, may ask for the same every pass)."""
+        unfit = gpu_misfits(s, job, list(a.placement))
+        if not unfit:
+            self._unfit.pop(job.id, None)
+            return False
+        if self._unfit.get(job.id) != a.placement:
+            self._unfit[job.id] = a.placement
+            nodes = ", ".join(dict.fromkeys(d.node for d in a.devices))
+            what = (f"resize from {jobs.device_count(job)} to {len(a.devices)} device(s)"
+                    if a.kind is ActionKind.RESIZE else f"move to {nodes}")
+            detail = f"the scheduler's {what} is not applied: {gpufit.describe(job.id, len(a.devices), unfit)}"
+            record(s, "placement_refused", job_id=job.id, cause=cause, detail=detail)
+            log.info("job %s: %s", job.id, detail)
+        return True
 
     def _explain(self, s: Session, rows: dict[str, JobRow], freeing: dict[str, int]) -> None:
         """Store why each job still waits: the policy's reason, or the devices it waits to be freed."""

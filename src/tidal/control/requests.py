@@ -15,8 +15,9 @@ from tidal.control.jobs import ACTIVE, busy, device_count, free_devices, nodes_o
 from tidal.control.reasons import clear, set_reason
 from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
+from tidal.core.units import size
 from tidal.errors import Conflict, NotFound, ValidationError
-from tidal.policy import reasons
+from tidal.policy import gpufit, reasons
 
 S = JobState
 
@@ -205,9 +206,48 @@ def resize(s: Session, job: JobRow, devices: int | None, cause: str) -> dict[str
     if target is None:
         raise Conflict(f"there is no room for job {job.id} on {devices} devices", field="devices",
                        hint="it goes on running as it was; free some devices or add a node")
+    unfit = gpu_misfits(s, job, target)
+    if unfit:
+        raise Conflict(gpufit.describe(job.id, devices, unfit), field="devices",
+                       hint=_fit_hint(job, unfit, now, hi))
     job.pinned_devices = devices
     resize_to(s, job, target, cause, why=f"from {now} to {devices} device(s), pinned by its owner")
     return {"devices": devices, "pinned": True}
+
+
+def gpu_misfits(s: Session, job: JobRow, target: list[DeviceRef]) -> list[gpufit.Misfit]:
+    """The GPUs of ``target`` whose memory the job's ranks there would not fit in, by the most GPU memory a
+    rank of the job was last seen to use (its progress' ``gpu_rank_bytes``); empty when it was never
+    measured or the target has no GPU."""
+    rank_bytes = (job.progress or {}).get("gpu_rank_bytes")
+    if not rank_bytes:
+        return []
+    gpus = {}
+    for node in s.scalars(select(NodeRow).where(NodeRow.name.in_({d.node for d in target}))):
+        for i, g in enumerate(node.gpus or ()):  # device i's GPU
+            gpus[DeviceRef(node.name, i)] = gpufit.GpuMemory(str(g["model"]), int(g["memory_bytes"]))
+    return gpufit.misfits(target, int(rank_bytes), gpus)
+
+
+def _fit_hint(job: JobRow, unfit: list[gpufit.Misfit], now: int, hi: int) -> str:
+    """What the owner of a job refused for its GPU memory can ask instead: the fewest devices on which its
+    ranks fit, on GPUs as small as the smallest refused."""
+    small = min(unfit, key=lambda m: m.memory_bytes)
+    per = gpufit.ranks_per_gpu(small.rank_bytes, small.memory_bytes)
+    fewest = gpufit.fewest_devices(job.ranks, small.rank_bytes, small.memory_bytes)
+    gpu = f"a GPU of {size(small.memory_bytes)}"
+    if fewest is None:
+        what = f"one of its ranks alone needs more than {gpu}"
+    else:
+        what = (f"no two of its ranks fit together on {gpu}" if per == 1
+                else f"at most {per} of its ranks fit together on {gpu}")
+        if fewest > hi:
+            what += f", so it needs {fewest} devices, more than its {hi} at most"
+        elif fewest == now:
+            what += f", so it needs the {now} devices it runs on"
+        else:
+            what += f", so it needs at least {fewest} devices (`tidal resize {job.id} --devices {fewest}`)"
+    return f"{what}; it goes on running as it was"
 
 
 def resize_to(s: Session, job: JobRow, target: list[DeviceRef], cause: str | None, why: str) -> None:

@@ -2,8 +2,9 @@
 
 What NVML's answers become (the GPUs, or an error that says what to do), what ``--devices`` offers, and the
 environment that gives each rank its GPU: ``CUDA_VISIBLE_DEVICES`` = the UUID of its device's GPU, the same
-for the ranks spliced onto one device, none on CPU devices. Whether real NVML and CUDA behave as the fake does
-is for a GPU machine to show."""
+for the ranks spliced onto one device, none on CPU devices; and the GPU memory of each job's largest rank,
+which the progress reports carry. Whether real NVML and CUDA behave as the fake does is for a GPU machine to
+show."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 
 from tidal.agent import gpus
-from tidal.agent.executor import Executor
+from tidal.agent.executor import Executor, Running
 from tidal.agent.gpus import Gpu
 from tidal.agent.main import Agent, main
 from tidal.core import protocol
@@ -38,15 +39,20 @@ class FakeNvmlError(Exception):
 
 
 class FakeNvml:
-    """A fake NVML (pynvml's functions and error class) answering for ``devices`` GPUs; ``init_error`` /
-    ``list_error``: the code nvmlInit / the device listing fails with. It records its calls."""
+    """A fake NVML (pynvml's functions and error class) answering for ``devices`` GPUs; ``processes``: the
+    compute processes on each GPU, by index, as (pid, bytes used or None where the driver does not say);
+    ``init_error`` / ``list_error`` / ``process_error``: the code nvmlInit / the device listing / the process
+    listing fails with. It records its calls."""
 
     NVMLError = FakeNvmlError
 
     def __init__(self, devices: list[tuple[str, str, int, int]], init_error: int | None = None,
-                 list_error: int | None = None, driver: str | bytes = "580.159.04", cuda: int = 13000) -> None:
+                 list_error: int | None = None, driver: str | bytes = "580.159.04", cuda: int = 13000,
+                 processes: dict[int, list[tuple[int, int | None]]] | None = None,
+                 process_error: int | None = None) -> None:
         self.devices, self.init_error, self.list_error = devices, init_error, list_error
         self.driver, self.cuda = driver, cuda
+        self.processes, self.process_error = processes or {}, process_error
         self.calls: list[str] = []
 
     def nvmlInit(self) -> None:
@@ -83,6 +89,12 @@ class FakeNvml:
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any:
         _, _, total, used = self.devices[handle[1]]
         return SimpleNamespace(total=total, free=total - used, used=used)
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: Any) -> list[Any]:
+        if self.process_error is not None:
+            raise FakeNvmlError(self.process_error)
+        # As pynvml's process info: usedGpuMemory is None where NVML answers "not available".
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in self.processes.get(handle[1], [])]
 
 
 TWO_H100 = [(UUID0, H100, 80 * GIB, GIB // 2), (UUID1, H100, 80 * GIB, 0)]
@@ -257,4 +269,77 @@ def test_a_cpu_node_registers_as_before(monkeypatch: pytest.MonkeyPatch, tmp_pat
     hello = _agent(1, nvml, monkeypatch, tmp_path).hello()
     assert hello.devices == 1 and hello.gpus is None
     assert "gpus" not in hello.model_fields_set
+    assert nvml.calls == []
+
+
+# -- the GPU memory of the ranks ------------------------------------------------------------------------------
+def test_process_memory_sums_each_process_over_the_gpus() -> None:
+    """Fake NVML: logic only. A process on two GPUs holds the sum; one the driver does not say the memory of
+    (on any GPU) is None, not 0."""
+    nvml = FakeNvml(TWO_H100, processes={0: [(100, 10 * GIB), (101, GIB), (102, None)],
+                                         1: [(100, 2 * GIB), (102, 3 * GIB), (103, None)]})
+    assert gpus.process_memory(nvml) == {100: 12 * GIB, 101: GIB, 102: None, 103: None}
+    assert nvml.calls == ["init", "shutdown"]
+    assert gpus.process_memory(FakeNvml(TWO_H100)) == {}  # no process on any GPU
+
+
+def test_process_memory_is_empty_whatever_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fake NVML: logic only. Progress reports must not fail for NVML: any failure gives nothing."""
+    assert gpus.process_memory(FakeNvml(TWO_H100, init_error=9)) == {}
+    broken = FakeNvml(TWO_H100, processes={0: [(100, GIB)]}, process_error=15)
+    assert gpus.process_memory(broken) == {}
+    assert broken.calls == ["init", "shutdown"]  # shut down after a failure too
+    assert gpus.process_memory(FakeNvml(TWO_H100, list_error=15)) == {}
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    assert gpus.process_memory() == {}
+
+
+# No process has these ids (above Linux's largest pid_max): their CPU time and memory read as 0.
+P = 1 << 23
+
+
+def _running(executor: Executor, job_id: str, rank_pids: list[list[int]], attempt: int = 1) -> None:
+    """A job running on ``executor`` as far as its progress report reads it: its ranks' processes."""
+    ranks = [SimpleNamespace(pids=lambda ps=ps: ps) for ps in rank_pids]
+    job = SimpleNamespace(ranks=ranks, channels=lambda: [])
+    executor.jobs[job_id] = Running(job_id, attempt, job, specs=[])  # type: ignore[arg-type]
+
+
+def test_progress_on_a_gpu_node_reports_the_largest_ranks_gpu_memory() -> None:
+    """Fake NVML: logic only. Rank 0 is two processes (12 GiB together, over both GPUs), rank 1 one of 11 GiB:
+    the job's figure is 12 GiB. Another job's processes and those of no job do not count; a job none of
+    whose processes uses a GPU gets no figure. One NVML reading serves every job."""
+    ex = _executor(GPUS)
+    ex.nvml = nvml = FakeNvml(TWO_H100, processes={0: [(P, 10 * GIB), (P + 2, 11 * GIB), (P + 9, 70 * GIB)],
+                                                   1: [(P + 1, 2 * GIB), (P + 3, 30 * GIB)]})
+    _running(ex, "j1", [[P, P + 1], [P + 2]], attempt=2)
+    _running(ex, "j2", [[P + 3]])
+    _running(ex, "j3", [[P + 4], [P + 5]])
+    out = ex.progress()
+    assert out["j1"] == {"attempt": 2, "cpu_s": 0.0, "rss_bytes": 0, "output_bytes": 0, "gpu_rank_bytes": 12 * GIB}
+    assert out["j2"]["gpu_rank_bytes"] == 30 * GIB
+    assert "gpu_rank_bytes" not in out["j3"]
+    assert nvml.calls == ["init", "shutdown"]
+
+
+def test_progress_leaves_the_figure_out_when_it_cannot_be_told() -> None:
+    """Fake NVML: logic only. The driver does not say what a process of the job holds (rank 1's, here), or
+    NVML fails: no figure, rather than one too small; the rest of the report is made."""
+    ex = _executor(GPUS)
+    ex.nvml = FakeNvml(TWO_H100, processes={0: [(P, 10 * GIB)], 1: [(P + 1, None)]})
+    _running(ex, "j1", [[P], [P + 1]])
+    assert ex.progress()["j1"] == {"attempt": 1, "cpu_s": 0.0, "rss_bytes": 0, "output_bytes": 0}
+    ex.nvml = FakeNvml(TWO_H100, processes={0: [(P, 10 * GIB)]}, process_error=15)
+    assert ex.progress()["j1"] == {"attempt": 1, "cpu_s": 0.0, "rss_bytes": 0, "output_bytes": 0}
+
+
+def test_progress_on_a_cpu_node_or_with_nothing_running_asks_nvml_nothing() -> None:
+    """Fake NVML: logic only."""
+    cpu = _executor(())
+    cpu.nvml = nvml = FakeNvml(TWO_H100, processes={0: [(P, GIB)]})
+    _running(cpu, "j1", [[P]])
+    assert "gpu_rank_bytes" not in cpu.progress()["j1"]
+    idle = _executor(GPUS)
+    idle.nvml = nvml
+    assert idle.progress() == {}
     assert nvml.calls == []
