@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tidal.errors import ValidationError
-from tidal.sim.cost import DEFAULT_D2H_GBPS
+from tidal.sim.cost import DEFAULT_D2H_GBPS, DEFAULT_H2D_GBPS
 
 DEFAULT_POLICIES = "fifo,priority-requeue,tiresias,gandiva,singularity"
 
@@ -55,9 +55,13 @@ def sim(
                                  "with the rank's host memory; 0: CPU jobs.")
     ] = 0.0,
     d2h_gbps: Annotated[
-        float, typer.Option(help="Device-to-host (and back) copy rate of GPU memory at a checkpoint and a restore, "
-                                 "GB/s (an assumed default: measure it on the GPU).")
+        float, typer.Option(help="Device-to-host copy rate of GPU memory at a checkpoint, GB/s (default: measured "
+                                 "on an H100 by benchmarks/gpu_checkpoint.py; measure yours).")
     ] = DEFAULT_D2H_GBPS,
+    h2d_gbps: Annotated[
+        float, typer.Option(help="Host-to-device copy rate of GPU memory at a restore, GB/s (default: measured on "
+                                 "an H100, as --d2h-gbps).")
+    ] = DEFAULT_H2D_GBPS,
 ) -> None:
     """Simulate policies on a trace and report JCT, queueing, goodput and SLA attainment per tier."""
     from tidal.sim.experiment import check_policies, prepare, run_policies
@@ -81,10 +85,11 @@ def sim(
 
     if not gpu_mem_gb >= 0:
         raise ValidationError(f"--gpu-mem-gb must be 0 or more, not {gpu_mem_gb}", field="gpu_mem_gb")
-    if not d2h_gbps > 0:
-        raise ValidationError(f"--d2h-gbps must be above 0, not {d2h_gbps}", field="d2h_gbps",
-                              hint="a copy rate in GB/s, e.g. --d2h-gbps 20")
-    cost = CostModel(gpu_mem_per_rank_gb=gpu_mem_gb, d2h_gbps=d2h_gbps)
+    for flag, rate in (("d2h", d2h_gbps), ("h2d", h2d_gbps)):
+        if not rate > 0:
+            raise ValidationError(f"--{flag}-gbps must be above 0, not {rate}", field=f"{flag}_gbps",
+                                  hint=f"a copy rate in GB/s, e.g. --{flag}-gbps 20")
+    cost = CostModel(gpu_mem_per_rank_gb=gpu_mem_gb, d2h_gbps=d2h_gbps, h2d_gbps=h2d_gbps)
     from tidal.policy.sla_admission import MODES
 
     if admit_sla not in MODES:
@@ -147,6 +152,7 @@ def sim(
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)
     meta = {**given, "load": load, "seed": seed, "tier_mix": list(mix),
             "quota": quota, "quota_scale": quota_scale, "gpu_mem_gb": gpu_mem_gb, "d2h_gbps": d2h_gbps,
+            "h2d_gbps": h2d_gbps,
             "quotas": dict(quotas.shares) if quotas is not None else None, "wall_s": elapsed}
     if json_out is not None:
         write_json(str(json_out), to_json(p, summaries, meta))

@@ -17,9 +17,9 @@ memory in use plus its host memory (the size above), because the device-state st
 to host memory, where CRIU dumps it with the rest. So a checkpoint first copies each rank's GPU memory to the
 host at ``d2h_gbps`` (``--d2h-gbps``; the ranks sharing a GPU one after another), then dumps the whole image
 as above; a restore fetches and restores the whole image, then copies the GPU part back at ``h2d_gbps``
-(default: the same rate). The 20 GB/s default is an assumption (a PCIe 4/5 link's order of magnitude), not a
-measurement: it is to be measured on a GPU and passed. With no GPU memory (the default) the costs are the CPU
-jobs' as before.
+(``--h2d-gbps``). The defaults are the rates measured on an H100 (:data:`DEFAULT_D2H_GBPS`); other GPUs and
+drivers differ: measure with benchmarks/gpu_checkpoint.py and pass them. With no GPU memory (the default) the
+costs are the CPU jobs' as before.
 Time-slicing runs at ``timeslice_efficiency`` (docs/cluster.md: +5.5 % CPU work for 4 ranks on a device;
 Singularity reports +1.4 … +5.6 %). Preemption by kill loses the work since the job's last user-level
 checkpoint (every ``user_checkpoint_s``) and pays ``restart_s`` to start again from it.
@@ -33,9 +33,11 @@ import zlib
 from tidal.errors import ValidationError
 from tidal.sim import cost_fit
 
-#: The device-to-host copy rate of a GPU checkpoint when none is given (GB/s): an assumption of the order of a
-#: PCIe 4/5 x16 link, to be replaced by the rate measured on the GPU.
-DEFAULT_D2H_GBPS = 20.0
+#: The copy rates of a GPU rank's memory when none is given (GB/s), as measured by benchmarks/gpu_checkpoint.py
+#: on an NVIDIA H100 80GB (driver 580.159.04) with 40 GB of GPU memory: the driver's checkpoint copies it to the
+#: process's host memory at 2.2 GB/s, its restore copies it back at 6.8 GB/s (far below the PCIe link's rate).
+DEFAULT_D2H_GBPS = 2.2
+DEFAULT_H2D_GBPS = 6.8
 
 # Per-rank image (device memory in use: parameters, optimizer state, activations; plus host state) of a
 # job whose trace names no model, in GB, with the share of jobs drawn at each size. An assumption, not a
@@ -82,12 +84,12 @@ class CostModel:
     start_s: float = 0.0  # a fresh start: the trace's durations already include it
     gpu_mem_per_rank_gb: float = 0.0  # GPU memory in use per rank (GB); 0: CPU jobs
     d2h_gbps: float = DEFAULT_D2H_GBPS  # device-to-host copy of a rank's GPU memory at a checkpoint (GB/s)
-    h2d_gbps: float | None = None  # host-to-device copy back at a restore (GB/s); None: d2h_gbps
+    h2d_gbps: float = DEFAULT_H2D_GBPS  # host-to-device copy back at a restore (GB/s)
 
     def __post_init__(self) -> None:
         for name in ("d2h_gbps", "h2d_gbps"):
             rate = getattr(self, name)
-            if rate is not None and not rate > 0:
+            if not rate > 0:
                 raise ValidationError(f"{name} must be a rate above 0 GB/s, not {rate}", field=name)
         if not self.gpu_mem_per_rank_gb >= 0:
             raise ValidationError(f"gpu_mem_per_rank_gb must be 0 or more, not {self.gpu_mem_per_rank_gb}",
@@ -133,9 +135,8 @@ class CostModel:
         g = self._gpu(gpu_gb)
         image = self.image_gb(mem_gb, g)
         per_device = -(-ranks // max(devices, 1))
-        h2d = self.h2d_gbps if self.h2d_gbps is not None else self.d2h_gbps
         return (self.fixed_s + self._transfer(ranks * image, nodes, cross_region)
-                + per_device * (image / self.restore_gbps + g / h2d))
+                + per_device * (image / self.restore_gbps + g / self.h2d_gbps))
 
     def migration_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
                     mem_gb: float | None = None, gpu_gb: float | None = None) -> float:

@@ -99,7 +99,8 @@ def test_sim_report_is_one_html_file_with_tables_and_embedded_plots(tmp_path: Pa
 
 
 def test_gpu_memory_and_the_copy_rate_reach_the_cost_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``--gpu-mem-gb`` and ``--d2h-gbps`` make the cost model the runs use, and are written with the input."""
+    """``--gpu-mem-gb``, ``--d2h-gbps`` and ``--h2d-gbps`` make the cost model the runs use, and are written with
+    the input."""
     from tidal.sim import experiment
     from tidal.sim.cost import CostModel
 
@@ -115,13 +116,18 @@ def test_gpu_memory_and_the_copy_rate_reach_the_cost_model(tmp_path: Path, monke
     trace.write_text(TRACE)
     out = tmp_path / "r.json"
     r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--workers", "1", "--policies",
-                                   "fifo", "--json", str(out), "--gpu-mem-gb", "16", "--d2h-gbps", "12.5"])
+                                   "fifo", "--json", str(out), "--gpu-mem-gb", "16", "--d2h-gbps", "12.5",
+                                   "--h2d-gbps", "25"])
     assert r.exit_code == 0, r.output
     (cost,) = used
-    assert cost is not None and (cost.gpu_mem_per_rank_gb, cost.d2h_gbps, cost.h2d_gbps) == (16.0, 12.5, None)
+    assert cost is not None and (cost.gpu_mem_per_rank_gb, cost.d2h_gbps, cost.h2d_gbps) == (16.0, 12.5, 25.0)
     doc = json.loads(out.read_text())
-    assert (doc["input"]["gpu_mem_gb"], doc["input"]["d2h_gbps"]) == (16.0, 12.5)
+    assert (doc["input"]["gpu_mem_gb"], doc["input"]["d2h_gbps"], doc["input"]["h2d_gbps"]) == (16.0, 12.5, 25.0)
     r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
                                    "--d2h-gbps", "0"])
     assert r.exit_code != 0 and str(r.exception) == "--d2h-gbps must be above 0, not 0.0 (a copy rate in GB/s, e.g. " \
                                                     "--d2h-gbps 20)"
+    r = CliRunner().invoke(app(), ["sim", "--trace", str(trace), "--cluster", "1x2", "--policies", "fifo",
+                                   "--h2d-gbps", "-1"])
+    assert r.exit_code != 0 and str(r.exception) == "--h2d-gbps must be above 0, not -1.0 (a copy rate in GB/s, e.g. " \
+                                                    "--h2d-gbps 20)"

@@ -66,12 +66,12 @@ def test_a_job_image_comes_from_its_trace_else_the_distribution() -> None:
 def test_a_gpu_jobs_checkpoint_copies_its_gpu_memory_to_the_host_then_dumps_host_and_gpu_memory() -> None:
     """Arithmetic only: the copy rate is a parameter (to be measured on a GPU), nothing here is measured."""
     m = CostModel(dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0, gpu_mem_per_rank_gb=16.0,
-                  d2h_gbps=20.0)
+                  d2h_gbps=20.0, h2d_gbps=20.0)
     assert m.image_gb(mem_gb=4.0) == 20.0  # GPU memory in use + host memory
     # 8 ranks on 4 GPUs: per GPU two ranks, one after the other, each copies 16 GB at 20 GB/s and dumps 20 GB at 2.
     assert m.checkpoint_s(8, 4, 1, mem_gb=4.0) == pytest.approx(1 + 2 * (16 / 20 + 20 / 2))
     # Restore on 2 nodes: 8 images of 20 GB over two 1 GB/s links, then per GPU two ranks restore their 20 GB at 4
-    # and copy 16 GB back at the same rate as the copy out (h2d_gbps not given).
+    # and copy 16 GB back at 20 GB/s.
     assert m.restore_s(8, 4, 2, mem_gb=4.0) == pytest.approx(1 + 160 / 2 + 2 * (20 / 4 + 16 / 20))
     assert m.migration_s(8, 4, 2, mem_gb=4.0) == pytest.approx(
         m.checkpoint_s(8, 4, 2, mem_gb=4.0) + m.restore_s(8, 4, 2, mem_gb=4.0))
@@ -89,7 +89,8 @@ def test_without_gpu_memory_the_costs_are_the_cpu_jobs() -> None:
         assert m.gpu_mem_per_rank_gb == 0.0
         assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 2 * 6 / 2)
         assert m.restore_s(8, 4, 2, mem_gb=6.0) == pytest.approx(1 + 48 / 2 + 2 * 6 / 4)
-    assert CostModel().d2h_gbps == 20.0
+    # The defaults: the rates measured on an H100 (benchmarks/gpu_checkpoint.py, 40 GB).
+    assert (CostModel().d2h_gbps, CostModel().h2d_gbps) == (2.2, 6.8)
 
 
 @pytest.mark.parametrize(("kw", "field"), [({"d2h_gbps": 0.0}, "d2h_gbps"), ({"h2d_gbps": -1.0}, "h2d_gbps"),
