@@ -117,6 +117,7 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
             raise Conflict(f"node {to} has no free device for rank {rank} of job {job.id}", field="to", node=to)
         moved = [[p["node"], int(p["device"])] for p in current]
         moved[rank] = [to, free[to][0]]
+        _refuse_unfit_move(s, job, [DeviceRef(n, i) for n, i in moved])
         job.target = moved
         checkpoint(s, job, "migrate", cause)
         return to
@@ -146,7 +147,9 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
             if len(devices) < need:
                 raise Conflict(f"no other node has room for job {job.id}: it needs {need} device(s) it does "
                                f"not hold, {len(devices)} are free", hint="free some devices or add a node")
-    job.target = [[d.node, d.index] for d in rank_map(tuple(devices), job.ranks)]
+    target = list(rank_map(tuple(devices), job.ranks))
+    _refuse_unfit_move(s, job, target)
+    job.target = [[d.node, d.index] for d in target]
     checkpoint(s, job, "migrate", cause)
     return ", ".join(dict.fromkeys(n for n, _ in job.target))
 
@@ -227,6 +230,15 @@ def gpu_misfits(s: Session, job: JobRow, target: list[DeviceRef]) -> list[gpufit
         for i, g in enumerate(node.gpus or ()):  # device i's GPU
             gpus[DeviceRef(node.name, i)] = gpufit.GpuMemory(str(g["model"]), int(g["memory_bytes"]))
     return gpufit.misfits(target, int(rank_bytes), gpus)
+
+
+def _refuse_unfit_move(s: Session, job: JobRow, target: list[DeviceRef]) -> None:
+    """A move (``tidal migrate``) onto GPUs too small for the job's ranks there is refused, the job untouched."""
+    unfit = gpu_misfits(s, job, target)
+    if unfit:
+        raise Conflict(gpufit.describe(job.id, len(set(target)), unfit), field="to",
+                       hint="move it to GPUs with more memory, or resize it onto more devices first; it goes on "
+                            "running as it was")
 
 
 def _fit_hint(job: JobRow, unfit: list[gpufit.Misfit], now: int, hi: int) -> str:

@@ -252,3 +252,21 @@ def test_the_scheduler_does_not_move_ranks_onto_a_gpu_they_do_not_fit(plane: Pla
         "30.0 GiB of GPU memory each, and 2 of them on node gpu-2's GPU 0 (NVIDIA A100-SXM4-40GB, 40.0 GiB) need "
         "60.0 GiB"]
     _unchanged(plane, jid, gpu)
+
+
+
+@pytest.mark.parametrize(("body", "more"), [({"to": "gpu-2"}, " (and likewise on 1 other GPU(s))"),
+                                            ({"to": "gpu-2", "rank": 1}, "")])
+def test_a_users_move_onto_a_gpu_too_small_for_a_rank_is_refused(plane: Plane, body: dict[str, Any],
+                                                                 more: str) -> None:
+    jid, gpu = _running_on_gpus(plane, 50 * GIB)
+    small = [{"index": i, "uuid": f"GPU-b{i}000000-0000-0000-0000-000000000000", "model": "NVIDIA A100-SXM4-40GB",
+              "memory_bytes": 40 * GIB} for i in range(2)]
+    assert FakeAgent(plane, "gpu-2", "B", devices=2, gpus=small).register() == 200
+    r = plane.http.post(f"/v1/jobs/{jid}/migrate", headers=plane.as_user(), json=body)
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == (f"job {jid} cannot run on 2 devices: its ranks use up to 50.0 GiB of GPU memory "
+                                   "each, and 1 of them on node gpu-2's GPU 0 (NVIDIA A100-SXM4-40GB, 40.0 GiB) "
+                                   f"needs 50.0 GiB{more}")
+    assert r.json()["field"] == "to"
+    _unchanged(plane, jid, gpu)
