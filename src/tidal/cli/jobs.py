@@ -372,8 +372,11 @@ def _show(job: dict[str, Any], wide: bool) -> None:
             rate = f" ({units.rate(prog['steps_per_s'])})" if "steps_per_s" in prog else ""
             crate = f" ({units.rate(prog['collectives_per_s'])})" if "collectives_per_s" in prog else ""
             steps = f"{prog['steps']} steps{rate}, {prog.get('collectives', 0)} collectives{crate}, "
+        gpu = (f"{units.size(prog['gpu_rank_bytes'])} of GPU memory per rank at most, "
+               if "gpu_rank_bytes" in prog else "")
         console.print(Text(f"progress: {steps}{units.duration(prog['cpu_s'])} of CPU, {units.size(prog['rss_bytes'])} "
-                           f"resident, {units.size(prog['output_bytes'])} of output (at {units.clock(prog['time'])})"))
+                           f"resident, {gpu}{units.size(prog['output_bytes'])} of output "
+                           f"(at {units.clock(prog['time'])})"))
         if prog.get("stalled"):
             console.print(Text.assemble(("stalled:", "red"), f" no step and no collective since "
                                         f"{units.clock(prog['still_since'])}; its ranks may be waiting on each other"))

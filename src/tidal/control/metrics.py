@@ -221,6 +221,8 @@ class TidalCollector(Collector):
                                   "attempt (it starts again at a restore).", labels=labels)
         rss = GaugeMetricFamily("tidal_job_memory_rss_bytes", "Resident memory of the job's ranks on the node.",
                                 labels=labels)
+        gpu = GaugeMetricFamily("tidal_job_gpu_rank_memory_bytes", "GPU memory of the job's largest rank on the "
+                                "node (NVML's figure, CUDA's context included), on GPU nodes.", labels=labels)
         steps = GaugeMetricFamily("tidal_job_steps", "Training steps of the job's furthest rank on the node.",
                                   labels=labels)
         rate = GaugeMetricFamily("tidal_job_steps_per_second", "Training steps per second of the job's ranks on "
@@ -240,10 +242,12 @@ class TidalCollector(Collector):
                 if "rss_bytes" in v:
                     rss.add_metric(lab, float(v["rss_bytes"]))
                     node_rss_sum[node] = node_rss_sum.get(node, 0.0) + float(v["rss_bytes"])
+                if "gpu_rank_bytes" in v:
+                    gpu.add_metric(lab, float(v["gpu_rank_bytes"]))
                 if "steps" in v:
                     steps.add_metric(lab, float(v["steps"]))
                 if "steps_per_s" in v:
                     rate.add_metric(lab, float(v["steps_per_s"]))
         for node, b in sorted(node_rss_sum.items()):
             node_rss.add_metric([node], b)
-        yield from (cpu, rss, steps, rate, node_rss)
+        yield from (cpu, rss, gpu, steps, rate, node_rss)

@@ -270,3 +270,12 @@ def test_a_users_move_onto_a_gpu_too_small_for_a_rank_is_refused(plane: Plane, b
                                    f"needs 50.0 GiB{more}")
     assert r.json()["field"] == "to"
     _unchanged(plane, jid, gpu)
+
+
+def test_show_gives_the_gpu_memory_of_the_largest_rank(plane: Plane, capsys: pytest.CaptureFixture[str]) -> None:
+    from tidal.cli.jobs import _show
+
+    jid, _ = _running_on_gpus(plane, 30 * GIB)
+    _show(plane.job(jid), wide=False)
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("progress:")]
+    assert "resident, 30.0 GiB of GPU memory per rank at most, " in line, line

@@ -85,7 +85,7 @@ def story(p: Plane) -> str:
     assert job["state"] == "running" and job["placement"][0]["node"] == "node-2"
     hb = p.http.post("/v1/agent/node-2/heartbeat", headers=p.as_agent(), json={
         "agent_id": "A2", "jobs": {jid: {"attempt": job["attempt"], "cpu_s": 7.5, "rss_bytes": 1 << 30,
-                                         "steps": 40, "steps_per_s": 2.5}}})
+                                         "gpu_rank_bytes": 3 << 30, "steps": 40, "steps_per_s": 2.5}}})
     assert hb.status_code == 200, hb.text
     return jid
 
@@ -128,6 +128,7 @@ def test_a_story_is_counted_once_by_every_scrape_and_every_process(plane: Plane,
     assert value(m, "tidal_job_cpu_seconds_total", node="node-2", job_id=jid) == 7.5
     assert value(m, "tidal_job_memory_rss_bytes", node="node-2", job_id=jid) == 1 << 30
     assert value(m, "tidal_job_steps_per_second", node="node-2", job_id=jid) == 2.5
+    assert value(m, "tidal_job_gpu_rank_memory_bytes", node="node-2", job_id=jid) == 3 << 30
     assert value(m, "tidal_node_memory_rss_bytes", node="node-2") == 1 << 30
     assert value(m, "tidal_lease_renewals_total", node="node-2") == 1
     assert value(m, "tidal_sla_jobs", tier="standard") == 1
