@@ -14,6 +14,7 @@ import pytest
 
 from tests.system.cluster import JOB, LiveCluster, reference_run
 from tests.system.test_distributed import DDP, ENV, _rank_lines, _steps_done, gated
+from tests.system.test_prestaged_migration import restores
 from tidal.testing import owned_dir, wait_until
 
 
@@ -66,6 +67,11 @@ def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_
     assert [e["detail"].split(",")[0] for e in resizes] == ["from 4 to 2 device(s)", "from 2 to 1 device(s)",
                                                             "from 1 to 4 device(s)"]
     assert len(j["checkpoints"]) == 3
+    # 2 → 1 on one node: its ranks were restored from the images dumped there, nothing fetched of them.
+    (second,) = [ck["id"] for ck in j["checkpoints"] if ck["id"].startswith("000002-")]
+    (restore,) = [r for n in sorted({n for n, _ in _devices(j)} | set(cpus)) for r in restores(c, n, job)
+                  if r[0] == second]
+    assert restore[3] == f"prestaged from checkpoint {second}" and restore[1] < 0.02 * restore[2], restore
     show = c.cli("show", job).stdout
     assert "ranks: 4 on 4 device(s) (pinned by resize)" in show
 

@@ -505,13 +505,17 @@ class Executor:
         run = self._run_of(order)
         if order.then != "continue":
             run.stopping = True
+        # Ranks restored here next (a resize, a move within this node) start from the images dumped here.
+        keep = order.restore_here and order.then == "kill"
         try:
             info = run.job.checkpoint(order.then, checkpoint_id=order.checkpoint_id,
                                       cut_at=(order.cut.epoch, order.cut.target) if order.cut else None,
-                                      rendezvous=_store(order.rendezvous))
+                                      rendezvous=_store(order.rendezvous), keep_images=keep)
         except BaseException:
             self._unstop(run)
             raise
+        if keep:
+            self.prestages.put(order.job_id, order.attempt, info.id, run.job.take_images())
         if order.then == "kill":
             self._ship(run)
             self._forget(run)

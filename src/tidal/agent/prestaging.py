@@ -102,9 +102,19 @@ class Prestages:
             self._forget(job_id, entry)
             raise
         if entry.finish(ranks):
-            timer = threading.Timer(self.ttl, self._expire, args=(job_id, entry))
-            timer.daemon = True
-            timer.start()
+            self._expire_later(job_id, entry)
+
+    def put(self, job_id: str, attempt: int, checkpoint: str, ranks: dict[int, LastDump]) -> None:
+        """Images this node already has of the job's ``checkpoint`` (its own dump, kept for the restore of
+        attempt ``attempt + 1`` here), taken as a finished prestage would be; any other prestage of the job
+        is dropped (these are the very images of the checkpoint its restore comes from)."""
+        entry = _Staged(attempt, checkpoint)
+        with self._mu:
+            old, self._jobs[job_id] = self._jobs.get(job_id), entry
+        if old is not None:
+            old.drop()
+        if entry.finish(ranks):
+            self._expire_later(job_id, entry)
 
     def take(self, job_id: str, attempt: int, ranks: Collection[int]) -> tuple[str, dict[int, LastDump]] | None:
         """For the restore of ``ranks`` of the job's attempt ``attempt`` here: the checkpoint prestaged for it
@@ -147,6 +157,11 @@ class Prestages:
         with self._mu:
             if self._jobs.get(job_id) is entry:
                 del self._jobs[job_id]
+
+    def _expire_later(self, job_id: str, entry: _Staged) -> None:
+        timer = threading.Timer(self.ttl, self._expire, args=(job_id, entry))
+        timer.daemon = True
+        timer.start()
 
     def _expire(self, job_id: str, entry: _Staged) -> None:
         with self._mu:

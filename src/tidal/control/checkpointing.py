@@ -68,9 +68,11 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, *,
     if len(nodes) == 1:
         set_phase(job, Phase.CHECKPOINT)
         job.opstate = {"checkpoint_id": ck}
+        # Ranks that stay on this node (a resize, a move within it) are restored from the images dumped here.
+        here = purpose in ("migrate", "resize") and any(n == nodes[0] for n, _ in job.target or ())
         new_action(s, job, nodes[0], protocol.Checkpoint(
             job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=ck, keep_ids=_keep_ids(s, job, [ck]),
-            rendezvous=rendezvous(s, job, ck)), cause, op=op)
+            rendezvous=rendezvous(s, job, ck), restore_here=here), cause, op=op)
     else:
         epoch = secrets.randbelow(1 << 48)
         set_phase(job, Phase.CUT)

@@ -207,7 +207,9 @@ Then = Literal["continue", "kill", "hold"]
 
 class Checkpoint(_JobOrder):
     """Dump every rank here and store it as ``checkpoint_id``; then go on, be killed, or stay frozen (a
-    part of a checkpoint over several nodes: ``cut`` is set)."""
+    part of a checkpoint over several nodes: ``cut`` is set). ``restore_here``: ranks of the job are restored
+    on this node next (a resize, a move that keeps them here): keep their images, so that the restore
+    fetches nothing of them from the store."""
 
     kind: Literal["checkpoint"] = "checkpoint"
     then: Then
@@ -217,6 +219,7 @@ class Checkpoint(_JobOrder):
     rendezvous: Rendezvous | None = None
     fs: bool = True
     cut: Cut | None = None
+    restore_here: bool = False
 
 
 class Finish(_JobOrder):

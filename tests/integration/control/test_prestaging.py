@@ -189,3 +189,33 @@ def test_a_rank_moved_onto_another_node_is_prestaged_there_and_the_ranks_that_st
     assert prestage["kind"] == "prestage" and prestage["payload"]["ranks"] == [1]
     assert prestage["payload"]["checkpoint"]["id"] == last
     assert kinds(a.actions()) == ["cut"] and kinds(b.actions()) == ["cut"]
+
+
+def test_the_images_are_kept_on_the_node_only_for_ranks_restored_there(
+        nodes: tuple[Plane, FakeAgent, FakeAgent, FakeAgent]) -> None:
+    """A checkpoint whose ranks are restored on the same node next (a resize) says so (``restore_here``: the
+    agent keeps the images it dumped, the restore fetches nothing); a move to another node and a preemption
+    do not."""
+    p, a, b, _ = nodes
+    jid = running(p, a, (b,), ranks=2)
+
+    def order(act: dict[str, Any]) -> tuple[str, bool]:
+        return act["payload"]["then"], act["payload"]["restore_here"]
+
+    r = p.http.post(f"/v1/jobs/{jid}/resize", headers=p.as_user(), json={"devices": 1})
+    assert r.status_code == 200, r.text
+    (act,) = a.actions()
+    assert order(act) == ("kill", True)
+    assert a.result(act, **checkpoint_result("000001-a"))
+    (act,) = a.actions()
+    started(a, act)
+    migrate(p, jid, to="node-2")
+    (act,) = [x for x in a.actions() if x["kind"] == "checkpoint"]
+    assert order(act) == ("kill", False)
+    assert a.result(act, **checkpoint_result("000002-b"))
+    (act,) = [x for x in b.actions() if x["kind"] == "restore"]
+    started(b, act)
+    r = p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    assert r.status_code == 200, r.text
+    (act,) = b.actions()
+    assert order(act) == ("kill", False)

@@ -157,3 +157,26 @@ def test_a_prestage_dropped_or_replaced_before_it_began_does_not_fetch() -> None
     ps.expect("j1", 6, "ck-5")
     with pytest.raises(Conflict):
         ps.fetch("j1", 4, "ck-3", lambda: pytest.fail("fetched"))
+
+
+def test_images_kept_from_the_nodes_own_dump_replace_a_prestage_and_go_to_the_next_restore() -> None:
+    """A checkpoint that kills the job for a restore here keeps its images (``put``): a prestage of an older
+    checkpoint expected meanwhile is dropped, and the next attempt's restore takes the kept ones."""
+    ps = Prestages()
+    ps.expect("j1", 4, "ck-2")
+    kept = fetched(0, 1)
+    ps.put("j1", 4, "ck-3", kept)
+    calls: list[int] = []
+    with pytest.raises(Conflict, match="dropped or replaced"):  # its turn comes after: nothing is fetched
+        ps.fetch("j1", 4, "ck-2", lambda: calls.append(1) or fetched(0))
+    assert calls == []
+    taken = ps.take("j1", 5, [0, 1])
+    assert taken == ("ck-3", kept) and not any(i.dropped for i in kept.values())
+
+
+def test_kept_images_go_when_no_restore_takes_them_in_time() -> None:
+    ps = Prestages(ttl=0.05)
+    kept = fetched(0)
+    ps.put("j1", 4, "ck-3", kept)
+    wait_until(lambda: kept[0].dropped, timeout=5, what="the kept images to expire")
+    assert ps.take("j1", 5, [0]) is None

@@ -225,6 +225,7 @@ class Job:
         self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
         self._held_gpu: dict[int, list[int]] = {}  # rank → its processes whose GPU state is in host memory
         self._settling: threading.Thread | None = None  # after a restore, until the ranks' memory is all in
+        self._kept: dict[int, LastDump] = {}  # images kept by checkpoint(keep_images=True), until taken
 
     def _after_restore(self, staging: Path, kept: dict[int, tuple[Path, dict[str, Entry]]],
                        local: LocalDump | None = None) -> None:
@@ -325,16 +326,28 @@ class Job:
         park(self.channels(), epoch, target, self.cut_timeout)
 
     def checkpoint(self, then: Then = "continue", keep: int | None = None, *, checkpoint_id: str | None = None,
-                   cut_at: tuple[int, int] | None = None, rendezvous: Store | None = None) -> CheckpointInfo:
+                   cut_at: tuple[int, int] | None = None, rendezvous: Store | None = None,
+                   keep_images: bool = False) -> CheckpointInfo:
         """Take a checkpoint of every rank; ``then`` says whether the job continues, is killed or stays
         frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints.
         ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`counts` and :meth:`park`; the
         ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
         collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when
-        they go on (default: the same store)."""
-        info = self._checkpoint(then, keep, checkpoint_id, cut_at, rendezvous, local=False)
+        they go on (default: the same store). ``keep_images`` (with ``then="kill"``): keep the images
+        dumped here, as committed, for a restore on this machine (:meth:`take_images`), which then fetches
+        nothing from the store."""
+        if keep_images and then != "kill":
+            raise ValidationError("keep_images is for a checkpoint that kills the job", field="keep_images",
+                                  hint="a job that goes on keeps its last dump by itself")
+        info = self._checkpoint(then, keep, checkpoint_id, cut_at, rendezvous, local=False, keep_images=keep_images)
         assert isinstance(info, CheckpointInfo)
         return info
+
+    def take_images(self) -> dict[int, LastDump]:
+        """The images of the last ``checkpoint(then="kill", keep_images=True)``, rank → its committed images,
+        for :meth:`restore` (``prestaged=``); the caller drops what it does not use. Once only."""
+        kept, self._kept = self._kept, {}
+        return kept
 
     def checkpoint_local(self, keep: int | None = None, *, checkpoint_id: str | None = None,
                          on_commit: Callable[[LocalDump], None] | None = None) -> LocalDump:
@@ -349,7 +362,7 @@ class Job:
         return dump
 
     def _checkpoint(self, then: Then, keep: int | None, checkpoint_id: str | None, cut_at: tuple[int, int] | None,
-                    rendezvous: Store | None, *, local: bool,
+                    rendezvous: Store | None, *, local: bool, keep_images: bool = False,
                     on_commit: Callable[[LocalDump], None] | None = None) -> CheckpointInfo | LocalDump:
         if then not in ("continue", "kill", "hold"):
             raise ValidationError(f"then must be 'continue', 'kill' or 'hold', not {then!r}", field="then",
@@ -427,9 +440,11 @@ class Job:
                 info, entries, windows_of = self._committer(writer, prehash, dumps, snap, shm, staging, meta, None)()
                 writer = None
                 t_commit = time.perf_counter()
-                if then == "continue":
+                if then == "continue" or keep_images:
                     for d in dumps:
                         self._keep_last(d.rank, d.images, entries[d.rank], windows_of[d.rank])
+                if keep_images:  # handed over before the kill below drops the job's last dumps
+                    self._kept, self._last = self._last, {rank: LastDump() for rank in self._last}
         except BaseException as exc:
             if prehash is not None:
                 prehash.stop()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration.ranks import Cluster, reference_run, train_argv
-from tidal.errors import CheckpointError
+from tidal.errors import CheckpointError, ValidationError
 from tidal.mechanisms.criu.job import Job, LocalDump
 from tidal.mechanisms.storage import CheckpointWriter
 from tidal.testing import wait_for_line
@@ -115,3 +115,32 @@ def test_commit_failing_after_local_restore(cluster: Cluster, monkeypatch: pytes
     status = job.wait(300)
     assert [s.code for s in status] == [0]
     _same_as_reference(cluster, cluster.nodes[2].log_path(spec).read_bytes(), ref)
+
+
+def test_images_kept_by_a_killing_checkpoint_are_restored_without_a_fetch(cluster: Cluster) -> None:
+    """``checkpoint(then="kill", keep_images=True)``: committed first (the usual order), its images kept here;
+    a restore given them (``prestaged=``) fetches nothing of them and ends identical to an uninterrupted run.
+    Without ``keep_images`` nothing is kept."""
+    argv = train_argv("--steps", str(STEPS), "--step-time", "0.02")
+    spec = cluster.spec(argv)
+    ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
+    nodes = cluster.nodes
+    job = Job.launch("job", [(spec, nodes[0])], cluster.store)
+    wait_for_line(nodes[0].log_path(spec), r"^step 10 ")
+    info = job.checkpoint("kill", keep_images=True)
+    assert cluster.store.latest("job").id == info.id  # type: ignore[union-attr]
+    kept = job.take_images()
+    assert list(kept) == [0] and kept[0].nbytes > 0 and job.take_images() == {}
+    job = Job.restore(cluster.store, "job", [(spec, nodes[1])], checkpoint_id=info.id, prestaged=kept)
+    rt = job.restore_timing
+    assert rt is not None and rt.image_bytes > 0 and rt.fetched_bytes < 0.01 * rt.image_bytes, rt
+    wait_for_line(nodes[1].log_path(spec), r"^step 30 ")
+    job.checkpoint("kill")
+    assert job.take_images() == {}
+    job = Job.restore(cluster.store, "job", [(spec, nodes[0])])
+    rt = job.restore_timing
+    assert rt is not None and rt.fetched_bytes > 0.5 * rt.image_bytes, rt
+    assert [s.code for s in job.wait(300)] == [0]
+    _same_as_reference(cluster, nodes[0].log_path(spec).read_bytes(), ref)
+    with pytest.raises(ValidationError, match="keep_images is for a checkpoint that kills the job"):
+        job.checkpoint("continue", keep_images=True)
