@@ -67,11 +67,18 @@ def test_ddp_w4_resized_4_2_1_4_across_nodes_is_bit_identical(make_cluster, tmp_
     assert [e["detail"].split(",")[0] for e in resizes] == ["from 4 to 2 device(s)", "from 2 to 1 device(s)",
                                                             "from 1 to 4 device(s)"]
     assert len(j["checkpoints"]) == 3
-    # 2 → 1 on one node: its ranks were restored from the images dumped there, nothing fetched of them.
-    (second,) = [ck["id"] for ck in j["checkpoints"] if ck["id"].startswith("000002-")]
-    (restore,) = [r for n in sorted({n for n, _ in _devices(j)} | set(cpus)) for r in restores(c, n, job)
-                  if r[0] == second]
-    assert restore[3] == f"prestaged from checkpoint {second}" and restore[1] < 0.02 * restore[2], restore
+    # 2 → 1 within one node: answered once dumped, the job restored from those images while they were
+    # committed; the checkpoint counts once committed.
+    second, third = (next(ck["id"] for ck in j["checkpoints"] if ck["id"].startswith(f"00000{i}-")) for i in (2, 3))
+    logs = "".join((c.home / "logs" / f"{n}.log").read_text(errors="replace") for n in sorted(cpus))
+    assert f"job {job} restored from the images of checkpoint {second} dumped here" in logs
+    wait_until(lambda: any(e["kind"] == "committed" and second in e["detail"] for e in c.show(job)["events"]),
+               timeout=60, what=f"checkpoint {second} reported committed")
+    # 1 → 4 over both nodes: the ranks that stayed were restored from the images their node kept (the other
+    # node's were prestaged from the checkpoint before, and fetched what changed since).
+    ((_, fetched, total, _),) = [r for n in sorted(cpus) for r in restores(c, n, job)
+                                 if r[0] == third and r[3] == f"prestaged from checkpoint {third}"]
+    assert fetched < 0.02 * total, (fetched, total)
     show = c.cli("show", job).stdout
     assert "ranks: 4 on 4 device(s) (pinned by resize)" in show
 

@@ -35,7 +35,7 @@ from tidal.core.rankenv import torchrun_env
 from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
-from tidal.mechanisms.criu.job import Job
+from tidal.mechanisms.criu.job import Job, LocalDump
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.rank import NodeRoot, RankProcess, RankSpec
 from tidal.mechanisms.interpose.channel import Store
@@ -161,7 +161,7 @@ def _store(rdv: protocol.Rendezvous | None) -> Store | None:
     return Store(rdv.addr, rdv.prefix) if rdv else None
 
 
-Report = protocol.ActionResult | protocol.ExitReport
+Report = protocol.ActionResult | protocol.ExitReport | protocol.CommitReport
 
 
 class Outbox:
@@ -239,6 +239,9 @@ class Executor:
             protocol.Kill: self._kill, protocol.Prestage: self._prestage, protocol.Unstage: self._unstage,
         }
         self.prestages = Prestages()
+        # Job → its dump answered before its commit ended (Checkpoint ``commit_after``), for its restore here.
+        self.local_dumps: dict[str, LocalDump] = {}
+        self._answered: dict[str, threading.Event] = {}  # action → set once its result is in the outbox
         self._source_stores: dict[str, CheckpointStore] = {}  # other regions' stores, opened to replicate from
         # Job → (attempt, bytes copied, bytes to copy) of a replication under way: reported with the progress.
         self._copying: dict[str, tuple[int, int, int]] = {}
@@ -315,6 +318,7 @@ class Executor:
                          action.kind, action.job_id)
                 return
         self._acting.lease = lease
+        self._acting.action = action.id
         handler = self.handlers[type(action.order)]
         try:
             res = protocol.ActionResult(agent_id=self.agent_id, action_id=action.id, ok=True,
@@ -325,7 +329,10 @@ class Executor:
         with self.mu:
             self.results[action.id] = res
             self.inflight.discard(action.id)
+            answered = self._answered.pop(action.id, None)
         self.outbox.put("results", res)
+        if answered is not None:
+            answered.set()
 
     def _specs(self, order: protocol.Launch | protocol.Restore) -> list[RankSpec]:
         out = []
@@ -359,6 +366,17 @@ class Executor:
         def restore(placement: list[tuple[RankSpec, NodeRoot]]) -> Job:
             # A prestage under way is waited for first: its pre-copy leaves this replication only the chunks
             # the migration's own checkpoint changed.
+            with self.mu:
+                local = self.local_dumps.pop(order.job_id, None)
+            if local is not None:
+                if (local.id == order.checkpoint.id and order.checkpoint.source is None
+                        and sorted(r.rank for r in order.ranks) == sorted(local.images)):
+                    job = Job.restore(self.store, order.job_id, placement, local=local,
+                                      rendezvous=_store(order.rendezvous), track_fs=order.fs)
+                    log.info("job %s restored from the images of checkpoint %s dumped here (its commit goes on "
+                             "meanwhile)", order.job_id, local.id)
+                    return job
+                _close_later(local)  # not this restore's: its images go once its commit has ended
             staged = self.prestages.take(order.job_id, order.attempt, [r.rank for r in order.ranks])
             if order.checkpoint.source is not None:
                 copied.extend(self._replicate(order.job_id, order.attempt, order.checkpoint))
@@ -505,6 +523,8 @@ class Executor:
         run = self._run_of(order)
         if order.then != "continue":
             run.stopping = True
+        if order.commit_after and order.then == "kill" and order.cut is None:
+            return self._dump_then_commit(run, order)
         # Ranks restored here next (a resize, a move within this node) start from the images dumped here.
         keep = order.restore_here and order.then == "kill"
         try:
@@ -524,6 +544,44 @@ class Executor:
         self.store.keep_only(order.job_id, set(order.keep_ids) | {info.id})
         return protocol.Dumped(checkpoint=protocol.StoredCheckpoint(
             id=info.id, created_at=info.created_at, bytes=info.logical_bytes, stored_bytes=info.stored_bytes))
+
+    def _dump_then_commit(self, run: Running, order: protocol.Checkpoint) -> protocol.Dumped:
+        """Every rank of the job is restored here next: answer once the ranks are dumped and killed, keep the
+        dump for that restore, and report the end of its commit, which goes on meanwhile, after this answer
+        (the control plane knows the checkpoint only from the answer)."""
+        answered = threading.Event()
+        with self.mu:
+            self._answered[self._acting.action] = answered
+
+        def committed(dump: LocalDump) -> None:
+            if dump.info is not None:
+                self.store.keep_only(order.job_id, set(order.keep_ids) | {dump.id})
+            if not answered.wait(600):
+                log.warning("job %s: checkpoint %s's answer was not sent; its commit is not reported",
+                            order.job_id, dump.id)
+                return
+            info = dump.info
+            self.outbox.put("commits", protocol.CommitReport(
+                agent_id=self.agent_id, job_id=order.job_id, attempt=order.attempt, checkpoint_id=dump.id,
+                ok=info is not None, bytes=info.logical_bytes if info else 0,
+                stored_bytes=info.stored_bytes if info else 0,
+                error=None if info is not None else str(dump.error)[:4000]))
+
+        try:
+            dump = run.job.checkpoint_local(checkpoint_id=order.checkpoint_id, on_commit=committed)
+        except BaseException:
+            with self.mu:
+                self._answered.pop(self._acting.action, None)
+            self._unstop(run)
+            raise
+        self._ship(run)
+        self._forget(run)
+        with self.mu:
+            old, self.local_dumps[order.job_id] = self.local_dumps.get(order.job_id), dump
+        if old is not None:
+            _close_later(old)
+        return protocol.Dumped(checkpoint=protocol.StoredCheckpoint(
+            id=dump.id, created_at=dump.created_at, bytes=dump.nbytes, stored_bytes=0), committing=True)
 
     def _cut(self, order: protocol.CutCounts) -> protocol.Counted:
         return protocol.Counted(counts=self._run_of(order).job.counts(order.epoch))
@@ -580,6 +638,10 @@ class Executor:
             self.lease = None
             runs = list(self.jobs.values())
         self.prestages.drop_all()  # staged for restores of that lease
+        with self.mu:
+            dumps, self.local_dumps = list(self.local_dumps.values()), {}
+        for dump in dumps:
+            _close_later(dump)
         # SIGKILL every rank before waiting for any: each must stop running its code before the control
         # plane requeues its job, however long the others take to be reaped.
         for run in runs:
@@ -722,3 +784,8 @@ def _queue_of(action: protocol.Action) -> str:
 
 def _pids(job: Job) -> protocol.Started:
     return protocol.Started(ranks=[protocol.RankPid(rank=r.spec.rank, pid=r.pid) for r in job.ranks])
+
+
+def _close_later(dump: LocalDump) -> None:
+    """Remove a local dump's images once its commit has ended (which may take a while), off the caller's thread."""
+    threading.Thread(target=dump.close, name=f"tidal-close-{dump.job_id}", daemon=True).start()

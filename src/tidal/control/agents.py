@@ -34,7 +34,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tidal.config import load_settings
-from tidal.control import clock, failures, jobs, operations, prestaging
+from tidal.control import checkpointing, clock, failures, jobs, operations, prestaging
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import limits, protocol
@@ -276,6 +276,14 @@ def exited(s: Session, name: str, agent_id: str, job_id: str, attempt: int,
                      f"rank {r.rank} " + (f"code {r.code}" if r.signal is None else f"signal {r.signal}")
                      for r in typed))
     return failures.on_exit(s, job, attempt, [protocol.encode(r) for r in typed], eid)
+
+
+def commit_reported(s: Session, name: str, report: protocol.CommitReport, keep: int) -> bool:
+    """The agent of node ``name`` reports the end of a commit it answered before (see
+    :func:`checkpointing.commit_reported`)."""
+    holder(s, name, report.agent_id)
+    return checkpointing.commit_reported(s, report.job_id, report.checkpoint_id, report.ok, report.bytes,
+                                         report.stored_bytes, report.error, name, keep)
 
 
 def log_path(home: Path, job_id: str, rank: int) -> Path:

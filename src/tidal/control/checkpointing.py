@@ -26,6 +26,7 @@ from tidal.control.jobs import (
     checkpoints,
     device_count,
     end_op,
+    good,
     nodes_of,
     nodes_of_devices,
     parts_of,
@@ -68,11 +69,13 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, *,
     if len(nodes) == 1:
         set_phase(job, Phase.CHECKPOINT)
         job.opstate = {"checkpoint_id": ck}
-        # Ranks that stay on this node (a resize, a move within it) are restored from the images dumped here.
-        here = purpose in ("migrate", "resize") and any(n == nodes[0] for n, _ in job.target or ())
+        # Ranks that stay on this node (a resize, a move within it) are restored from the images dumped here;
+        # when they all do, the node answers once they are dumped and the commit goes on behind the restore.
+        targets = {n for n, _ in job.target or ()} if purpose in ("migrate", "resize") else set()
         new_action(s, job, nodes[0], protocol.Checkpoint(
             job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=ck, keep_ids=_keep_ids(s, job, [ck]),
-            rendezvous=rendezvous(s, job, ck), restore_here=here), cause, op=op)
+            rendezvous=rendezvous(s, job, ck), restore_here=nodes[0] in targets,
+            commit_after=targets == {nodes[0]}), cause, op=op)
     else:
         epoch = secrets.randbelow(1 << 48)
         set_phase(job, Phase.CUT)
@@ -153,6 +156,9 @@ def dumped(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionR
         return
     ck = job.opstate["checkpoint_id"]
     infos = [(g.result or {})["checkpoint"] for g in group]
+    if not multi and (group[0].result or {}).get("committing"):
+        _after_dump(s, job, ck, infos[0], cause)
+        return
     _commit(s, job, ck, [i["id"] for i in infos], sum(int(i["bytes"]) for i in infos),
             sum(int(i["stored_bytes"]) for i in infos), max(float(i["created_at"]) for i in infos), keep)
     if multi:
@@ -200,6 +206,48 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
                    + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
 
 
+def _after_dump(s: Session, job: JobRow, ck: str, info: dict[str, Any], cause: str) -> None:
+    """A resize or a move within the job's node, answered once dumped: the checkpoint is recorded as
+    committing (no fallback yet, nothing retired for it) and the job restored there from its images at once;
+    :func:`commit_reported` settles it."""
+    s.add(CheckpointRow(id=ck, job_id=job.id, created_at=float(info["created_at"]), bytes=int(info["bytes"]),
+                        stored_bytes=0, retained=True, parts=[str(info["id"])], state=CheckpointState.COMMITTING,
+                        regions=regions_holding(s, nodes_of(job.placement))))
+    s.flush()
+    row = s.get(CheckpointRow, ck)
+    job.opstate = {**(job.opstate or {}), "detail": f"checkpoint {ck} dumped ({size(int(info['bytes']))}, being "
+                                                    "committed)"}
+    _after_commit(s, job, cause, source=row)
+
+
+def commit_reported(s: Session, job_id: str, ck: str, ok: bool, nbytes: int, stored: int, error: str | None,
+                    node: str, keep: int) -> bool:
+    """The end of the commit of checkpoint ``ck``, dumped before its job was restored from its images: it is
+    the job's checkpoint from now on (older ones beyond ``keep`` retired), or, failed, it is removed and the
+    job's older committed checkpoint stays the one to fall back to (the job runs on). False when there is no
+    such checkpoint being committed (a report sent again, or one for a checkpoint given up)."""
+    row = s.get(CheckpointRow, ck)
+    job = s.get(JobRow, job_id)
+    if row is None or job is None or row.job_id != job_id or row.state is not CheckpointState.COMMITTING:
+        return False
+    if ok:
+        row.state, row.bytes, row.stored_bytes = CheckpointState.COMMITTED, nbytes, stored
+        for old in retired(checkpoints(s, job.id), keep, job.resume_from):
+            old.retained = False
+        job.last_checkpoint_at = now(s)
+        record(s, "committed", job_id=job.id, node=node,
+               detail=f"checkpoint {ck} committed ({size(nbytes)}, {size(stored)} new) while the job ran on from "
+                      "its images")
+        return True
+    s.delete(row)
+    fallback = good(checkpoints(s, job.id))
+    record(s, "checkpoint_failed", job_id=job.id, node=node,
+           detail=f"checkpoint {ck} was not committed ({error}): the job runs on from the images it was restored "
+                  "from; " + (f"checkpoint {fallback[-1].id} stays the one to fall back to" if fallback
+                              else "it has no checkpoint to fall back to yet"))
+    return True
+
+
 def _failed(s: Session, job: JobRow, cause: str, err: str) -> None:
     purpose = job.op_purpose
     end_op(s, job)
@@ -207,7 +255,7 @@ def _failed(s: Session, job: JobRow, cause: str, err: str) -> None:
     transition(s, job, S.RUNNING, cause, f"{purpose} checkpoint failed, the job goes on: {err}")
 
 
-def _after_commit(s: Session, job: JobRow, cause: str) -> None:
+def _after_commit(s: Session, job: JobRow, cause: str, source: CheckpointRow | None = None) -> None:
     purpose = job.op_purpose
     detail = (job.opstate or {}).get("detail", "checkpoint")
     if purpose in ("migrate", "resize") and job.target:
@@ -235,7 +283,7 @@ def _after_commit(s: Session, job: JobRow, cause: str) -> None:
         eid = transition(s, job, S.MIGRATING, cause, detail + where)
         if purpose == "migrate":
             _keep_pin(s, job, len(set(target)), eid)
-        start(s, job, target, eid)
+        start(s, job, target, eid, source=source)
 
 
 def _keep_pin(s: Session, job: JobRow, devices: int, cause: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tidal.control.dispatch import kill
@@ -105,12 +106,24 @@ def settle_failure(s: Session, job: JobRow, cause: str) -> None:
     transition(s, job, S.FAILED, cause, job.error)
 
 
+def _drop_committing(s: Session, job: JobRow, why: str) -> None:
+    """The job's checkpoints still being committed are given up: no report will come for them. What the job
+    falls back to is its newest committed one."""
+    for row in list(s.scalars(select(CheckpointRow).where(CheckpointRow.job_id == job.id,
+                                                          CheckpointRow.state == CheckpointState.COMMITTING))):
+        s.delete(row)
+        record(s, "checkpoint_failed", job_id=job.id, detail=f"checkpoint {row.id} was not committed: {why}")
+
+
 def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True, restart: bool = True) -> None:
     """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
     committed checkpoint (or launched afresh without one), up to ``max_restarts`` times. Its ranks still
     running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known).
     ``restart=False``: requeued without counting a restart (its checkpoint was damaged, not the job lost)."""
     drop_actions(s, job.id)
+    gone = [n for n in nodes_of(job.placement) if not ((row := s.get(NodeRow, n)) is not None and row.up)]
+    if gone:  # a checkpoint its agent was committing there will never be reported
+        _drop_committing(s, job, f"node {gone[0]} was lost before its commit ended")
     for node in nodes_of(job.placement) if stop_others else ():
         n = s.get(NodeRow, node)
         if n is not None and n.up:

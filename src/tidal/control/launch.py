@@ -23,13 +23,15 @@ from tidal.errors import Conflict
 S = JobState
 
 
-def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None) -> None:
+def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None,
+          source: CheckpointRow | None = None) -> None:
     """Launch the job on ``devices`` (rank r on ``devices[r]``, over one node or several), or restore it
-    there from the checkpoint it resumes from (:func:`restore_source`) when it has one."""
+    there from the checkpoint it resumes from (:func:`restore_source`) when it has one. ``source``: restore
+    from this one instead (a checkpoint still being committed, on the node that dumped it)."""
     if len(devices) != job.ranks:
         raise Conflict(f"job {job.id} has {job.ranks} rank(s), placement gives {len(devices)} device(s)",
                        job=job.id)
-    source = restore_source(s, job)
+    source = source or restore_source(s, job)
     how = f"restoring from checkpoint {source.id}" if source is not None else "launching"
     by_node: dict[str, list[tuple[int, DeviceRef]]] = {}
     for r, d in enumerate(devices):

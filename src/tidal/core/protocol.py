@@ -209,7 +209,9 @@ class Checkpoint(_JobOrder):
     """Dump every rank here and store it as ``checkpoint_id``; then go on, be killed, or stay frozen (a
     part of a checkpoint over several nodes: ``cut`` is set). ``restore_here``: ranks of the job are restored
     on this node next (a resize, a move that keeps them here): keep their images, so that the restore
-    fetches nothing of them from the store."""
+    fetches nothing of them from the store. ``commit_after`` (with ``then="kill"``, every rank restored
+    here next): answer once the ranks are dumped and killed (:class:`Dumped` ``committing``); the restore
+    starts them from the images while the commit goes on, whose end a :class:`CommitReport` tells."""
 
     kind: Literal["checkpoint"] = "checkpoint"
     then: Then
@@ -220,6 +222,7 @@ class Checkpoint(_JobOrder):
     fs: bool = True
     cut: Cut | None = None
     restore_here: bool = False
+    commit_after: bool = False
 
 
 class Finish(_JobOrder):
@@ -314,7 +317,11 @@ class StoredCheckpoint(Message):
 
 
 class Dumped(Message):
+    """``committing``: dumped, its commit to the store still under way (``stored_bytes`` is 0 until its
+    :class:`CommitReport`)."""
+
     checkpoint: StoredCheckpoint
+    committing: bool = False
 
 
 class RankExit(Message):
@@ -460,6 +467,20 @@ class ActionResult(_FromAgent):
     # The order's result (:data:`RESULTS`), or a :class:`Failure`; checked against the order's kind by
     # :func:`result_of` on the control plane, which knows the kind.
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class CommitReport(_FromAgent):
+    """The end of the commit of a checkpoint answered before it (:class:`Checkpoint` ``commit_after``):
+    committed (``ok``: its sizes as stored) or not (``error``; the job goes on from the dump it was restored
+    from, and its older committed checkpoint stays the one to fall back to)."""
+
+    job_id: JobId
+    attempt: Int32
+    checkpoint_id: CheckpointId
+    ok: bool
+    bytes: Count = 0
+    stored_bytes: Count = 0
+    error: Annotated[str, StringConstraints(max_length=4000), AfterValidator(_printable)] | None = None
 
 
 class ExitReport(_FromAgent):

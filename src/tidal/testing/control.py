@@ -106,6 +106,16 @@ class FakeAgent:
         return bool(r.json()["applied"])
 
 
+    def committed(self, job: str, attempt: int, checkpoint_id: str, ok: bool = True, *, size: int = 100,
+                  stored: int = 10) -> bool:
+        """Report the end of the commit of a checkpoint answered before it; whether the plane applied it."""
+        r = self.p.http.post(f"/v1/agent/{self.name}/commits", headers=self.p.as_agent(), json={
+            "agent_id": self.id, "job_id": job, "attempt": attempt, "checkpoint_id": checkpoint_id, "ok": ok,
+            "bytes": size if ok else 0, "stored_bytes": stored if ok else 0, "error": None if ok else "disk full"})
+        assert r.status_code == 200, r.text
+        return bool(r.json()["applied"])
+
+
 def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
     """Run one reconcile round, which must hand ``a`` the launch of job ``jid`` alone; report it started
     (rank 0, pid 4242). The launch action."""
@@ -116,8 +126,10 @@ def start(p: Plane, a: FakeAgent, jid: str) -> dict[str, Any]:
     return act
 
 
-def checkpoint_result(checkpoint_id: str, *, size: int = 100, stored: int = 10) -> dict[str, Any]:
+def checkpoint_result(checkpoint_id: str, *, size: int = 100, stored: int = 10,
+                      committing: bool = False) -> dict[str, Any]:
     """The result data (:class:`protocol.Dumped`) of a checkpoint action that committed ``checkpoint_id``
-    now (``size`` bytes, ``stored`` of them written)."""
+    now (``size`` bytes, ``stored`` of them written); ``committing``: dumped, its commit still under way."""
     return protocol.encode(protocol.Dumped(checkpoint=protocol.StoredCheckpoint(
-        id=checkpoint_id, created_at=time.time(), bytes=size, stored_bytes=stored)))
+        id=checkpoint_id, created_at=time.time(), bytes=size, stored_bytes=0 if committing else stored),
+        committing=committing))

@@ -26,6 +26,8 @@ ORDERS: list[protocol.Message] = [
     protocol.Park(job_id="j1", attempt=2, epoch=7, target=120),
     protocol.Checkpoint(job_id="j1", attempt=2, then="hold", checkpoint_id="000004-cd.p1", keep_ids=["000003-ab"],
                         rendezvous=RDV, fs=False, cut=protocol.Cut(epoch=7, target=120)),
+    protocol.Checkpoint(job_id="j1", attempt=2, then="kill", checkpoint_id="000005-ef", keep_ids=["000004-cd"],
+                        restore_here=True, commit_after=True),
     protocol.Finish(job_id="j1", attempt=2, then="resume", rebuild=True, rendezvous=RDV),
     protocol.Kill(job_id="j1", attempt=2, report=True),
     protocol.Prestage(job_id="j1", attempt=2, checkpoint=protocol.CheckpointRef(id="000003-ab", parts=["000003-ab"]),
@@ -38,6 +40,8 @@ RESULTS: list[protocol.Message] = [
     protocol.Counted(counts={"0": 12, "1": 13}),
     protocol.Done(),
     protocol.Dumped(checkpoint=protocol.StoredCheckpoint(id="000004-cd", created_at=1.5, bytes=10, stored_bytes=3)),
+    protocol.Dumped(checkpoint=protocol.StoredCheckpoint(id="000005-ef", created_at=2.5, bytes=10, stored_bytes=0),
+                    committing=True),
     protocol.Killed(ranks=[EXIT, protocol.RankExit(rank=0, code=0)]),
     protocol.Prestaged(checkpoint="000003-ab", ranks=[1, 3], bytes=1 << 30, seconds=7.5),
     protocol.Failure(corrupt=protocol.Corruption(checkpoint="000003-ab", object="fs/out.txt", chunk="ab12",
@@ -57,6 +61,10 @@ FROM_AGENT: list[protocol.Message] = [
     protocol.ActionResult(agent_id="A1", action_id="a-9", ok=True, data=protocol.encode(RESULTS[0])),
     protocol.ActionResult(agent_id="A1", action_id="a-9", ok=False, error="it broke", data={}),
     protocol.ExitReport(agent_id="A1", job_id="j1", attempt=2, ranks=[EXIT]),
+    protocol.CommitReport(agent_id="A1", job_id="j1", attempt=3, checkpoint_id="000005-ef", ok=True, bytes=10,
+                          stored_bytes=4),
+    protocol.CommitReport(agent_id="A1", job_id="j1", attempt=3, checkpoint_id="000005-ef", ok=False,
+                          error="the store refused it: disk full"),
 ]
 MESSAGES = [protocol.Action(id=f"a-{i}", order=o) for i, o in enumerate(ORDERS)] + RESULTS + FROM_AGENT
 
@@ -114,6 +122,12 @@ def test_an_unknown_field_is_refused_naming_it(msg: protocol.Message) -> None:
         protocol.decode(type(msg), {**protocol.encode(msg), "colour": "blue"})
     assert e.value.fields["field"] == "colour"
     assert "colour" in e.value.message and not isinstance(e.value, ProtocolMismatch)
+
+
+def test_a_commit_reports_error_is_bounded() -> None:
+    with pytest.raises(ValidationError, match="error"):
+        protocol.decode(protocol.CommitReport, {"agent_id": "A", "job_id": "j1", "attempt": 1,
+                                                "checkpoint_id": "000001-ab", "ok": False, "error": "x" * 4001})
 
 
 def test_an_unknown_field_that_is_not_valid_unicode_is_named_escaped() -> None:

@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 
 # The agents' request bodies are the protocol's messages (one of another protocol version is a 426).
 from tidal.core.protocol import ActionResult as ActionResult
+from tidal.core.protocol import CommitReport as CommitReport
 from tidal.core.protocol import ExitReport as ExitReport
 from tidal.core.protocol import Heartbeat as Heartbeat
 

@@ -148,6 +148,9 @@ class EventRow(Base):
 class CheckpointState(enum.Enum):
     COMMITTED = "committed"  # every part is stored: it may be restored
     BAD = "bad"  # failed verification on restore: kept for inspection, never restored nor retired again
+    # Dumped on its node, which restored the job from those images; its commit to the store under way: no
+    # checkpoint to fall back to until its agent reports it committed (then COMMITTED; else it is removed).
+    COMMITTING = "committing"
 
 
 class CheckpointRow(Base):

@@ -144,3 +144,19 @@ def test_images_kept_by_a_killing_checkpoint_are_restored_without_a_fetch(cluste
     _same_as_reference(cluster, nodes[0].log_path(spec).read_bytes(), ref)
     with pytest.raises(ValidationError, match="keep_images is for a checkpoint that kills the job"):
         job.checkpoint("continue", keep_images=True)
+
+
+def test_a_local_restore_after_the_commit_ended_is_identical(cluster: Cluster) -> None:
+    """The restore comes once the commit has ended (as when a control plane's answer is awaited between them):
+    the images are still there, and the run ends identical."""
+    argv = train_argv("--steps", str(STEPS), "--step-time", "0.02")
+    spec = cluster.spec(argv)
+    ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
+    node = cluster.nodes[0]
+    job = Job.launch("job", [(spec, node)], cluster.store)
+    wait_for_line(node.log_path(spec), r"^step 10 ")
+    local = job.checkpoint_local()
+    local.wait(60)
+    job = Job.restore(cluster.store, "job", [(spec, node)], local=local)
+    assert [s.code for s in job.wait(300)] == [0]
+    _same_as_reference(cluster, node.log_path(spec).read_bytes(), ref)

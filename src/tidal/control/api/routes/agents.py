@@ -12,7 +12,7 @@ from fastapi import Path as PathParam
 from tidal.control import agents, tokens
 from tidal.control.api.auth import Agent, bearer, for_node, forget_principals
 from tidal.control.api.context import Ctx
-from tidal.control.api.schemas import ActionResult, AgentHello, ExitReport, Heartbeat, Join, Register
+from tidal.control.api.schemas import ActionResult, AgentHello, CommitReport, ExitReport, Heartbeat, Join, Register
 from tidal.core import limits, protocol
 
 router = APIRouter(prefix="/v1/agent")
@@ -99,6 +99,14 @@ def exits(node: str, body: ExitReport, p: Agent, ctx: Ctx) -> dict[str, Any]:
     with ctx.db.tx() as s:
         applied = agents.exited(s, node, body.agent_id, body.job_id, body.attempt,
                                 [r.model_dump() for r in body.ranks], ctx.keep)
+    return {"applied": applied}
+
+
+@router.post("/{node}/commits")
+def commits(node: str, body: CommitReport, p: Agent, ctx: Ctx) -> dict[str, Any]:
+    for_node(p, node)
+    with ctx.db.tx() as s:
+        applied = agents.commit_reported(s, node, body, ctx.keep)
     return {"applied": applied}
 
 
