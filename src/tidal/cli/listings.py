@@ -68,7 +68,9 @@ CHECKPOINTS = Listing("checkpoints", {
     "bytes": "the size of the ranks' images (bytes)",
     "stored_bytes": "what it added to the store (bytes: chunks not already there)",
     "parts": "its parts, one a node (their ids)",
-    "state": "committed, or bad (it failed verification on restore: kept for inspection, never restored)",
+    "state": "committed; committing (a resize or a move within its node restored the job from its images while "
+             "they are committed: it counts once committed); or bad (it failed verification on restore: kept for "
+             "inspection, never restored)",
     "regions": "the regions whose checkpoint store holds it (null: every region shares one store)",
 }, (
     Column("CHECKPOINT", _text("id")),

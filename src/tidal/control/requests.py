@@ -49,6 +49,10 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
         if row is None or row.job_id != job.id or not row.retained:
             raise ValidationError(f"job {job.id} has no checkpoint {from_!r}", field="from", checkpoint=from_,
                                   hint=f"`tidal checkpoints {job.id}` lists its checkpoints")
+        if row.state is CheckpointState.COMMITTING:
+            raise Conflict(f"checkpoint {from_} of job {job.id} is still being committed to the store and cannot be "
+                           "chosen yet", field="from", checkpoint=from_, state=row.state.value,
+                           hint=f"wait until `tidal checkpoints {job.id}` shows it committed")
         if row.state is CheckpointState.BAD:
             raise Conflict(f"checkpoint {from_} of job {job.id} is bad (it failed verification) and cannot be "
                            "restored", field="from", checkpoint=from_, state=row.state.value,

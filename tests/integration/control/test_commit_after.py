@@ -75,6 +75,10 @@ def test_restored_at_once_from_its_dump_and_the_checkpoint_counts_once_committed
     c2 = resized_on_one_node(p, a, jid, 2)
     assert checkpoints(p, jid) == [(c1, "committed"), (c2, "committing")]
     assert fallback(p, jid) == c1  # not yet a checkpoint of the job
+    r = p.http.post(f"/v1/jobs/{jid}/resume", headers=p.as_user(), json={"from": c2})
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == (f"checkpoint {c2} of job {jid} is still being committed to the store and cannot "
+                                   "be chosen yet")
     attempt = p.job(jid)["attempt"]
     assert a.committed(jid, attempt, c2, size=1234, stored=56)
     assert not a.committed(jid, attempt, c2)  # sent again: applied once
