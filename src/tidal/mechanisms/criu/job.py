@@ -20,9 +20,10 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, Unsupported, ValidationError
 from tidal.mechanisms.criu import resources, shmfiles
@@ -40,6 +41,8 @@ from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, Checkpoin
 
 FORMAT = 1
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+R = TypeVar("R")
 # After the commit: the job goes on, is killed, or stays frozen until release() or kill() (a job spread
 # over several nodes is committed only once every node has stored its part).
 Then = Literal["continue", "kill", "hold"]
@@ -125,6 +128,28 @@ class _LocalReader:
                 tmp.rename(dest)
             finally:
                 tmp.unlink(missing_ok=True)
+
+
+def _each(items: Sequence[T], work: Callable[[T], R], done: list[R] | None = None) -> list[R]:
+    """``work`` on every item, several at a time where the machine has the cores (each is mostly a CRIU
+    process of its own: a rank's dump or restore), results in the items' order. Every call ends before this
+    returns; the first failure is raised then. ``done`` gets every result, also those that succeeded before a
+    failure, for the caller to undo."""
+    done = [] if done is None else done
+    if len(items) < 2 or (os.cpu_count() or 1) < 2:
+        start = len(done)
+        for item in items:
+            done.append(work(item))
+        return done[start:]
+    with ThreadPoolExecutor(max_workers=min(len(items), os.cpu_count() or 1),
+                            thread_name_prefix="tidal-rank") as pool:
+        futures = [pool.submit(work, item) for item in items]
+        wait(futures)
+    done.extend(f.result() for f in futures if f.exception() is None)
+    errors = [e for f in futures if (e := f.exception()) is not None]
+    if errors:
+        raise errors[0]
+    return [f.result() for f in futures]
 
 
 class LocalDump:
@@ -414,7 +439,8 @@ class Job:
             self._refuse_unsupported()
             # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
             prehash = PreHash(staging, self.store.chunk_size)
-            dumps = [r.dump(staging / f"rank-{r.spec.rank}", self.runner, self.ghost_limit) for r in self.ranks]
+            dumps = _each(self.ranks, lambda r: r.dump(staging / f"rank-{r.spec.rank}", self.runner,
+                                                        self.ghost_limit))
             t_dump = time.perf_counter()
             snap = self.fs.capture(staging / "fs") if self.fs is not None else None
             # Files of /dev/shm the ranks hold by name: CRIU reopens them by name at restore.
@@ -760,14 +786,16 @@ class Job:
             # pages would only be faulted in one by one.
             on_gpu = {r: list(reader.meta["ranks"][str(r)].get("gpus") or []) for r, reader in mine.items()}
             lazy = lazy and not any(on_gpu.values())
-            for r, reader in sorted(mine.items()):
+            def restore_rank(r: int) -> RankProcess:
                 spec, node = by_rank[r]
-                info = reader.meta["ranks"][str(r)]
+                info = mine[r].meta["ranks"][str(r)]
                 images = local.images[r] if local is not None else staging / "ranks" / str(r) / "images"
                 dump = RankDump(r, images, int(info["log_bytes"]),
                                 info["out_pipe"], info["status_pipe"], info.get("ctl_in_pipe"),
                                 info.get("ctl_out_pipe"), bool(info.get("interposed")))
-                ranks.append(RankProcess.restore(spec, node, dump, runner, lazy=lazy))
+                return RankProcess.restore(spec, node, dump, runner, lazy=lazy)
+
+            _each(sorted(mine), restore_rank, done=ranks)
             job = cls(job_id, ranks, fs, store, **kw)
             for rp in ranks:
                 old_gpus = on_gpu[rp.spec.rank]
