@@ -109,3 +109,26 @@ def test_two_ranks_spliced_on_one_gpu_are_identical_to_torchrun(
     """Both ranks on GPU 0 (gloo carries the CUDA tensors), against ``torchrun`` whose ranks take GPU
     ``LOCAL_RANK`` modulo the GPUs: the same GPU where there is one."""
     _ddp(cluster, rendezvous, torchrun, 2, "gloo", ["0", "0"])
+
+
+def test_cuda_script_restored_from_the_images_dumped_on_its_node_is_identical(cluster: Cluster,
+                                                                                gpus: list[str]) -> None:
+    """A resize's fast path on a GPU rank: dumped (GPU state included) and killed, restored at once from the
+    images on this machine while they are committed, nothing fetched; the run identical, the checkpoint
+    committed."""
+    argv = cuda_argv("--gpu-mb", "256")
+    spec = on_gpu(cluster.spec(argv), "0")
+    ref = reference_run(argv, cluster.root / "ref", spec.launch_env())
+    node = cluster.nodes[0]
+    job = Job.launch("job", [(spec, node)], cluster.store)
+    wait_for_line(node.log_path(spec), r"^rank 0 step 20 ", timeout=120)
+    local = job.checkpoint_local()
+    job = Job.restore(cluster.store, "job", [(spec, node)], local=local)
+    rt = job.restore_timing
+    assert rt is not None and rt.fetched_bytes == 0 and rt.image_bytes > 0
+    info = local.wait(120)
+    assert cluster.store.latest("job").id == info.id  # type: ignore[union-attr]
+    assert cluster.store.reader("job", info.id).meta["ranks"]["0"]["gpus"] == [gpus[0]]
+    assert [s.code for s in job.wait(300)] == [0]
+    assert node.log_path(spec).read_bytes() == ref
+    assert (cluster.workdir / "params.bin").read_bytes() == (cluster.root / "ref" / "params.bin").read_bytes()
