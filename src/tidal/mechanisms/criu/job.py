@@ -146,10 +146,7 @@ def _each(items: Sequence[T], work: Callable[[T], R], done: list[R] | None = Non
         futures = [pool.submit(work, item) for item in items]
         wait(futures)
     done.extend(f.result() for f in futures if f.exception() is None)
-    errors = [e for f in futures if (e := f.exception()) is not None]
-    if errors:
-        raise errors[0]
-    return [f.result() for f in futures]
+    return [f.result() for f in futures]  # the first failure is raised here, as it was raised
 
 
 class LocalDump:
