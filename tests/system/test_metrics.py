@@ -113,8 +113,11 @@ def test_prometheus_counts_one_preemption_and_one_migration(make_cluster, workdi
     moved = c.wait_state(job, "running")["placement"][0]["node"]
     assert moved != node2 and node1 in ("node-1", "node-2")
 
-    wait_until(lambda: prom.query("sum(tidal_migrations_total)") == 1, timeout=30,
-               what="Prometheus to have scraped the migration")
+    # A scrape taken once the job runs again: one taken while it was being restored counts the migration
+    # already, with no job running.
+    wait_until(lambda: prom.query("sum(tidal_migrations_total)") == 1
+               and prom.query('sum(tidal_jobs{state="running"})') == 1, timeout=30,
+               what="Prometheus to have scraped the migration and the job running again")
     assert prom.query("sum(tidal_preemptions_total)") == 1
     assert prom.query('tidal_preemptions_total{tier="basic",cause="user"}') == 1
     assert prom.query('tidal_migrations_total{tier="basic",cause="user"}') == 1
