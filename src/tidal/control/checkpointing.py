@@ -198,23 +198,29 @@ def _commit(s: Session, job: JobRow, ck: str, parts: list[str], nbytes: int, sto
                         retained=True, parts=parts, state=CheckpointState.COMMITTED,
                         regions=regions_holding(s, nodes_of(job.placement))))
     s.flush()
-    for row in retired(checkpoints(s, job.id), keep, job.resume_from):
-        row.retained = False
-    job.resume_from = None  # the new checkpoint is where the job goes on from
-    job.last_checkpoint_at = now(s)
+    _counts(s, job, keep)
     job.opstate = {**(job.opstate or {}), "committed": ck, "detail": f"checkpoint {ck} ({size(nbytes)}"
                    + (f", {len(parts)} parts)" if len(parts) > 1 else ")")}
+
+
+def _counts(s: Session, job: JobRow, keep: int) -> None:
+    """A checkpoint of the job was just committed: older ones beyond ``keep`` are retired, and the job goes on
+    from it (no longer from one it was set to resume from)."""
+    for row in retired(checkpoints(s, job.id), keep, job.resume_from):
+        row.retained = False
+    job.resume_from = None
+    job.last_checkpoint_at = now(s)
 
 
 def _after_dump(s: Session, job: JobRow, ck: str, info: dict[str, Any], cause: str) -> None:
     """A resize or a move within the job's node, answered once dumped: the checkpoint is recorded as
     committing (no fallback yet, nothing retired for it) and the job restored there from its images at once;
     :func:`commit_reported` settles it."""
-    s.add(CheckpointRow(id=ck, job_id=job.id, created_at=float(info["created_at"]), bytes=int(info["bytes"]),
+    row = CheckpointRow(id=ck, job_id=job.id, created_at=float(info["created_at"]), bytes=int(info["bytes"]),
                         stored_bytes=0, retained=True, parts=[str(info["id"])], state=CheckpointState.COMMITTING,
-                        regions=regions_holding(s, nodes_of(job.placement))))
+                        regions=regions_holding(s, nodes_of(job.placement)))
+    s.add(row)
     s.flush()
-    row = s.get(CheckpointRow, ck)
     job.opstate = {**(job.opstate or {}), "detail": f"checkpoint {ck} dumped ({size(int(info['bytes']))}, being "
                                                     "committed)"}
     _after_commit(s, job, cause, source=row)
@@ -232,9 +238,7 @@ def commit_reported(s: Session, job_id: str, ck: str, ok: bool, nbytes: int, sto
         return False
     if ok:
         row.state, row.bytes, row.stored_bytes = CheckpointState.COMMITTED, nbytes, stored
-        for old in retired(checkpoints(s, job.id), keep, job.resume_from):
-            old.retained = False
-        job.last_checkpoint_at = now(s)
+        _counts(s, job, keep)
         record(s, "committed", job_id=job.id, node=node,
                detail=f"checkpoint {ck} committed ({size(nbytes)}, {size(stored)} new) while the job ran on from "
                       "its images")

@@ -114,3 +114,27 @@ def test_a_node_lost_before_the_commit_ended_gives_it_up(job: tuple[Plane, FakeA
     assert f"checkpoint {c2} was not committed: node node-1 was lost before its commit ended" in [
         e["detail"] for e in j["events"] if e["kind"] == "checkpoint_failed"]
     assert fallback(p, jid) == c1
+
+
+def test_a_job_resumed_from_an_older_checkpoint_goes_on_from_the_one_committed_after(
+        job: tuple[Plane, FakeAgent, str]) -> None:
+    """Set to resume from an older checkpoint, the job keeps it as its fallback while the next one is being
+    committed, and goes on from that one once it is (as from any committed checkpoint)."""
+    p, a, jid = job
+    c1 = resized_on_one_node(p, a, jid, 1, committing=False)
+    resized_on_one_node(p, a, jid, 2, committing=False)
+    r = p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    assert r.status_code == 200, r.text
+    (act,) = a.actions()
+    assert a.result(act, **checkpoint_result(str(act["payload"]["checkpoint_id"])))
+    assert p.job(jid)["state"] == "preempted"
+    r = p.http.post(f"/v1/jobs/{jid}/resume", headers=p.as_user(), json={"from": c1})
+    assert r.status_code == 200, r.text
+    p.rec.once()
+    (act,) = a.actions()
+    assert act["payload"]["checkpoint"]["id"] == c1
+    started(a, act)
+    c4 = resized_on_one_node(p, a, jid, 1)
+    assert fallback(p, jid) == c1  # what the running job descends from, until c4 is committed
+    assert a.committed(jid, p.job(jid)["attempt"], c4)
+    assert fallback(p, jid) == c4

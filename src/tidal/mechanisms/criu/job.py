@@ -164,8 +164,9 @@ class LocalDump:
         self.staging = staging
         self.images = images  # rank → its images directory
         self.created_at = time.time()
-        # The images' size, for what is told before the commit has counted everything it stores.
-        self.nbytes = sum(f.stat().st_size for d in images.values() for f in d.iterdir() if f.is_file())
+        # The images' size, for what is told before the commit has counted everything it stores, and for its
+        # restore's figures (read once: a restore may take the images over as its job's last dump).
+        self.nbytes = sum(f.stat().st_size for d in images.values() for f in d.iterdir() if f.suffix == ".img")
         self.info: CheckpointInfo | None = None  # once committed
         self.error: BaseException | None = None  # why the commit failed
         self.entries: dict[int, dict[str, Entry]] = {}
@@ -711,9 +712,6 @@ class Job:
             if meta.get("fs") is not None:
                 fs_reader = reader
         by_rank = {spec.rank: (spec, node) for spec, node in placement}
-        # Read now: once restored, the ranks' settling may take these images over as the job's last dump.
-        local_need = 0 if local is None else sum(f.stat().st_size for d in local.images.values()
-                                                 for f in d.iterdir() if f.suffix == ".img")
         missing = sorted(set(by_rank) - set(owner))
         if missing or (whole and sorted(by_rank) != sorted(owner)):
             raise CheckpointError(f"checkpoint {', '.join(r.info.id for r in readers)} holds ranks "
@@ -832,6 +830,6 @@ class Job:
         resume(job.channels(), new_epoch(), rendezvous, wait=False)
         end = time.perf_counter()
         if local is not None:
-            need = local_need
+            need = local.nbytes
         job.restore_timing = RestoreTiming(t_fetch - t0, t_fs - t_fetch, end - t_fs, end - t0, need, fetched)
         return job
