@@ -28,6 +28,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -83,9 +84,10 @@ class Tidal:
         self.server = RendezvousServer()
         self.store = CheckpointStore(str(base / "store"))
         self.node = NodeRoot("bench", base / "node")
+        self.other = NodeRoot("bench-b", base / "node-b")  # the second node of a job spread over two
         self.launches = 0
 
-    def launch(self, world: int, args: list[str], workdir: Path) -> tuple[Job, list[RankSpec]]:
+    def launch_specs(self, world: int, args: list[str], workdir: Path) -> tuple[str, list[RankSpec]]:
         self.launches += 1
         prefix = f"bench-{self.launches}"
         specs = [RankSpec(f"bench{self.launches}", r, (sys.executable, str(WORKLOAD), *args), workdir, {
@@ -93,8 +95,19 @@ class Tidal:
             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
             "TIDAL_STORE": self.server.addr, "TIDAL_STORE_PREFIX": prefix,
         }) for r in range(world)]
-        job = Job.launch(specs[0].job_id, [(s, self.node) for s in specs], self.store)
-        return job, specs
+        return specs[0].job_id, specs
+
+    def launch(self, world: int, args: list[str], workdir: Path) -> tuple[Job, list[RankSpec]]:
+        job_id, specs = self.launch_specs(world, args, workdir)
+        return Job.launch(job_id, [(s, self.node) for s in specs], self.store), specs
+
+    def launch_spread(self, world: int, args: list[str], workdir: Path) -> list[Job]:
+        """A W-rank job over two node roots, its first half of ranks on one, the rest on the other: what the
+        agents of two nodes each hold of it (the first node keeps the working directory)."""
+        job, specs = self.launch_specs(world, args, workdir)
+        half = world // 2
+        return [Job.launch(job, [(s, self.node) for s in specs[:half]], self.store),
+                Job.launch(job, [(s, self.other) for s in specs[half:]], self.store, track_fs=False)]
 
     def run(self, world: int, args: list[str], workdir: Path) -> str:
         job, specs = self.launch(world, args, workdir)
@@ -211,6 +224,79 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict
             "dump_s": dumps, "cut_s": cut_only, "cut_median_s": statistics.median(cut_only)}
 
 
+def checkpoint_over_nodes(jobs: list[Job], checkpoint_id: str) -> dict[str, float]:
+    """One checkpoint of a job spread over nodes (the job goes on), driven as its nodes' agents drive it, every
+    node at once: counts → park → checkpoint at the cut. The control plane's answer → order round trip between
+    two steps is not in it (one per step: the cut's counts, the park). Times from the request: ``cut_s`` until
+    every rank is parked, ``pause_s`` until every rank runs again (each node's ranks go on once that node has
+    dumped them), ``held_s`` until every part is committed: when the ranks went on before they went on at
+    once."""
+    epoch = new_epoch()
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        counted = list(pool.map(lambda j: j.counts(epoch), jobs))
+        target = max(n for c in counted for n in c.values())
+        list(pool.map(lambda j: j.park(epoch, target), jobs))
+        t_parked = time.perf_counter()
+
+        def dump(job: Job, part: str) -> float:
+            t = time.perf_counter()
+            job.checkpoint(then="continue", checkpoint_id=part, cut_at=(epoch, target))
+            assert job.last_timing is not None
+            return t + job.last_timing.pause_s  # this node's ranks run again from here
+
+        resumed = list(pool.map(dump, jobs, [f"{checkpoint_id}.p{k}" for k in range(len(jobs))]))
+    t_end = time.perf_counter()
+    for j in jobs:
+        j.release()  # nothing is held any more: a no-op, as the control plane's last step is
+    timings = [j.last_timing for j in jobs]
+    assert all(t is not None for t in timings)
+    return {"cut_s": t_parked - t0, "pause_s": max(resumed) - t0, "held_s": t_end - t0,
+            "dump_s": max(t.dump_s for t in timings if t), "commit_s": max(t.commit_s for t in timings if t)}
+
+
+def one_and_two_nodes(tidal: Tidal, rounds: int, per_job: int, seed: int, base: Path) -> dict[str, Any]:
+    """The pause of a W = 4 job checkpoint (the job goes on) on one node and spread over two (ranks 0-1 and
+    2-3), in alternating rounds, each a fresh job with ``per_job`` checkpoints at seeded random moments."""
+    world = 4
+    rng = random.Random(seed)
+    one: dict[str, list[float]] = {"pause_s": [], "dump_s": [], "commit_s": []}
+    two: dict[str, list[float]] = {"cut_s": [], "pause_s": [], "held_s": [], "dump_s": [], "commit_s": []}
+    for i in range(rounds):
+        for where in ("one node", "two nodes"):
+            work = base / f"nodes-{i}-{where.replace(' ', '-')}"
+            work.mkdir(parents=True, exist_ok=True)
+            if where == "one node":
+                jobs = [tidal.launch(world, ["--steps", "1000000"], work)[0]]
+            else:
+                jobs = tidal.launch_spread(world, ["--steps", "1000000"], work)
+            logs = [r.node.log_path(r.spec) for j in jobs for r in j.ranks]
+            try:
+                wait_for(lambda logs=logs: min(last_step(p.read_text()) for p in logs) >= 20, 300,
+                         "the job to train")
+                for k in range(per_job):
+                    say(f"round {i + 1} of {rounds}, {where}: checkpoint {k + 1} of {per_job}")
+                    r = rng.randrange(world)
+                    target = last_step(logs[r].read_text()) + rng.randint(1, 15)
+                    wait_for(lambda p=logs[r], target=target: last_step(p.read_text()) >= target, 120, "a step")
+                    if where == "one node":
+                        jobs[0].checkpoint(then="continue", keep=1)
+                        t = jobs[0].last_timing
+                        assert t is not None
+                        for key, v in (("pause_s", t.pause_s), ("dump_s", t.dump_s), ("commit_s", t.commit_s)):
+                            one[key].append(v)
+                    else:
+                        for key, v in checkpoint_over_nodes(jobs, f"ck-{i}-{k}").items():
+                            two[key].append(v)
+            finally:
+                for j in jobs:
+                    j.kill()
+    m1, m2 = statistics.median(one["pause_s"]), statistics.median(two["pause_s"])
+    return {"world": world, "rounds": rounds, "per_job": per_job, "one_node": one, "two_nodes": two,
+            "one_node_pause_median_s": m1, "two_nodes_pause_median_s": m2,
+            "two_nodes_held_median_s": statistics.median(two["held_s"]), "two_over_one": m2 / m1}
+
+
 def probe(tidal: Tidal, calls: int, base: Path) -> dict[str, Any]:
     """The interposer's own cost per collective, measured in the ranks of one W = 2 job (see ddp_steps.py)."""
     work = base / "probe"
@@ -263,6 +349,25 @@ def startup(reps: int) -> dict[str, Any]:
             "added_cpu_s": med["cpu"]["tidal"] - med["cpu"]["plain"]}
 
 
+def print_machine(m: dict[str, Any]) -> None:
+    print(f"machine: {m['cpu']}, {m['cores']} cores, kernel {m['kernel']}, CRIU {m['criu']}, torch {m['torch']}, "
+          f"load average {m['load_average_at_start'][0]:.2f} at start, {m['load_average_at_end'][0]:.2f} at end")
+
+
+def print_nodes(n: dict[str, Any]) -> None:
+    med = statistics.median
+    one, two = n["one_node"], n["two_nodes"]
+    print(f"checkpoint pause of a W = {n['world']} job that goes on, {len(one['pause_s'])} checkpoints each "
+          "(medians; two nodes: as their agents drive it, without the control plane's round trips)")
+    print(f"{'':>10} {'pause s':>8} {'cut s':>6} {'dump s':>7} {'commit s':>9} {'held until committed s':>23}")
+    print(f"{'one node':>10} {med(one['pause_s']):>8.3f} {'':>6} {med(one['dump_s']):>7.3f} "
+          f"{med(one['commit_s']):>9.3f} {'':>23}")
+    print(f"{'two nodes':>10} {med(two['pause_s']):>8.3f} {med(two['cut_s']):>6.3f} {med(two['dump_s']):>7.3f} "
+          f"{med(two['commit_s']):>9.3f} {med(two['held_s']):>23.3f}")
+    print(f"two nodes / one node: {n['two_over_one']:.2f}x (target ≤ 1.3x); held until every part is committed: "
+          f"{n['two_nodes_held_median_s'] / n['one_node_pause_median_s']:.2f}x")
+
+
 def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench-interpose")
     p.add_argument("--worlds", default="2,4", help="world sizes for the overhead comparison")
@@ -270,6 +375,11 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=4, help="runs of each setup per world size")
     p.add_argument("--requests", type=int, default=8, help="checkpoint requests per world size")
     p.add_argument("--seed", type=int, default=4)
+    p.add_argument("--node-rounds", type=int, default=4,
+                   help="rounds of the one-node / two-node checkpoint pause comparison (a fresh job each, 2 "
+                        "checkpoints)")
+    p.add_argument("--only-nodes", action="store_true",
+                   help="only the one-node / two-node checkpoint pause comparison")
     args = p.parse_args()
     host_ranks()
     worlds = [int(w) for w in args.worlds.split(",")]
@@ -278,6 +388,13 @@ def main() -> int:
     with workspace(args.dir) as base:
         tidal = Tidal(base)
         try:
+            if args.only_nodes:
+                out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
+                out["machine"]["load_average_at_end"] = os.getloadavg()
+                print_machine(out["machine"])
+                print_nodes(out["nodes"])
+                write_json(args.json, out)
+                return 0
             out["startup"] = startup(20)
             out["probe"] = probe(tidal, 4000, base)
             for w in worlds:
@@ -288,6 +405,7 @@ def main() -> int:
                     out["overhead_failed"][str(w)] = str(exc)
             for w in sorted({2, 4} | set(worlds)):
                 out["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base)
+            out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
         finally:
             tidal.close()
     out["machine"]["load_average_at_end"] = os.getloadavg()
@@ -304,9 +422,7 @@ def main() -> int:
     per_step = out["cut"]["2"]["collectives_per_step"]
     out["overhead_fraction_from_probe"] = {
         w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
-    m = out["machine"]
-    print(f"machine: {m['cpu']}, {m['cores']} cores, kernel {m['kernel']}, CRIU {m['criu']}, torch {m['torch']}, "
-          f"load average {m['load_average_at_start'][0]:.2f} at start, {m['load_average_at_end'][0]:.2f} at end")
+    print_machine(out["machine"])
     print(f"{'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} {'CPU/step torchrun ms':>21} "
           f"{'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5} {'spread of torchrun runs':>24}")
     for w, o in out["overhead"].items():
@@ -319,6 +435,7 @@ def main() -> int:
     for w, c in out["cut"].items():
         print(f"{w:>3} {c['requests']:>9} {c['steps_to_cut_max']:>19} {c['pause_median_s']:>15.3f} "
               f"{c['pause_max_s']:>12.3f} {c['cut_median_s']:>12.3f}")
+    print_nodes(out["nodes"])
     pr = out["probe"]
     print(f"per collective (W = 2, {pr['calls']} small all-reduces, paired): wall {pr['wrapped_s'] * 1e6:.1f} us "
           f"through the interposer, {pr['direct_s'] * 1e6:.1f} us on gloo directly; CPU of the calling thread "

@@ -2,13 +2,16 @@
 
 The rates and the fixed part are fitted from the mechanism's own benchmarks (``cost_fit.py``, written by
 ``benchmarks/policy_costfit.py`` from plain CRIU and Tidal resize measurements):
-- ranks dump in parallel, the ranks sharing a device one after another, at ``dump_gbps``; the devices are
-  free once the dump is written (the upload to the store goes on from host memory);
+- the ranks of a node dump one after another (CRIU's dumps on a machine take turns), the nodes in parallel, at
+  ``dump_gbps``; the devices are free once the dump is written (the upload to the store goes on from host
+  memory);
 - a restore fetches the job's images over its nodes' links (``net_gbps_per_node`` each, or
   ``cross_region_gbps`` in total between regions), then restores at ``restore_gbps``;
 - ``fixed_s`` (each of checkpoint and restore) for the consistent cut, process-group teardown and rebuild,
   and fetch verification;
-- a migration or resize is a checkpoint followed by a restore on the new devices.
+- a migration or resize is a checkpoint followed by a restore on the new devices; one whose ranks all stay on
+  their one node restores from the images dumped there (no fetch; the commit after the job runs again), each
+  step with ``local_fixed_s`` instead (:meth:`CostModel.local_move_s`).
 A rank's image is the job's own size where the trace gives one (its model), else ``mem_per_rank_gb`` when
 set, else the model-size distribution :func:`model_size_gb` (drawn per job, reproducibly).
 
@@ -78,6 +81,7 @@ class CostModel:
     net_gbps_per_node: float = cost_fit.NET_GBPS_PER_NODE
     cross_region_gbps: float = 0.5
     fixed_s: float = cost_fit.FIXED_S
+    local_fixed_s: float = cost_fit.LOCAL_FIXED_S  # a step of a resize or move within one node
     timeslice_efficiency: float = 0.945
     user_checkpoint_s: float = 1800.0
     restart_s: float = 30.0
@@ -123,10 +127,16 @@ class CostModel:
     def checkpoint_s(self, ranks: int, devices: int, nodes: int, mem_gb: float | None = None,
                      gpu_gb: float | None = None) -> float:
         """The pause of a checkpoint: per device, its ranks one after another copy their GPU memory to the
-        host (``gpu_gb`` each at ``d2h_gbps``) and dump their image (host + GPU memory at ``dump_gbps``)."""
+        host (``gpu_gb`` each at ``d2h_gbps``); then, per node, its ranks' images (host + GPU memory) are
+        dumped one after another at ``dump_gbps`` (CRIU dumps on a machine take turns: the mechanism's
+        DUMP_LOCK), the nodes in parallel."""
+        return self.fixed_s + self._dump(ranks, devices, nodes, mem_gb, gpu_gb)
+
+    def _dump(self, ranks: int, devices: int, nodes: int, mem_gb: float | None, gpu_gb: float | None) -> float:
         per_device = -(-ranks // max(devices, 1))
+        per_node = -(-ranks // max(nodes, 1))
         g = self._gpu(gpu_gb)
-        return self.fixed_s + per_device * (g / self.d2h_gbps + self.image_gb(mem_gb, g) / self.dump_gbps)
+        return per_device * g / self.d2h_gbps + per_node * self.image_gb(mem_gb, g) / self.dump_gbps
 
     def restore_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
                   mem_gb: float | None = None, gpu_gb: float | None = None) -> float:
@@ -137,6 +147,16 @@ class CostModel:
         per_device = -(-ranks // max(devices, 1))
         return (self.fixed_s + self._transfer(ranks * image, nodes, cross_region)
                 + per_device * (image / self.restore_gbps + g / self.h2d_gbps))
+
+    def local_move_s(self, ranks: int, old_devices: int, new_devices: int, mem_gb: float | None = None,
+                     gpu_gb: float | None = None) -> tuple[float, float]:
+        """A resize or move whose ranks all stay on their one node: (checkpoint, restore). The ranks are dumped
+        into the node's memory and restored from there, nothing fetched, each step with ``local_fixed_s``; the
+        commit to the store goes on once the job runs again, off its pause."""
+        g = self._gpu(gpu_gb)
+        per_device = -(-ranks // max(new_devices, 1))
+        return (self.local_fixed_s + self._dump(ranks, old_devices, 1, mem_gb, gpu_gb),
+                self.local_fixed_s + per_device * (self.image_gb(mem_gb, g) / self.restore_gbps + g / self.h2d_gbps))
 
     def migration_s(self, ranks: int, devices: int, nodes: int, *, cross_region: bool = False,
                     mem_gb: float | None = None, gpu_gb: float | None = None) -> float:

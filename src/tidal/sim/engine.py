@@ -368,10 +368,14 @@ class Simulator:
             self._fold_service(j)
             old = j.devices
             new = a.devices
-            ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
-            cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
-                self.cluster_region[self.node_cluster[d.node]] for d in new}
-            rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross, mem_gb=j.mem)
+            on = {d.node for d in old}
+            if len(on) == 1 and on == {d.node for d in new}:  # restored from the images dumped on its node
+                ck, rs = cost.local_move_s(j.W, len(old), len(new), j.mem)
+            else:
+                ck = cost.checkpoint_s(j.W, len(old), self._nodes(old), j.mem)
+                cross = {self.cluster_region[self.node_cluster[d.node]] for d in old} != {
+                    self.cluster_region[self.node_cluster[d.node]] for d in new}
+                rs = cost.restore_s(j.W, len(new), self._nodes(new), cross_region=cross, mem_gb=j.mem)
             for d in old:
                 busy_until[d] = max(busy_until.get(d, 0.0), now + ck)
             mid = S.MIGRATING if k is ActionKind.MIGRATE else S.RESIZING

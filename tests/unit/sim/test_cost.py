@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import pathlib
+import statistics
 
 import pytest
 
@@ -29,27 +30,42 @@ def test_the_fit_reproduces_the_published_measurements() -> None:
     assert gb / c["dump_gbps"] == pytest.approx(0.72, abs=1e-3)  # plain CRIU dump of the 1.25 GiB job
     assert gb / c["restore_gbps"] == pytest.approx(0.69, abs=1e-3)
     assert gb / c["net_gbps_per_node"] == pytest.approx(1.13, abs=1e-3)
-    # A one-node resize of the 0.95 GB image takes the measured median pause.
-    m = CostModel(mem_per_rank_gb=0.95, **c)
-    assert m.migration_s(1, 1, 1) == pytest.approx(5.1, abs=0.01)
+    # Over the measured resizes of the W = 4 job on one node, the model's pauses average the measured ones: those
+    # restored from the store as migrations (fetch included), those from the node's images as local moves.
+    world = fit.PUBLISHED["elastic"]["world"]
+    model: dict[str, list[float]] = {"store": [], "local": []}
+    measured: dict[str, list[float]] = {"store": [], "local": []}
+    for old, new, source, pause, image in fit.PUBLISHED["elastic"]["resizes"]:
+        m = CostModel(mem_per_rank_gb=image / 1e9 / world, **c)
+        model[source].append(sum(m.local_move_s(world, old, new)) if source == "local"
+                             else m.migration_s(world, new, 1))
+        measured[source].append(pause)
+    for source in ("store", "local"):
+        assert statistics.mean(model[source]) == pytest.approx(statistics.mean(measured[source]), abs=0.01)
+    assert statistics.mean(measured["local"]) < statistics.mean(measured["store"]) / 2
 
 
 def test_the_constants_file_is_the_fit_of_its_sources() -> None:
     fit = _fitter()
     c = fit.fit(fit.PUBLISHED["crosshost"], fit.PUBLISHED["elastic"])
-    written = (cost_fit.DUMP_GBPS, cost_fit.RESTORE_GBPS, cost_fit.NET_GBPS_PER_NODE, cost_fit.FIXED_S)
-    assert written == (c["dump_gbps"], c["restore_gbps"], c["net_gbps_per_node"], c["fixed_s"])
+    written = (cost_fit.DUMP_GBPS, cost_fit.RESTORE_GBPS, cost_fit.NET_GBPS_PER_NODE, cost_fit.FIXED_S,
+               cost_fit.LOCAL_FIXED_S)
+    assert written == (c["dump_gbps"], c["restore_gbps"], c["net_gbps_per_node"], c["fixed_s"], c["local_fixed_s"])
     assert len(cost_fit.SOURCES) == 2
 
 
 def test_checkpoint_restore_and_migration_as_functions_of_size_ranks_and_links() -> None:
-    m = CostModel(mem_per_rank_gb=None, dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0)
-    # 8 ranks of 6 GB on 4 devices: 2 ranks a device dump one after the other.
-    assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 2 * 6 / 2)
+    m = CostModel(mem_per_rank_gb=None, dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0,
+                  local_fixed_s=0.25)
+    # 8 ranks of 6 GB: the ranks of a node dump one after the other, the nodes in parallel.
+    assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 8 * 6 / 2)
+    assert m.checkpoint_s(8, 4, 2, mem_gb=6.0) == pytest.approx(1 + 4 * 6 / 2)
     # Restore on 2 nodes: 48 GB over two 1 GB/s links, then 2 ranks a device at 4 GB/s.
     assert m.restore_s(8, 4, 2, mem_gb=6.0) == pytest.approx(1 + 48 / 2 + 2 * 6 / 4)
     assert m.restore_s(8, 4, 2, mem_gb=6.0, cross_region=True) == pytest.approx(1 + 48 / 0.5 + 3)
-    assert m.migration_s(8, 4, 2, mem_gb=6.0) == pytest.approx(7 + 28)
+    assert m.migration_s(8, 4, 2, mem_gb=6.0) == pytest.approx(13 + 28)
+    # A resize within one node, 4 devices to 2: dumped there, restored from there (nothing fetched).
+    assert m.local_move_s(8, 4, 2, mem_gb=6.0) == pytest.approx((0.25 + 8 * 6 / 2, 0.25 + 4 * 6 / 4))
 
 
 def test_a_job_image_comes_from_its_trace_else_the_distribution() -> None:
@@ -68,8 +84,9 @@ def test_a_gpu_jobs_checkpoint_copies_its_gpu_memory_to_the_host_then_dumps_host
     m = CostModel(dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0, gpu_mem_per_rank_gb=16.0,
                   d2h_gbps=20.0, h2d_gbps=20.0)
     assert m.image_gb(mem_gb=4.0) == 20.0  # GPU memory in use + host memory
-    # 8 ranks on 4 GPUs: per GPU two ranks, one after the other, each copies 16 GB at 20 GB/s and dumps 20 GB at 2.
-    assert m.checkpoint_s(8, 4, 1, mem_gb=4.0) == pytest.approx(1 + 2 * (16 / 20 + 20 / 2))
+    # 8 ranks on 4 GPUs of a node: per GPU two ranks, one after the other, each copy 16 GB at 20 GB/s; then the
+    # node's 8 ranks dump 20 GB each at 2, one after the other.
+    assert m.checkpoint_s(8, 4, 1, mem_gb=4.0) == pytest.approx(1 + 2 * 16 / 20 + 8 * 20 / 2)
     # Restore on 2 nodes: 8 images of 20 GB over two 1 GB/s links, then per GPU two ranks restore their 20 GB at 4
     # and copy 16 GB back at 20 GB/s.
     assert m.restore_s(8, 4, 2, mem_gb=4.0) == pytest.approx(1 + 160 / 2 + 2 * (20 / 4 + 16 / 20))
@@ -87,7 +104,7 @@ def test_without_gpu_memory_the_costs_are_the_cpu_jobs() -> None:
     old = dict(dump_gbps=2.0, restore_gbps=4.0, net_gbps_per_node=1.0, fixed_s=1.0)
     for m in (CostModel(**old), CostModel(**old, d2h_gbps=0.5)):
         assert m.gpu_mem_per_rank_gb == 0.0
-        assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 2 * 6 / 2)
+        assert m.checkpoint_s(8, 4, 1, mem_gb=6.0) == pytest.approx(1 + 8 * 6 / 2)
         assert m.restore_s(8, 4, 2, mem_gb=6.0) == pytest.approx(1 + 48 / 2 + 2 * 6 / 4)
     # The defaults: the rates measured on an H100 (benchmarks/gpu_checkpoint.py, 40 GB).
     assert (CostModel().d2h_gbps, CostModel().h2d_gbps) == (2.2, 6.8)

@@ -14,10 +14,10 @@ from tidal.sim.metrics import summarize
 from tidal.sim.trace import TraceJob
 
 B, S, P = Tier.BASIC, Tier.STANDARD, Tier.PREMIUM
-# Checkpoint and restore each take exactly 1 s; no network time; time-slicing is free.
+# A rank's checkpoint and restore each take exactly 1 s; no network time; time-slicing is free.
 UNIT = CostModel(mem_per_rank_gb=1.0, dump_gbps=1.0, restore_gbps=1.0, net_gbps_per_node=1e12,
-                 cross_region_gbps=1e12, fixed_s=0.0, timeslice_efficiency=1.0, user_checkpoint_s=60.0,
-                 restart_s=30.0)
+                 cross_region_gbps=1e12, fixed_s=0.0, local_fixed_s=0.0, timeslice_efficiency=1.0,
+                 user_checkpoint_s=60.0, restart_s=30.0)
 
 
 def sim(policy: BasePolicy, nodes: int, per: int, *jobs: tuple[float, float, int, Tier]) -> dict[str, SimJob]:
@@ -67,9 +67,10 @@ def test_singularity_minimum_run_time_between_preemptions() -> None:
 
 def test_singularity_shrinks_a_basic_gang_for_premium() -> None:
     js = sim(Singularity(SingularityConfig(time_slice=False, grow=False)), 1, 2, (0, 1000, 2, B), (400, 100, 1, P))
-    # At 400 b (W=2) shrinks to 1 device: checkpoint 1 s, restore (2 ranks on one device) 2 s, so it
-    # computes again from 403 at half speed; 600 s of work left takes 1200 s → 1603. p starts at 401.
-    assert times(js) == {"j0": (0, 1603), "j1": (400, 501)}
+    # At 400 b (W=2) shrinks to 1 device of its node: checkpoint 2 s (its node's two ranks dump one after
+    # the other), restore from the node's images (2 ranks on one device) 2 s, so it computes again from 404 at
+    # half speed; 600 s of work left takes 1200 s → 1604. p starts at 402, once the dump is written.
+    assert times(js) == {"j0": (0, 1604), "j1": (400, 502)}
     assert js["j0"].resizes == 1
 
 

@@ -32,6 +32,7 @@ from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
 from tidal.mechanisms.criu.prehash import PreHash
+from tidal.mechanisms.criu.priority import in_background, yield_cpu
 from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
@@ -179,6 +180,7 @@ class LocalDump:
     def commit_in_background(self, commit: Callable[[], _Committed],
                              on_commit: Callable[[LocalDump], None] | None) -> None:
         def run() -> None:
+            yield_cpu()  # the restore from these images is what the job waits for, not this
             t0 = time.perf_counter()
             try:
                 self.info, self.entries, self.windows = commit()
@@ -340,7 +342,7 @@ class Job:
     # -- checkpoint -------------------------------------------------------------------------------------
     # A cut across nodes is driven from outside, step by step (each step on every node before the next):
     # counts → park → checkpoint(cut_at=...) → release() or kill(). Until released, the ranks wait at their
-    # next collective.
+    # next collective; except after a checkpoint that lets the job continue: its ranks go on once dumped.
     def counts(self, epoch: int) -> dict[str, int]:
         """How many collectives each interposed rank here has announced."""
         self._held = ([], epoch)
@@ -436,7 +438,7 @@ class Job:
             # clear error (thawed at once below, the job goes on).
             self._refuse_unsupported()
             # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
-            prehash = PreHash(staging, self.store.chunk_size)
+            prehash = PreHash(staging, self.store.chunk_size, background=then == "continue" or local)
             dumps = _each(self.ranks, lambda r: r.dump(staging / f"rank-{r.spec.rank}", self.runner,
                                                         self.ghost_limit))
             t_dump = time.perf_counter()
@@ -452,6 +454,12 @@ class Job:
                 self._resume_devices(suspended)
                 if let_go:
                     resume(channels, epoch, rendezvous, wait=False)
+                else:
+                    # A cut across nodes: the ranks dumped here go on at once, rebuilding their group, which the
+                    # other nodes' ranks join once dumped in turn; neither the commit below nor the slowest node's
+                    # is part of their pause. A later release() finds nothing held.
+                    self._held = None
+                    resume(channels, epoch, rendezvous, wait=False, rebuild=True)
             t_pause = time.perf_counter()
             writer = self.store.writer(self.job_id, checkpoint_id)
             meta = self._meta(dumps, snap, gpus, shm)
@@ -464,7 +472,9 @@ class Job:
                 writer = None
                 t_commit = time.perf_counter()
             else:
-                info, entries, windows_of = self._committer(writer, prehash, dumps, snap, shm, staging, meta, None)()
+                commit = self._committer(writer, prehash, dumps, snap, shm, staging, meta, None)
+                # The job runs on: its commit yields the cores to the job and to its dumps on other nodes here.
+                info, entries, windows_of = in_background(commit) if released else commit()
                 writer = None
                 t_commit = time.perf_counter()
                 if then == "continue" or keep_images:

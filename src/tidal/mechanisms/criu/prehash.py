@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 from tidal.mechanisms.criu.images import HEADER, PAGEMAP, PageWindows, read_entries
+from tidal.mechanisms.criu.priority import yield_cpu
 from tidal.mechanisms.storage.chunks import plan
 
 
@@ -50,8 +51,10 @@ class PreHash:
     """Follows the CRIU dumps going on under ``root``; :meth:`stop` gives what it hashed:
     page file path → {(offset, length): sha256 hex digest}."""
 
-    def __init__(self, root: Path, chunk_size: int) -> None:
+    def __init__(self, root: Path, chunk_size: int, *, background: bool = False) -> None:
+        """``background``: the commit it prepares is off the job's pause (:mod:`.priority`)."""
         self.root = root
+        self.background = background
         self.chunk_size = chunk_size
         self._files: dict[Path, _PageFile] = {}
         self._digests: dict[Path, dict[tuple[int, int], str]] = {}
@@ -65,6 +68,8 @@ class PreHash:
         return self._digests
 
     def _run(self) -> None:
+        if self.background:
+            yield_cpu()
         while not self._stop.is_set():
             if not self._step():
                 self._stop.wait(0.01)

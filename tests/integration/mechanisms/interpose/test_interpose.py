@@ -18,6 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from tidal.errors import Unsupported
 from tidal.mechanisms.criu.job import Job, Then
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.criu.tasks import descendants
-from tidal.mechanisms.interpose.channel import CutTimeout, Store
+from tidal.mechanisms.interpose.channel import CutTimeout, Store, new_epoch
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 from tidal.testing import wait_for_line
 
@@ -218,6 +219,45 @@ def test_ddp_cut_at_random_moments_restores_identically(cluster: Cluster, rendez
     assert cuts[-1] > cuts[0]
     assert len(cluster.store.list("job")) == len(cuts)
     for r in range(world):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+    assert (cluster.workdir / "params.bin").read_bytes() == ref.params
+
+
+def test_ranks_cut_over_two_node_roots_go_on_once_dumped(cluster: Cluster, rendezvous: RendezvousServer,
+                                                        torchrun: StartRef) -> None:
+    """The steps an agent per node takes for a checkpoint of a job spread over nodes (counts → park →
+    checkpoint at the cut), on two node roots at once: with the job going on, every rank steps again once its
+    node has dumped it, with no release(), which then finds nothing held; the run stays identical to torchrun
+    and the checkpoint is a part per node."""
+    world, steps, gate = 4, 100, 95
+    release = cluster.root / "release"
+    argv = ddp_argv(steps, 0.05, (release, gate))
+    ref = torchrun(argv, world)
+    specs = rank_specs(cluster, [sys.executable, *argv], world, rendezvous.addr, f"{prefix()}/1")
+    a = Job.launch("job", [(s, cluster.nodes[0]) for s in specs[:2]], cluster.store)
+    b = Job.launch("job", [(s, cluster.nodes[1]) for s in specs[2:]], cluster.store, track_fs=False)
+    try:
+        for job, r in ((a, 0), (a, 1), (b, 2), (b, 3)):
+            wait_step(job, r, 10)
+        epoch = new_epoch()
+        target = max(n for job in (a, b) for n in job.counts(epoch).values())
+        with ThreadPoolExecutor(2) as pool:  # every node at once, as the control plane orders them
+            list(pool.map(lambda job: job.park(epoch, target), (a, b)))
+            infos = list(pool.map(lambda job, ck: job.checkpoint("continue", checkpoint_id=ck, cut_at=(epoch, target)),
+                                  (a, b), ("ck.p0", "ck.p1")))
+        for job, ranks, info in ((a, (0, 1), infos[0]), (b, (2, 3), infos[1])):
+            for r in ranks:
+                at_cut = last_step(cluster.store.reader("job", info.id).read_bytes(f"ranks/{r}/output.log"))
+                wait_step(job, r, at_cut + 2, timeout=60)  # going on, unreleased
+        a.release()
+        b.release()
+        assert sorted(i.id for i in cluster.store.list("job")) == ["ck.p0", "ck.p1"]
+        release.touch()
+        assert [s.code for job in (a, b) for s in job.wait(180)] == [0] * world
+    finally:
+        a.kill()
+        b.kill()
+    for job, r in ((a, 0), (a, 1), (b, 2), (b, 3)):
         assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
     assert (cluster.workdir / "params.bin").read_bytes() == ref.params
 
