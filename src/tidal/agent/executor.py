@@ -534,6 +534,10 @@ class Executor:
         except BaseException:
             self._unstop(run)
             raise
+        t = run.job.last_timing
+        if t is not None:  # where the time went, for whoever tunes a site
+            log.info("job %s: checkpoint %s: ranks held %.3f s (dump %.3f s, files %.3f s), commit %.3f s, in all "
+                     "%.3f s", order.job_id, info.id, t.pause_s, t.dump_s, t.fs_s, t.commit_s, t.total_s)
         if keep:
             self.prestages.put(order.job_id, order.attempt, info.id, run.job.take_images())
         if order.then == "kill":

@@ -36,7 +36,17 @@ from tidal.mechanisms.criu.priority import in_background, yield_cpu
 from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
 from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
-from tidal.mechanisms.interpose.channel import RankChannel, Store, counts, cut, new_epoch, park, resume, teardown
+from tidal.mechanisms.interpose.channel import (
+    RankChannel,
+    Store,
+    counts,
+    cut,
+    new_epoch,
+    park,
+    rebuilt,
+    resume,
+    teardown,
+)
 from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, CheckpointWriter, Entry
 
@@ -47,6 +57,8 @@ R = TypeVar("R")
 # After the commit: the job goes on, is killed, or stays frozen until release() or kill() (a job spread
 # over several nodes is committed only once every node has stored its part).
 Then = Literal["continue", "kill", "hold"]
+#: How long the commit of a checkpoint the job goes on from waits for its ranks to have rebuilt their group.
+REBUILD_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -461,6 +473,12 @@ class Job:
                     self._held = None
                     resume(channels, epoch, rendezvous, wait=False, rebuild=True)
             t_pause = time.perf_counter()
+            if released:
+                # The ranks rebuild their group before the commit competes with them; over several nodes that is
+                # once the other nodes have dumped theirs too, so this node's commit does not slow their dumps.
+                # Bounded: another node whose dump failed lets its ranks rebuild only at the finish, which waits
+                # for this node's answer.
+                rebuilt(channels, epoch, REBUILD_WAIT_S)
             writer = self.store.writer(self.job_id, checkpoint_id)
             meta = self._meta(dumps, snap, gpus, shm)
             if local:

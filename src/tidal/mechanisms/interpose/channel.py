@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidal.core.cutplan import Plan
-from tidal.errors import CheckpointError, Unsupported
+from tidal.errors import CheckpointError, TidalError, Unsupported
 from tidal.mechanisms.criu.logpump import pump
 
 _SEE_LOG = "the rank's log says why; the job's last good checkpoint is untouched"
@@ -283,6 +283,18 @@ def resume(channels: Sequence[RankChannel], epoch: int, store: Store | None, tim
     deadline = time.monotonic() + timeout
     for c in live:
         c.expect(("resumed",), epoch, deadline, "rebuild its process group")
+
+
+def rebuilt(channels: Sequence[RankChannel], epoch: int, timeout: float) -> bool:
+    """Whether every rank let go at ``epoch`` (:func:`resume`, ``wait=False``) has rebuilt its group and gone on
+    within ``timeout`` seconds; never an error (a rank that did not is the cut's next concern, not this)."""
+    deadline = time.monotonic() + timeout
+    try:
+        for c in _live(channels):
+            c.expect(("resumed",), epoch, deadline, "rebuild its process group")
+    except TidalError:
+        return False
+    return True
 
 
 def cut(channels: Sequence[RankChannel], epoch: int, timeout: float) -> int:
