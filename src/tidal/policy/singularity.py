@@ -74,9 +74,9 @@ class SingularityConfig:
     # Ordering among equals (policy/equals.py): in these tiers a waiting job with less than
     # ``las_threshold_device_s`` of service preempts a running job of its tier that has more, once that
     # job has run ``equal_cost_ratio`` × ``equal_pause_s`` (a checkpoint and restore of a 6.2 GB rank
-    # under the simulator's fitted cost model: ≈ 10 s) and ``min_run_s`` since its last change.
+    # under the simulator's fitted cost model: ≈ 13 s) and ``min_run_s`` since its last change.
     equal_preempt_tiers: tuple[int, ...] = ()
-    equal_pause_s: float = 10.0
+    equal_pause_s: float = 13.0
     equal_cost_ratio: float = 30.0
     # Shrunk starts for guaranteed work (policy/shrunk_start.py): a job of these tiers whose full size is
     # not free starts on fewer devices when, by the running jobs' remaining times (the oracle hints; none
