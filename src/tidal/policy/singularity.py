@@ -482,7 +482,8 @@ class Singularity(BasePolicy):
             return False
         cluster, devs, pause = target
         self.move(victim, devs, now, kind=ActionKind.MIGRATE,
-                  reason=f"make room for {rec.id}: moved to idle cluster {cluster} (its image in ~{pause:.0f} s)")
+                  reason=f"make room for {rec.id}: to idle devices of cluster {cluster} rather than preempted "
+                         f"(its image there in ~{pause:.0f} s)")
         return True
 
     def _horizon(self, gang_id: str) -> float:
