@@ -2,10 +2,12 @@
 instead of being preempted, when the move pauses it briefly enough.
 
 A preemption checkpoints the job and leaves it waiting until devices free up in a cluster it may run in: for
-how long is unknown, at best as long as a move would pause it. A move checkpoints it the same way and restores
-it at once on idle devices elsewhere; what it adds is the transfer of its image to the other cluster, over
-the target nodes' links within a region and over the link between the regions across (:class:`Links`, the
-view's). Both pay the checkpoint and the restore, so the rule weighs the transfer only. The job moves when:
+how long is unknown, and taken to be at least as long as the move's pause. A move checkpoints it the same way
+and restores it at once on idle devices elsewhere; what it adds is the transfer of its image to the other
+cluster, over the target nodes' links within a region and over the link between the regions across
+(:class:`~tidal.core.Links`, the view's). Both pay the checkpoint and the restore, so the rule weighs the
+transfer only, against a bound: a long transfer may cost more than a wait for room that ends soon. The job
+moves when:
 - it may run in another cluster: not pinned to its own (``home``); pinned to a region (``home_region``), it
   moves only within it;
 - it fits whole there (on as many devices as it holds, on the fewest nodes) on idle devices, so that the move
