@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     cut_timeout: float = Field(
         default=30.0, gt=0, description="seconds a distributed job's ranks get to reach a consistent cut"
     )
+    region_gbps: float | None = Field(
+        default=None, gt=0, description="GB/s between two regions that the scheduler counts on when it weighs "
+        "moving a job to another region's cluster rather than preempting it (default 0.5)"
+    )
     stall_after: float = Field(
         default=300.0, gt=0, description="seconds without a step or collective after which a distributed job is "
         "reported stalled (an event, and `tidal show`)"

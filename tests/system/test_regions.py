@@ -112,6 +112,51 @@ def test_the_last_checkpoint_is_copied_ahead_of_a_move(make_cluster, workdir: Pa
     assert (workdir / "progress.txt").read_bytes() == expected_progress
 
 
+@pytest.mark.slow
+def test_basic_work_moves_to_the_idle_region_when_premium_work_needs_its_node(
+        make_cluster, workdir: Path, gate: Path, tmp_path: Path) -> None:
+    """The scheduler's own move (policy/spill.py): a premium job pinned to the region whose only node a basic
+    job fills takes that node, and the basic job, rather than being preempted, moves to the other region's idle
+    node, its checkpoint copied there, and finishes byte-identical to an uninterrupted run."""
+    west, east = tmp_path / "store-west", tmp_path / "store-east"
+    c = make_cluster(nodes=2, devices=1, regions=("west", "east"), stores=(f"west={west}", f"east={east}"))
+    expected_out, expected_progress = reference_run(tmp_path)
+    region_of = {"node-1": "west", "node-2": "east"}
+    other = {"west": "east", "east": "west"}
+    basic = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,
+                  env={"GATE": str(gate)}).stdout.strip()
+    first = region_of[c.wait_state(basic, "running")["placement"][0]["node"]]
+    progress = workdir / "progress.txt"
+    wait_until(lambda: progress.exists() and len(progress.read_text().split()) >= 10, timeout=30, what="progress")
+
+    elsewhere = tmp_path / "premium"
+    elsewhere.mkdir()
+    premium = c.cli("submit", "--tier", "premium", "--region", first, "--env", "GATE", "--quiet", "--", "sh", "-c",
+                    'while [ ! -e "$GATE" ]; do sleep 0.05; done', cwd=elsewhere,
+                    env={"GATE": str(gate)}).stdout.strip()
+    p = c.wait_state(premium, "running", timeout=60)
+    assert region_of[p["placement"][0]["node"]] == first
+
+    def moved() -> dict | None:
+        j = c.job(basic)
+        return j if j["state"] == "running" and not j["busy"] and all(x["pid"] for x in j["placement"]) and {
+            region_of[x["node"]] for x in j["placement"]} == {other[first]} else None
+
+    wait_until(moved, timeout=60, what="the basic job running in the other region")
+    j = c.show(basic)
+    why = [e["detail"] for e in j["events"] if e["kind"] == "migrate"]
+    assert len(why) == 1 and f"make room for {premium}" in why[0], j["events"]
+    assert not any(e["kind"] == "preempted" for e in j["events"]), j["events"]
+    assert crossed(j) == [(j["checkpoints"][-1]["id"], first, other[first])]
+
+    gate.touch()
+    for job in (basic, premium):
+        done = c.cli("wait", job, check=False)
+        assert done.returncode == 0, done.stderr
+    assert c.cli("logs", basic).stdout.encode() == expected_out
+    assert progress.read_bytes() == expected_progress
+
+
 def test_migrating_to_an_unknown_region_says_which_there_are(make_cluster, workdir: Path, gate: Path) -> None:
     c = make_cluster(nodes=2, devices=1, regions=("west", "east"))
     job = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,

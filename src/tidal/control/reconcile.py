@@ -32,6 +32,7 @@ from tidal.core import (
     DeviceRef,
     JobState,
     JobView,
+    Links,
     Node,
     Region,
     Tier,
@@ -53,9 +54,11 @@ class Reconciler:
     database's, the one every transaction of the control plane reads."""
 
     def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
-                 min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None) -> None:
+                 min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None,
+                 links: Links | None = None) -> None:
         self.db = db
         self.policy = policy
+        self.links = links or Links()  # the links between clusters and regions the policy weighs moves over
         self.clock: Clock = clock or db.info.get("clock", SYSTEM)
         self.interval = interval
         self.min_gap = min_gap
@@ -151,7 +154,7 @@ class Reconciler:
         # A new generation every pass: the live loop hands the policy no event stream, so a stateful
         # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
         self._passes += 1
-        view, rows = snapshot(s, generation=self._passes)
+        view, rows = snapshot(s, generation=self._passes, links=self.links)
         free = jobs.free_devices(s)
         self._unfit = {j: p for j, p in self._unfit.items() if j in rows}
         freeing: dict[str, int] = {}  # job → devices of its placement that preemptions have yet to free
@@ -185,6 +188,9 @@ class Reconciler:
                     checkpoint(s, job, "preempt", cause)
                 elif a.kind is ActionKind.MIGRATE and jobs.state(job) is S.RUNNING and job.op is None:
                     job.target = [[d.node, d.index] for d in a.placement]
+                    record(s, "migrate", job_id=job.id, cause=cause,
+                           detail=f"to {', '.join(dict.fromkeys(d.node for d in a.devices))} by the scheduler: "
+                                  f"{a.reason}")
                     checkpoint(s, job, "migrate", cause)
                 elif (a.kind is ActionKind.RESIZE and jobs.state(job) is S.RUNNING and job.op is None
                       and not job.pinned_devices):
@@ -252,9 +258,10 @@ def _unexplained(s: Session) -> bool:
     return s.scalar(select(JobRow.id).where(waiting).limit(1)) is not None
 
 
-def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, JobRow]]:
+def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
-    holds devices (a migration's target devices count as held: they are reserved)."""
+    holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
+    between clusters and regions (default :class:`Links`'s)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -280,10 +287,20 @@ def snapshot(s: Session, generation: int = 0) -> tuple[ClusterView, dict[str, Jo
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
                               started_at=j.started_at, project=spec.project or "default",
                               requested_tier=spec.tier if spec.tier > tier else None,
-                              home_cluster=spec.cluster, home_region=spec.region)
+                              home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j))
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
-    return ClusterView(topology=topo, jobs=views, generation=generation), rows
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=links or Links()), rows
+
+
+def _image_gb(job: JobRow) -> float | None:
+    """A checkpoint image of the job, GB, as its last heartbeats saw it: its ranks' resident memory and, on
+    GPUs, each rank's GPU memory (which the checkpoint copies to the host first); None before any."""
+    prog = job.progress or {}
+    rss = prog.get("rss_bytes")
+    if not rss:
+        return None
+    return (float(rss) + job.ranks * float(prog.get("gpu_rank_bytes", 0))) / 1e9
 

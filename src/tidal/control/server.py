@@ -30,6 +30,7 @@ from tidal.control.rendezvous import RendezvousHost
 from tidal.control.retention import Collector, Rules, parse_store_quotas
 from tidal.control.store.db import Database
 from tidal.control.store.models import ActionRow, NodeRow
+from tidal.core import Links
 from tidal.errors import ConfigError, TidalError, ValidationError
 from tidal.mechanisms.interpose import storeserver
 from tidal.mechanisms.storage import open_store
@@ -270,7 +271,8 @@ def serve(args: argparse.Namespace) -> None:
     db.info["rendezvous"] = host
     db.info["stores"] = stores  # which region's store holds a checkpoint, and where a restore copies it from
     host.prepare(db)  # adopt the store that the distributed jobs still running use
-    rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S)
+    links = Links(region_gbps=settings.region_gbps) if settings.region_gbps else None
+    rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links)
     rec.start()
     rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
                   quotas=_store_quotas(settings.store_quota))

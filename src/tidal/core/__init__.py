@@ -11,7 +11,7 @@ from tidal.core.lifecycle import TERMINAL, TRANSITIONS, JobState, advance, can_a
 from tidal.core.spec import JobSpec
 from tidal.core.tiers import Tier
 from tidal.core.topology import Cluster, DeviceRef, Node, Region, Topology
-from tidal.core.view import ClusterView, JobView, rank_map
+from tidal.core.view import ClusterView, JobView, Links, rank_map
 
 __all__ = [
     "LIVE_EXECUTABLE",
@@ -27,6 +27,7 @@ __all__ = [
     "JobSpec",
     "JobState",
     "JobView",
+    "Links",
     "Node",
     "Region",
     "Tier",

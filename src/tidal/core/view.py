@@ -9,6 +9,7 @@ from types import MappingProxyType
 from tidal.core.lifecycle import JobState
 from tidal.core.tiers import Tier
 from tidal.core.topology import DeviceRef, Topology
+from tidal.errors import ValidationError
 
 
 def rank_map(devices: tuple[DeviceRef, ...], ranks: int) -> tuple[DeviceRef, ...]:
@@ -40,6 +41,7 @@ class JobView:
     remaining_hint: float | None = None  # oracle remaining run time at full size at ``started_at``
     requested_tier: Tier | None = None  # the tier asked for, where admission gave a lower one (``tier``)
     home_region: str | None = None  # pinned to a region's clusters (tidal submit --region), else anywhere
+    image_gb: float | None = None  # its checkpoint image, all ranks, GB, where known: what a move transfers
 
     @property
     def devices(self) -> tuple[DeviceRef, ...]:
@@ -49,6 +51,27 @@ class JobView:
     @property
     def max_d(self) -> int:
         return self.max_devices or self.ranks
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Links:
+    """The network a job's image crosses when it moves to another cluster, in GB/s: each node's own link
+    (``node_gbps``; a move within a region fetches over the target nodes' links), and the link between two
+    regions (``region_gbps``, in all). The defaults are the simulator's cost model's (tidal.sim.cost)."""
+
+    node_gbps: float = 1.188
+    region_gbps: float = 0.5
+
+    def __post_init__(self) -> None:
+        for name in ("node_gbps", "region_gbps"):
+            rate = getattr(self, name)
+            if not rate > 0:
+                raise ValidationError(f"{name} must be a rate above 0 GB/s, not {rate}", field=name)
+
+    def transfer_s(self, image_gb: float, nodes: int, *, cross_region: bool) -> float:
+        """Seconds to fetch ``image_gb`` onto ``nodes`` nodes, from another region with ``cross_region``."""
+        t = image_gb / (max(nodes, 1) * self.node_gbps)
+        return max(t, image_gb / self.region_gbps) if cross_region else t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +85,7 @@ class ClusterView:
     topology: Topology
     jobs: Mapping[str, JobView]
     generation: int = 0
+    links: Links = Links()  # between clusters and regions: what a move's transfer is estimated over
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, MappingProxyType):

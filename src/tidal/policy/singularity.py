@@ -3,7 +3,9 @@
 Per decision, pending jobs are taken in :class:`TieredFairQueue` order and each is, in turn:
 1. placed at full size on the fewest nodes of the best cluster (global level, placement);
 2. for a guaranteed tier (premium, standard) within its project's quota: given room by shrinking, then
-   preempting (checkpoint, never kill) lower-tier jobs, lowest tier first (preemption);
+   preempting (checkpoint, never kill) lower-tier jobs, lowest tier first (preemption); a job to preempt
+   that fits whole on idle devices of another cluster it may run in moves there instead, when the transfer
+   of its image takes at most ``spill_max_pause_s`` (spilling);
 3. started shrunk on at least ``elastic_start_fraction`` of its devices (replica splicing): basic work
    always, guaranteed work when that ends earlier than waiting (``shrunk_start_tiers``);
 4. in ``equal_preempt_tiers``, given devices of a job of its own tier with more attained service, the
@@ -26,7 +28,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from tidal.core import ActionKind, JobView
+from tidal.core import ActionKind, JobView, Links
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
 from tidal.policy.equals import las_level, may_preempt_equal
@@ -39,6 +41,7 @@ from tidal.policy.quota import within_quota
 from tidal.policy.reasons import Need, Reason, quota, whole
 from tidal.policy.reservation import Reservations
 from tidal.policy.shrunk_start import shrunk_finishes_earlier, wait_for_devices_s
+from tidal.policy.spill import spill_target
 from tidal.policy.state import RUNNING_STATES, JobRec
 from tidal.policy.timeslice import find_host, unshare
 
@@ -87,6 +90,13 @@ class SingularityConfig:
     # gang is due in more than ``min_lend_s`` (by the running jobs' remaining times), reclaimed by checkpoint.
     backfill: bool = False
     min_lend_s: float = 300.0
+    # Spilling (policy/spill.py): a lower-tier job that would be preempted to make room moves whole to idle
+    # devices of another cluster it may run in, when the transfer of its image there (over the view's
+    # ``links``) takes at most ``spill_max_pause_s``. A job whose image size is not in the view counts
+    # ``spill_rank_image_gb`` per rank (the simulator's mean rank image, sim/cost.py).
+    spill: bool = True
+    spill_max_pause_s: float = 600.0
+    spill_rank_image_gb: float = 6.2
 
 
 REDECIDE_S = 1e-3  # how soon a decision that preempted asks for the next one
@@ -419,6 +429,8 @@ class Singularity(BasePolicy):
                     self.move(victim, keep, now, kind=ActionKind.RESIZE,
                               reason=f"shrink {len(victim.devices)}->{len(keep)} for {rec.id}")
                 for victim in out.plan.victims:
+                    if cfg.spill and self._spill(victim, rec, now):
+                        continue
                     self._preempted_now.add(victim.id)
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
                 devs = place(st, rec, rec.hi, affinity=True)
@@ -457,6 +469,22 @@ class Singularity(BasePolicy):
                     self.start(rec, devs, now, reason="after defragmentation")
                     return True
         return cfg.time_slice and rec.tier == 0 and self._share_step(rec, now)
+
+    def _spill(self, victim: JobRec, rec: JobRec, now: float) -> bool:
+        """Move ``victim``, which ``rec`` needs the devices of, to another cluster rather than preempt it,
+        where policy/spill.py's rule allows."""
+        st = self.st
+        assert st is not None
+        links = self._view.links if self._view is not None else Links()
+        target = spill_target(st, victim, links, max_pause_s=self.cfg.spill_max_pause_s,
+                              rank_image_gb=self.cfg.spill_rank_image_gb)
+        if target is None:
+            return False
+        cluster, devs, pause = target
+        self.move(victim, devs, now, kind=ActionKind.MIGRATE,
+                  reason=f"make room for {rec.id}: to idle devices of cluster {cluster} rather than preempted "
+                         f"(its image there in ~{pause:.0f} s)")
+        return True
 
     def _horizon(self, gang_id: str) -> float:
         """Seconds until the reserved-for gang ``gang_id`` is due: when the work on its nodes that it may not

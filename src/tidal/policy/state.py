@@ -33,6 +33,7 @@ class JobRec:
         "home",
         "home_region",
         "id",
+        "image_gb",
         "last_change",
         "last_cluster",
         "lo",
@@ -62,6 +63,7 @@ class JobRec:
         self.home = jv.home_cluster
         self.home_region = jv.home_region
         self.last_cluster = jv.last_cluster
+        self.image_gb = jv.image_gb  # its checkpoint image, GB (None: unknown)
         self.devices: list[DeviceRef] = _NO_DEVICES  # shared while waiting (never mutated): fewer objects
         self.started_at = jv.started_at if jv.started_at is not None else 0.0
         self.last_change = self.started_at  # last start, resume, migration or resize

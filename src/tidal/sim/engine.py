@@ -26,6 +26,7 @@ from tidal.core import (
     EventKind,
     JobState,
     JobView,
+    Links,
     Topology,
     advance,
 )
@@ -128,7 +129,9 @@ class Simulator:
         self.trace = list(jobs)
         self.jobs: dict[str, SimJob] = {}
         self.live: dict[str, SimJob] = {}  # submitted and not finished: what the view shows
-        self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)))
+        # The policy weighs a move to another cluster by its cost model's links (policy/spill.py).
+        links = Links(node_gbps=self.cost.net_gbps_per_node, region_gbps=self.cost.cross_region_gbps)
+        self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)), links=links)
         self.device_jobs: dict[DeviceRef, list[SimJob]] = {}
         self.busy_until: dict[DeviceRef, float] = {}
         self.heap: list[tuple[float, int, int, str, int]] = []
@@ -220,6 +223,7 @@ class Simulator:
             min_devices=1, max_devices=j.W,
             placement=tuple(j.devices[r * len(j.devices) // j.W] for r in range(j.W)) if j.devices else (),
             started_at=j.started_at, attained_device_s=j.attained, home_cluster=j.home,
+            image_gb=j.W * self.cost.image_gb(j.mem),
             duration_hint=j.duration if self.oracle else None,
             remaining_hint=j.remaining if self.oracle else None,
         )

@@ -43,6 +43,15 @@ TRACE = [
 
 Decision = tuple[str, str, tuple[tuple[str, int], ...]]  # kind, job, devices
 
+# Spilling: b1 and b2 (basic) fill r1's only node; premium p needs both of its devices (r2's node has one).
+# Rather than preempt both, p's room is made by moving b2 (the newer) to r2's idle device and preempting b1.
+SPILL = {"node-1": ("r1", "c1", 2), "node-2": ("r2", "c2", 1)}
+SPILL_TRACE = [
+    ("b1", 0.0, 900.0, 1, Tier.BASIC),
+    ("b2", 10.0, 1500.0, 1, Tier.BASIC),  # c1 and c2 have a device free each: the first cluster by name
+    ("p", 20.0, 300.0, 2, Tier.PREMIUM),
+]
+
 
 # Backfill: standard s1 and s2 hold a device of each node; the standard gang g cannot preempt them and
 # reserves node-1; basic b borrows node-1's idle device (live jobs give no run times, so the gang's horizon
@@ -84,10 +93,11 @@ def simulate(trace: list[tuple[str, float, float, int, Tier]] = TRACE,
 def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> list[Decision]:
     """Run the loop until it asks for nothing more; the agents carry out every action at once. A launch or
     restore over several nodes is one decision (its orders, one a node, come in one pass); a checkpoint
-    that stops a job to restore it elsewhere or on another number of devices is the restore's decision
-    (migrate, resize), as the simulator has it."""
+    that stops a job to restore it elsewhere or on another number of devices is a decision to move it
+    (migrate, resize) onto the devices it is to be restored on, as the simulator has it: taken when the
+    checkpoint is ordered (the restore that follows is part of it)."""
     out: list[Decision] = []
-    moving: dict[str, str] = {}  # job → the purpose of its checkpoint (migrate, resize)
+    moving: set[str] = set()  # jobs stopped by a checkpoint to be restored elsewhere (migrate, resize)
     for _ in range(20):
         p.rec.once()
         acts = [(a, act) for a in agents.values() for act in a.actions()]
@@ -97,8 +107,12 @@ def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> lis
         for agent, act in acts:
             job = names[act["job_id"]]
             if act["kind"] in ("launch", "restore"):
-                kind = "place" if act["kind"] == "launch" else moving.pop(job, "resume")
-                starts.setdefault(job, (kind, []))[1].extend((agent.name, r["device"]) for r in act["payload"]["ranks"])
+                if act["kind"] == "restore" and job in moving:
+                    moving.discard(job)
+                else:
+                    kind = "place" if act["kind"] == "launch" else "resume"
+                    starts.setdefault(job, (kind, []))[1].extend((agent.name, r["device"])
+                                                                 for r in act["payload"]["ranks"])
                 assert agent.result(act, ranks=[{"rank": r["rank"], "pid": 1000 + r["rank"]}
                                                 for r in act["payload"]["ranks"]])
             else:
@@ -106,8 +120,10 @@ def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> lis
                 with p.db.read() as s:
                     row = s.get(JobRow, act["job_id"])
                     purpose = row.op_purpose if row is not None else None
+                    target = sorted({(n, int(i)) for n, i in row.target or ()}) if row is not None else []
                 if purpose in ("migrate", "resize"):
-                    moving[job] = purpose
+                    moving.add(job)
+                    out.append((purpose, job, tuple(target)))
                 else:
                     out.append(("preempt", job, ()))
                 cid = act["payload"]["checkpoint_id"]
@@ -142,6 +158,24 @@ def test_same_decisions_over_two_clusters_in_two_regions(tmp_path: Path) -> None
     replay(tmp_path, batches, TRACE, make_live_policy(), TWO_REGIONS)
 
 
+def test_same_decisions_when_a_job_is_moved_to_another_region_to_make_room(tmp_path: Path) -> None:
+    """The spill step (policy/spill.py): live, the move is a checkpoint whose restore is on the other region's
+    node, decided in the same pass as the simulator decides it."""
+    batches = simulate(SPILL_TRACE, layout=SPILL)
+    sim_decisions = [d for _, ds in batches for d in ds]
+    assert sim_decisions == [
+        ("place", "b1", (("node-1", 0),)),
+        ("place", "b2", (("node-1", 1),)),
+        ("migrate", "b2", (("node-2", 0),)),  # to the idle device of the other region, not preempted
+        ("preempt", "b1", ()),  # no idle device left for it
+        ("place", "p", (("node-1", 0), ("node-1", 1))),
+        ("resume", "b1", (("node-1", 0),)),  # once p has ended
+    ]
+    live = replay(tmp_path, batches, SPILL_TRACE, make_live_policy(), SPILL)
+    moved = [e["detail"] for e in live["b2"]["events"] if e["kind"] == "migrate"]
+    assert len(moved) == 1 and moved[0].startswith(f"to node-2 by the scheduler: make room for {live['p']['id']}")
+
+
 def test_same_decisions_with_backfill(tmp_path: Path) -> None:
     batches = simulate(BACKFILL_TRACE, backfill_policy)
     sim_decisions = [d for _, ds in batches for d in ds]
@@ -155,8 +189,10 @@ def test_same_decisions_with_backfill(tmp_path: Path) -> None:
 
 
 def replay(tmp_path: Path, batches: list[tuple[list[tuple[str, str]], list[Decision]]],
-           trace: list[tuple[str, float, float, int, Tier]], policy: Policy, layout: Layout = NODES) -> None:
-    """Feed the simulator's events to a live control plane running ``policy``: the same decisions."""
+           trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
+           layout: Layout = NODES) -> dict[str, dict[str, Any]]:
+    """Feed the simulator's events to a live control plane running ``policy``: the same decisions. Returns
+    each trace job's live record (``tidal show``'s), with its live id under ``"id"``."""
     p = Plane(tmp_path)
     p.rec = Reconciler(p.db, policy)
     agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d, region=r, cluster=c) for n, (r, c, d) in layout.items()}
@@ -183,5 +219,7 @@ def replay(tmp_path: Path, batches: list[tuple[list[tuple[str, str]], list[Decis
     # The same decisions in the same order. A job preempted in one decision may resume in the next: live,
     # that is the loop's next pass; in the simulator, a wake-up a millisecond later (another batch).
     assert [d for ds in live for d in ds] == [d for _, ds in batches for d in ds]
-    assert all(p.job(i)["state"] == "succeeded" for i in ids.values())
+    done = {job: p.job(i) for job, i in ids.items()}
+    assert all(j["state"] == "succeeded" for j in done.values())
     p.db.close()
+    return done
