@@ -78,7 +78,8 @@ bench: criu
 	$(PY) benchmarks/api.py --json bench-results/api.json
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
-	$(PY) benchmarks/elastic.py --json bench-results/elastic.json
+	$(PY) benchmarks/elastic.py --restore-from both --json bench-results/elastic.json
+	$(PY) benchmarks/cluster_pause.py --json bench-results/cluster_pause.json
 	$(PY) benchmarks/crosshost.py --json bench-results/crosshost.json
 	$(PY) benchmarks/crossregion.py --json bench-results/crossregion.json
 
