@@ -461,7 +461,8 @@ class Executor:
         return protocol.Prestaged(checkpoint=order.checkpoint.id, ranks=sorted(sizes), bytes=nbytes,
                                   seconds=round(took, 3),
                                   replicated_bytes=sum(r.copied_bytes for r in copied) if copied else None,
-                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None)
+                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None,
+                                  replicated_s=round(sum(r.seconds for r in copied), 3) if copied else None)
 
     def _unstage(self, order: protocol.Unstage) -> protocol.Done:
         if self.prestages.drop(order.job_id, order.attempt):

@@ -339,7 +339,8 @@ class Killed(Message):
 
 class Prestaged(Message):
     """What a prestage fetched: the images of ``ranks`` of ``checkpoint``, ``bytes`` in all, in ``seconds``;
-    and, where it first replicated the checkpoint from another region's store, what crossed (pre-copy)."""
+    and, where it first replicated the checkpoint from another region's store, what crossed (pre-copy) and how
+    long that copy took."""
 
     checkpoint: CheckpointId
     ranks: Annotated[list[Rank], Field(max_length=limits.MAX_RANKS)]
@@ -347,6 +348,7 @@ class Prestaged(Message):
     seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     replicated_bytes: Count | None = None
     replicated_chunks: Count | None = None
+    replicated_s: Seconds | None = None
 
 
 class Corruption(Message):
