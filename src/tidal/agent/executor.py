@@ -32,7 +32,7 @@ from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
 from tidal.core.rankenv import torchrun_env
-from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
+from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, StoreUnreachable, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job, LocalDump
@@ -138,7 +138,12 @@ def _failed(st: protocol.RankExit) -> bool:
 
 def failure(exc: BaseException) -> protocol.Failure:
     """What a failed action's result carries besides its message: a checkpoint that failed verification
-    (the control plane marks it bad and restores an older one instead of trying it again)."""
+    (the control plane marks it bad and restores an older one instead of trying it again), or a store a
+    restore had to copy its checkpoint from that did not answer (the control plane restores an older one held
+    elsewhere)."""
+    if isinstance(exc, StoreUnreachable):
+        return protocol.Failure(unreachable=protocol.Unreachable(store=str(exc.fields.get("store") or "")[:4096],
+                                                                 message=exc.message[:4000]))
     if not isinstance(exc, CheckpointCorrupt):
         return protocol.Failure()
     f = exc.fields
