@@ -88,6 +88,10 @@ def started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: 
             damaged = [(g.node, c) for g in failed if (c := (g.result or {}).get("corrupt"))]
             if damaged and failures.fall_back(s, job, group[0], damaged, cause):
                 return
+            # The store its checkpoint was to be copied from did not answer: an older one held elsewhere, if any.
+            away = [(g.node, u) for g in failed if (u := (g.result or {}).get("unreachable"))]
+            if away and failures.restore_elsewhere(s, job, group[0], away, cause):
+                return
             # Possibly transient (a node's disk, the store): try again, from the same checkpoint, as a restart.
             failures.lost(s, job, cause, f"restore failed ({err})", stop_others=False)
             return

@@ -297,3 +297,124 @@ def test_the_scheduler_weighs_a_move_between_regions_at_the_measured_rate(
     else:
         assert why == [] and j["state"] == "checkpointing"
         assert plane.job(premium)["state"] == "pending"
+
+
+WEST_STORE = "s3://ck-west/t"
+UNREACHABLE = (f"the checkpoint store {WEST_STORE} cannot be reached: checkpoint store error reading "
+               f"{WEST_STORE}/jobs/j/x/manifest.json: ConnectionRefusedError (tried 6 times in 5.8 s)")
+
+
+def unreachable(store: str = WEST_STORE) -> dict[str, Any]:
+    """What an agent reports when a restore could not copy its checkpoint from ``store`` (Executor._run)."""
+    return {"unreachable": {"store": store, "message": UNREACHABLE}}
+
+
+def user(plane: Plane, path: str) -> None:
+    assert plane.http.post(path, headers=plane.as_user()).status_code == 200
+
+
+def _held_in_west_only(plane: Plane, *, older_in_east: bool,
+                       **submit: Any) -> tuple[str, FakeAgent, list[dict[str, Any]]]:
+    """A job preempted on w1 (west) with its newest checkpoint in west's store alone, and, with
+    ``older_in_east``, an older one in both regions' stores (taken on e1, where the job ran first, and copied to
+    west by its move there). Then w1 leaves: the job can be resumed only on e1 (east). Its id, e1's agent, and
+    its checkpoints (as `tidal show` lists them), oldest first."""
+    w = FakeAgent(plane, "w1", "W", region="west", cluster="west-a")
+    e = FakeAgent(plane, "e1", "E", region="east", cluster="east-a")
+    first, other = (e, w) if older_in_east else (w, e)
+    assert first.register() == 200
+    jid = plane.submit(**submit)
+    plane.rec.once()
+    started(first, 10)
+    assert other.register() == 200
+    if older_in_east:
+        assert migrate(plane, jid, region="west").status_code == 200
+        (ck,) = e.actions()
+        assert e.result(ck, **checkpoint_result("000001-a"))
+        started(w, 11, replicated_bytes=1 << 20, replicated_chunks=3, replicated_s=0.1)
+    user(plane, f"/v1/jobs/{jid}/preempt")
+    (ck,) = w.actions()
+    assert w.result(ck, **checkpoint_result("000002-b"))
+    j = plane.job(jid)
+    assert [c["regions"] for c in j["checkpoints"]] == ([["east", "west"], ["west"]] if older_in_east else [["west"]])
+    assert plane.http.post("/v1/agent/w1/leave", headers=plane.as_agent(), json={"agent_id": "W"}).status_code in (
+        200, 204)
+    user(plane, f"/v1/jobs/{jid}/resume")
+    return jid, e, j["checkpoints"]
+
+
+def ref(ck: dict[str, Any], source: str | None) -> dict[str, Any]:
+    """A restore order's checkpoint: ``ck`` (`tidal show`'s), copied first from ``source``."""
+    return {"id": ck["id"], "parts": ck["parts"], "source": source}
+
+
+def test_a_checkpoint_in_a_store_that_cannot_be_reached_is_skipped_for_an_older_one_held_elsewhere(
+        plane: Plane) -> None:
+    jid, e, (old, new) = _held_in_west_only(plane, older_in_east=True)
+    older, newest = old["id"], new["id"]
+    plane.rec.once()
+    (act,) = e.actions()
+    assert act["kind"] == "restore"
+    assert act["payload"]["checkpoint"] == ref(new, WEST_STORE)
+    assert e.result(act, ok=False, **unreachable())
+
+    j = plane.job(jid)
+    assert j["state"] == "pending" and j["restarts"] == 0 and j["resume_from"] == older
+    (skipped,) = [x for x in j["events"] if x["kind"] == "checkpoint_skipped"]
+    assert skipped["detail"] == (
+        f"checkpoint {newest} is skipped: e1 could not copy it from region west's store: {UNREACHABLE}; resuming "
+        f"from checkpoint {older}, the newest older one, held in region east's store")
+    assert skipped["cause"] == act["id"]
+    assert j["events"][-1]["detail"] == (f"checkpoint {newest} is in a store that cannot be reached; requeued from "
+                                         f"checkpoint {older}")
+    # Both checkpoints stay committed: the newest is not damaged, only out of reach for now.
+    assert [(c["id"], c["state"]) for c in j["checkpoints"]] == [(older, "committed"), (newest, "committed")]
+
+    plane.rec.once()
+    (act,) = e.actions()
+    assert act["kind"] == "restore"
+    assert act["payload"]["checkpoint"] == ref(old, None)  # east's store has it: nothing to copy
+    assert e.result(act, ranks=[{"rank": 0, "pid": 20}])
+    j = plane.job(jid)
+    assert j["state"] == "running" and j["restarts"] == 0 and j["placement"][0]["node"] == "e1"
+    running = [x["detail"] for x in j["events"] if x["kind"] == "running"]
+    assert running[-1] == f"on e1 devices [0], restoring from checkpoint {older}"
+
+
+def test_with_no_older_checkpoint_held_elsewhere_the_restore_fails_naming_the_store(plane: Plane) -> None:
+    jid, e, (ck,) = _held_in_west_only(plane, older_in_east=False, max_restarts=0)
+    only = ck["id"]
+    plane.rec.once()
+    (act,) = e.actions()
+    assert act["payload"]["checkpoint"] == ref(ck, WEST_STORE)
+    assert e.result(act, ok=False, **unreachable())
+    j = plane.job(jid)
+    assert j["state"] == "failed" and j["restarts"] == 0
+    assert j["error"] == (f"restore failed: checkpoint {only} must be copied from the checkpoint store of region west "
+                          f"({WEST_STORE}), which cannot be reached from e1, and no older checkpoint of job {jid} is "
+                          "held elsewhere")
+    assert j["events"][-1]["detail"] == f"{j['error']}; no restarts left (0)"
+    assert not any(x["kind"] == "checkpoint_skipped" for x in j["events"])
+
+
+def test_a_store_that_cannot_be_reached_counts_a_restart_while_restarts_are_left(plane: Plane) -> None:
+    """The store may come back: the restore is tried again from the same checkpoint, as a restart."""
+    jid, e, (ck,) = _held_in_west_only(plane, older_in_east=False)
+    plane.rec.once()
+    (act,) = e.actions()
+    assert e.result(act, ok=False, **unreachable())
+    j = plane.job(jid)
+    assert j["state"] == "pending" and j["restarts"] == 1 and j["resume_from"] is None
+    plane.rec.once()
+    (act,) = e.actions()
+    assert act["payload"]["checkpoint"] == ref(ck, WEST_STORE)
+
+
+def test_another_store_reported_unreachable_is_an_ordinary_failure(plane: Plane) -> None:
+    jid, e, _ = _held_in_west_only(plane, older_in_east=True)
+    plane.rec.once()
+    (act,) = e.actions()
+    assert e.result(act, ok=False, **unreachable("s3://ck-east/t"))  # not the one it was to copy from
+    j = plane.job(jid)
+    assert j["state"] == "pending" and j["restarts"] == 1 and j["resume_from"] is None
+    assert not any(x["kind"] == "checkpoint_skipped" for x in j["events"])
