@@ -219,13 +219,14 @@ def restore_elsewhere(s: Session, job: JobRow, action: ActionRow, away: list[tup
         return True
     src = older[-1]
     came = source_for(s, src, region) if region is not None else None
-    there = (f"held in region {region}'s store" if came is None
-             else f"copied from region {store_region(s, src, came) or came}'s store")
+    other = store_region(s, src, came)
+    there = ("held elsewhere" if region is None else f"held in region {region}'s store" if came is None
+             else f"copied from region {other}'s store" if other else f"copied from the store {came}")
     said = next(u.get("message") for _, u in away if u.get("store") == url) or "it did not answer"
     job.resume_from = src.id
+    whose = f"region {held}'s store" if held else f"the store {url}"
     eid = record(s, "checkpoint_skipped", job_id=job.id, cause=cause,
-                 detail=f"checkpoint {row.id} is skipped: {nodes} could not copy it from "
-                        f"{f'region {held}' if held else url}'s store: {said}; resuming from checkpoint {src.id}, "
-                        f"the newest older one, {there}")
+                 detail=f"checkpoint {row.id} is skipped: {nodes} could not copy it from {whose}: {said}; "
+                        f"resuming from checkpoint {src.id}, the newest older one, {there}")
     lost(s, job, eid, f"checkpoint {row.id} is in a store that cannot be reached", stop_others=False, restart=False)
     return True
