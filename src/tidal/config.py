@@ -80,7 +80,8 @@ class Settings(BaseSettings):
     )
     region_gbps: float | None = Field(
         default=None, gt=0, description="GB/s between two regions that the scheduler counts on when it weighs "
-        "moving a job to another region's cluster rather than preempting it (default 0.5)"
+        "moving a job to another region's cluster rather than preempting it, where no rate was measured from "
+        "the checkpoints copied between them (default 0.5)"
     )
     stall_after: float = Field(
         default=300.0, gt=0, description="seconds without a step or collective after which a distributed job is "

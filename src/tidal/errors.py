@@ -117,6 +117,13 @@ class StorageError(TidalError):
     """The checkpoint store could not read or write an object."""
 
 
+class StoreUnreachable(StorageError):
+    """A checkpoint store did not answer: its requests failed on the way (connection refused or dropped, timed
+    out) or got 5xx answers, every try (``reason="unavailable"``). ``store`` names it. Unlike a missing or
+    damaged chunk, this says nothing of the checkpoint: a restore that must copy it from that store may restore
+    an older one held elsewhere instead."""
+
+
 class ProtocolMismatch(ValidationError):
     """A message between the control plane and an agent is of a protocol version this side does not speak
     (``version``; ``accepted`` lists those it does)."""

@@ -1,10 +1,13 @@
 """Regions with a checkpoint store each: a job migrated to another region has its checkpoint copied to that
 region's store first (only the chunks it lacks), resumes there and finishes byte-identical to an
-uninterrupted run; moved back, only what changed crosses again."""
+uninterrupted run; moved back, only what changed crosses again. A job whose newest checkpoint is in a store
+that went down resumes elsewhere from an older one held there."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,7 @@ import pytest
 from tests.system.cluster import JOB, reference_run
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.testing import wait_until
+from tidal.testing.seaweedfs import SeaweedFS
 
 pytestmark = pytest.mark.criu
 
@@ -169,6 +173,60 @@ def test_migrating_to_an_unknown_region_says_which_there_are(make_cluster, workd
     assert "give a node (--to, --rank) or a region or cluster to move to, not both" in both.stderr
     assert c.job(job)["state"] == "running"
     c.cli("cancel", job)
+
+
+@pytest.mark.slow
+@pytest.mark.s3
+def test_a_checkpoint_in_a_store_that_went_down_is_skipped_for_an_older_one(
+        make_cluster, workdir: Path, gate: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """West's store is an S3 server of its own, east's a directory. The job's newest checkpoint is in west's
+    store only, an older one in both; west's store and node go down: the job, resumed in east, cannot have its
+    newest checkpoint copied, so it resumes from the older one, without a restart counted, and finishes
+    byte-identical to an uninterrupted run."""
+    pytest.importorskip("s3fs", reason="s3fs is not installed (pip install 'tidal[s3]')")
+    weed = SeaweedFS()
+    try:
+        for key, value in weed.store_env().items():  # the agents' settings for an S3 store
+            monkeypatch.setenv(key, value)
+        west_store = weed.url("west")
+        c = make_cluster(nodes=2, devices=1, regions=("west", "east"),
+                         stores=(f"west={west_store}", f"east={tmp_path / 'store-east'}"))
+        expected_out, expected_progress = reference_run(tmp_path)
+        region_of = {"node-1": "west", "node-2": "east"}
+        job = c.cli("submit", "--env", "GATE", "--quiet", "--", "sh", "-c", JOB, cwd=workdir,
+                    env={"GATE": str(gate)}).stdout.strip()
+        first = region_of[c.wait_state(job, "running")["placement"][0]["node"]]
+        if first == "west":  # a checkpoint taken in east's store first
+            c.cli("migrate", job, "--to-region", "east")
+        c.cli("migrate", job, "--to-region", "west")  # the one taken in east is in both stores now
+        c.cli("preempt", job)  # the newest, taken in west, is in west's store alone
+        j = c.wait_state(job, "preempted")
+        older, newest = j["checkpoints"][-2:]
+        assert (older["regions"], newest["regions"]) == (["east", "west"], ["west"])
+
+        weed.shutdown(kill=True)
+        os.kill(c.state.agents["node-1"].pid, signal.SIGKILL)
+        wait_until(lambda: not {n["name"]: n["up"] for n in c.api().get("/v1/nodes").json()}["node-1"],
+                   timeout=30, what="node-1 down")
+        c.cli("resume", job, "--no-wait")
+        j = c.wait_state(job, "running", timeout=60)
+        assert j["placement"][0]["node"] == "node-2" and j["restarts"] == 0
+        j = c.show(job)
+        (skipped,) = [e["detail"] for e in j["events"] if e["kind"] == "checkpoint_skipped"]
+        assert skipped.startswith(f"checkpoint {newest['id']} is skipped: node-2 could not copy it from region "
+                                  f"west's store: the checkpoint store {west_store} cannot be reached: "), skipped
+        assert skipped.endswith(f"; resuming from checkpoint {older['id']}, the newest older one, held in region "
+                                "east's store"), skipped
+        running = [e["detail"] for e in j["events"] if e["kind"] == "running"]
+        assert running[-1] == f"on node-2 devices [0], restoring from checkpoint {older['id']}"
+
+        gate.touch()
+        done = c.cli("wait", job, check=False)
+        assert done.returncode == 0, done.stderr
+        assert c.cli("logs", job).stdout.encode() == expected_out
+        assert (workdir / "progress.txt").read_bytes() == expected_progress
+    finally:
+        weed.stop()
 
 
 def _chunks(store: CheckpointStore, job: str, part: str) -> set[str]:

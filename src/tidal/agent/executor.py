@@ -32,7 +32,7 @@ from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
 from tidal.core.rankenv import torchrun_env
-from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, ValidationError
+from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, StoreUnreachable, ValidationError
 from tidal.mechanisms.accounts import Account
 from tidal.mechanisms.criu import tasks
 from tidal.mechanisms.criu.job import Job, LocalDump
@@ -138,7 +138,12 @@ def _failed(st: protocol.RankExit) -> bool:
 
 def failure(exc: BaseException) -> protocol.Failure:
     """What a failed action's result carries besides its message: a checkpoint that failed verification
-    (the control plane marks it bad and restores an older one instead of trying it again)."""
+    (the control plane marks it bad and restores an older one instead of trying it again), or a store a
+    restore had to copy its checkpoint from that did not answer (the control plane restores an older one held
+    elsewhere)."""
+    if isinstance(exc, StoreUnreachable):
+        return protocol.Failure(unreachable=protocol.Unreachable(store=str(exc.fields.get("store") or "")[:4096],
+                                                                 message=exc.message[:4000]))
     if not isinstance(exc, CheckpointCorrupt):
         return protocol.Failure()
     f = exc.fields
@@ -461,7 +466,8 @@ class Executor:
         return protocol.Prestaged(checkpoint=order.checkpoint.id, ranks=sorted(sizes), bytes=nbytes,
                                   seconds=round(took, 3),
                                   replicated_bytes=sum(r.copied_bytes for r in copied) if copied else None,
-                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None)
+                                  replicated_chunks=sum(r.copied_chunks for r in copied) if copied else None,
+                                  replicated_s=round(sum(r.seconds for r in copied), 3) if copied else None)
 
     def _unstage(self, order: protocol.Unstage) -> protocol.Done:
         if self.prestages.drop(order.job_id, order.attempt):

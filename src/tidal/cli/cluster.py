@@ -72,9 +72,19 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def nodes(output: Format = output_option()) -> None:
-        """List the nodes, their devices and leases; GPU devices (model, memory, jobs) in a table of their own."""
-        rows: list[dict[str, Any]] = Api().get("/v1/nodes")
-        emit(rows, output, lambda wide: print_nodes(rows, wide))
+        """List the nodes, their devices and leases; GPU devices (model, memory, jobs) in a table of their own;
+        with -o wide, the links between regions measured from the checkpoints copied over them too."""
+        api = Api()
+        rows: list[dict[str, Any]] = api.get("/v1/nodes")
+
+        def table(wide: bool) -> None:
+            print_nodes(rows, wide)
+            links: list[dict[str, Any]] = api.get("/v1/links") if wide else []
+            if links:
+                console.print()
+                print_table(links, listings.NODE_LINKS.columns, wide, title="Links between regions (measured)")
+
+        emit(rows, output, table)
 
 
 def print_nodes(rows: list[dict[str, Any]], wide: bool) -> None:

@@ -170,6 +170,24 @@ NODE_GPUS = Listing("nodes: gpus", {
 ), note="A GPU node's devices: one per GPU. `tidal nodes` shows them in a second table, under the nodes.")
 
 
+NODE_LINKS = Listing("nodes: links", {
+    "from": "the region a checkpoint was copied from",
+    "to": "the region it was copied to",
+    "gbps": "the link's measured rate, GB/s (10^9 bytes a second): the median of the last timed copies' rates",
+    "copies": "copies from one region's store to the other's timed in all (each of 64 MiB or more)",
+    "samples": "how many of the last copies the rate is the median of (at most 5)",
+    "measured_at": "when the last one ended (Unix time)",
+}, (
+    Column("FROM", _text("from")),
+    Column("TO", _text("to")),
+    Column("GB/S", lambda r: f"{float(r['gbps']):.3g}"),
+    Column("COPIES", _text("copies")),
+    Column("MEASURED", lambda r: units.ago(r["measured_at"])),
+), note="The links between regions measured from the checkpoints copied over them: `tidal nodes -o wide` shows "
+        "them in a table under the nodes (`-o json|yaml` prints the nodes alone; GET /v1/links gives these items). "
+        "The scheduler counts on a link not listed at TIDAL_REGION_GBPS, or 0.5 GB/s.")
+
+
 def gpu_rows(nodes: Sequence[Row]) -> list[Row]:
     """The GPU devices of ``nodes`` (API items of `nodes`), one row each, with its node's name: none when every
     node's devices are CPU devices."""
@@ -259,7 +277,7 @@ STORE_JOBS = Listing("store usage: jobs", {
     Column("STORED", lambda j: units.size(j["stored_bytes"])),
 ))
 
-LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, NODE_GPUS, TOKENS,
-                                   PROCESSES, CHECKS, STORE_USAGE, STORE_USERS, STORE_JOBS)}
+LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, NODE_GPUS, NODE_LINKS,
+                                   TOKENS, PROCESSES, CHECKS, STORE_USAGE, STORE_USERS, STORE_JOBS)}
 """Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
 docs/cli.md documents."""

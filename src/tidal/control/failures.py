@@ -1,5 +1,6 @@
-"""Ranks that end on their own, jobs lost with their node, and checkpoints found damaged: what each does
-to the job (it succeeds, fails with its root cause, or is requeued from its last good checkpoint)."""
+"""Ranks that end on their own, jobs lost with their node, checkpoints found damaged, and checkpoints in a
+store that cannot be reached: what each does to the job (it succeeds, fails with its root cause, or is requeued
+from its last good checkpoint, or from an older one it can reach)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from tidal.control.jobs import (
     state,
     transition,
 )
+from tidal.control.regionstores import source_for, store_region
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import JobState
 from tidal.core.operations import Phase
@@ -186,4 +188,45 @@ def fall_back(s: Session, job: JobRow, action: ActionRow, damaged: list[tuple[st
                  detail=f"checkpoint {row.id} is damaged: {what}; it is kept for inspection and not restored "
                         f"again; resuming from checkpoint {src.id}")
     lost(s, job, eid, f"checkpoint {row.id} is damaged", stop_others=False, restart=False)
+    return True
+
+
+def restore_elsewhere(s: Session, job: JobRow, action: ActionRow, away: list[tuple[str, dict[str, Any]]],
+                      cause: str) -> bool:
+    """A restore could not copy its checkpoint from the store of the region holding it: that store did not
+    answer (``away``: node → the agent's :class:`~tidal.core.protocol.Unreachable`). The checkpoint is not
+    damaged, so it is left as it is; the job is requeued, without counting a restart, to resume from the newest
+    committed checkpoint older than it that a restore in the same region can have without that store (its own
+    region's store holds it, or another's). With none, the restore has failed as any other (a restart, up to
+    ``max_restarts``: the store may come back), saying which store could not be reached. False if the store
+    reported is not the one the restore was to copy from (then it is handled as any failed restore)."""
+    given = action.payload.get("checkpoint") or {}
+    url = given.get("source")
+    row = s.get(CheckpointRow, given.get("id"))
+    if row is None or url is None or not any(u.get("store") == url for _, u in away):
+        return False
+    node = s.get(NodeRow, action.node)
+    region = node.region if node is not None else None
+    held = store_region(s, row, url)
+    store = f"the checkpoint store of region {held} ({url})" if held else f"the checkpoint store {url}"
+    nodes = ", ".join(n for n, u in away if u.get("store") == url)
+    older = [c for c in good(checkpoints(s, job.id)) if (c.created_at, c.id) < (row.created_at, row.id)
+             and (region is None or source_for(s, c, region) != url)]
+    if not older:
+        lost(s, job, cause, f"restore failed: checkpoint {row.id} must be copied from {store}, which cannot be "
+                            f"reached from {nodes}, and no older checkpoint of job {job.id} is held elsewhere",
+             stop_others=False)
+        return True
+    src = older[-1]
+    came = source_for(s, src, region) if region is not None else None
+    other = store_region(s, src, came)
+    there = ("held elsewhere" if region is None else f"held in region {region}'s store" if came is None
+             else f"copied from region {other}'s store" if other else f"copied from the store {came}")
+    said = next(u.get("message") for _, u in away if u.get("store") == url) or "it did not answer"
+    job.resume_from = src.id
+    whose = f"region {held}'s store" if held else f"the store {url}"
+    eid = record(s, "checkpoint_skipped", job_id=job.id, cause=cause,
+                 detail=f"checkpoint {row.id} is skipped: {nodes} could not copy it from {whose}: {said}; "
+                        f"resuming from checkpoint {src.id}, the newest older one, {there}")
+    lost(s, job, eid, f"checkpoint {row.id} is in a store that cannot be reached", stop_others=False, restart=False)
     return True

@@ -7,12 +7,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from tidal.control import failures
+from tidal.control import failures, linkrates
 from tidal.control.clock import now
 from tidal.control.dispatch import kill, new_action
 from tidal.control.history import new_id, record
 from tidal.control.jobs import parts_of, restore_source, set_phase, spec_of, state, transition
-from tidal.control.regionstores import replicated, source_for
+from tidal.control.regionstores import replicated, source_for, store_region
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow, User
 from tidal.core import DeviceRef, JobState, protocol
@@ -88,6 +88,10 @@ def started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: 
             damaged = [(g.node, c) for g in failed if (c := (g.result or {}).get("corrupt"))]
             if damaged and failures.fall_back(s, job, group[0], damaged, cause):
                 return
+            # The store its checkpoint was to be copied from did not answer: an older one held elsewhere, if any.
+            away = [(g.node, u) for g in failed if (u := (g.result or {}).get("unreachable"))]
+            if away and failures.restore_elsewhere(s, job, group[0], away, cause):
+                return
             # Possibly transient (a node's disk, the store): try again, from the same checkpoint, as a restart.
             failures.lost(s, job, cause, f"restore failed ({err})", stop_others=False)
             return
@@ -108,13 +112,15 @@ def started(s: Session, job: JobRow, kind: str, group: list[ActionRow], failed: 
 
 def _replicated(s: Session, job: JobRow, group: list[ActionRow], cause: str) -> None:
     """The restore's nodes that replicated its checkpoint from another region's store first: the checkpoint
-    is in their regions' stores now too."""
+    is in their regions' stores now too, and the copy, timed, tells how fast the link between the regions is
+    (:mod:`tidal.control.linkrates`)."""
     copied = [g for g in group if (g.result or {}).get("replicated_bytes") is not None]
     ck = s.get(CheckpointRow, str(group[0].payload["checkpoint"]["id"])) if copied else None
     if ck is None:
         return
     regions = {row.region for g in copied if (row := s.get(NodeRow, g.node)) is not None}
     source = ", ".join(ck.regions or ())
+    came_from = store_region(s, ck, group[0].payload["checkpoint"].get("source"))
     replicated(s, ck, regions)
     nbytes = sum(int((g.result or {})["replicated_bytes"]) for g in copied)
     chunks = sum(int((g.result or {}).get("replicated_chunks") or 0) for g in copied)
@@ -122,3 +128,8 @@ def _replicated(s: Session, job: JobRow, group: list[ActionRow], cause: str) -> 
     record(s, "replicated", job_id=job.id, node=copied[0].node, cause=cause,
            detail=f"checkpoint {ck.id} copied from region {source} to {', '.join(sorted(regions))}: "
                   f"{chunks} chunk(s), {size(nbytes)} crossed in {took:.1f}s")
+    if came_from is not None:
+        for region in regions:
+            here = [g for g in copied if (row := s.get(NodeRow, g.node)) is not None and row.region == region]
+            linkrates.note(s, came_from, region, sum(int((g.result or {})["replicated_bytes"]) for g in here),
+                           max(float((g.result or {}).get("replicated_s") or 0) for g in here))

@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import jobs, tally
+from tidal.control import jobs, linkrates, tally
 from tidal.control.clock import now
 from tidal.control.store.db import Database
 from tidal.control.store.models import EventRow, JobRow, MetricRow, NodeRow
@@ -103,6 +103,7 @@ class TidalCollector(Collector):
             yield from self._folded(s)
             yield from self._jobs(s)
             yield from self._devices_and_nodes(s)
+            yield from self._links(s)
             yield from self._sla(s)
             yield from self._progress(s)
             seq = s.scalar(select(func.max(EventRow.seq))) or 0
@@ -194,6 +195,14 @@ class TidalCollector(Collector):
             for t, k in sorted(used.get(node.name, {}).items()):
                 used_g.add_metric([node.name, t], float(k))
         yield from (up_g, dev_g, used_g, lease_g, renew)
+
+    def _links(self, s: Session) -> Iterator[Any]:
+        g = GaugeMetricFamily("tidal_region_link_gbps", "The measured rate of the link from one region's checkpoint "
+                              "store to another's, GB/s: the median of the last copies of 64 MiB or more.",
+                              labels=("from", "to"))
+        for (a, b), rate in sorted(linkrates.measured(s).items()):
+            g.add_metric([a, b], rate)
+        yield g
 
     def _sla(self, s: Session) -> Iterator[Any]:
         att = GaugeMetricFamily("tidal_sla_attainment", "SLA attainment per tier, as the simulator defines it: "

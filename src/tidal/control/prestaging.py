@@ -15,10 +15,11 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from tidal.control import linkrates
 from tidal.control.dispatch import new_action
 from tidal.control.history import new_id, record
 from tidal.control.jobs import parts_of, restore_source, set_phase
-from tidal.control.regionstores import replicated, source_for
+from tidal.control.regionstores import replicated, source_for, store_region
 from tidal.control.store.models import ActionRow, CheckpointRow, JobRow, NodeRow
 from tidal.core import protocol
 from tidal.core.operations import Phase
@@ -122,6 +123,10 @@ def on_result(s: Session, job: JobRow, a: ActionRow, ok: bool, data: dict[str, A
                    detail=f"checkpoint {ck.id} copied from region {', '.join(ck.regions or ())} to {row.region}: "
                           f"{int(data.get('replicated_chunks') or 0)} chunk(s), {size(int(copied or 0))} crossed "
                           "ahead of the move")
+            came_from = store_region(s, ck, (a.payload.get("checkpoint") or {}).get("source"))
+            took = data.get("replicated_s")
+            if came_from is not None and took is not None:  # the copy, timed: the link's rate (linkrates)
+                linkrates.note(s, came_from, row.region, int(copied or 0), float(took))
             replicated(s, ck, [row.region])
         record(s, "prestaged", job_id=job.id, node=a.node, cause=a.id,
                detail=f"checkpoint {data.get('checkpoint')}, ranks {data.get('ranks')}: "

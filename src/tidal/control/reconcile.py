@@ -15,7 +15,7 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal.control import agents, jobs
+from tidal.control import agents, jobs, linkrates
 from tidal.control.checkpointing import checkpoint
 from tidal.control.history import record
 from tidal.control.launch import start
@@ -58,7 +58,9 @@ class Reconciler:
                  links: Links | None = None) -> None:
         self.db = db
         self.policy = policy
-        self.links = links or Links()  # the links between clusters and regions the policy weighs moves over
+        # The links between clusters and regions the policy weighs moves over, as the settings give them; each
+        # pass adds the rates measured between regions (snapshot).
+        self.links = links or Links()
         self.clock: Clock = clock or db.info.get("clock", SYSTEM)
         self.interval = interval
         self.min_gap = min_gap
@@ -261,7 +263,8 @@ def _unexplained(s: Session) -> bool:
 def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
     holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
-    between clusters and regions (default :class:`Links`'s)."""
+    between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else :class:`Links`'s default),
+    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -292,7 +295,8 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=links or Links()), rows
+    measured = linkrates.links(s, links or Links())
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), rows
 
 
 def _image_gb(job: JobRow) -> float | None:

@@ -87,6 +87,13 @@ def source_for(s: Session, ck: CheckpointRow, region: str) -> str | None:
     return stores.for_region(ck.regions[0])
 
 
+def store_region(s: Session, ck: CheckpointRow, url: str | None) -> str | None:
+    """The region of ``ck``'s whose store is ``url`` (the one a restore was told to copy it from); None when
+    none is."""
+    stores = stores_of(s)
+    return next((r for r in ck.regions or () if stores.for_region(r) == url), None) if url else None
+
+
 def replicated(s: Session, ck: CheckpointRow, regions: Iterable[str]) -> None:
     """``ck`` is now in the stores of ``regions`` too (a restore there replicated it)."""
     if ck.regions is not None:

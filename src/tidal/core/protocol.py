@@ -339,7 +339,8 @@ class Killed(Message):
 
 class Prestaged(Message):
     """What a prestage fetched: the images of ``ranks`` of ``checkpoint``, ``bytes`` in all, in ``seconds``;
-    and, where it first replicated the checkpoint from another region's store, what crossed (pre-copy)."""
+    and, where it first replicated the checkpoint from another region's store, what crossed (pre-copy) and how
+    long that copy took."""
 
     checkpoint: CheckpointId
     ranks: Annotated[list[Rank], Field(max_length=limits.MAX_RANKS)]
@@ -347,6 +348,7 @@ class Prestaged(Message):
     seconds: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     replicated_bytes: Count | None = None
     replicated_chunks: Count | None = None
+    replicated_s: Seconds | None = None
 
 
 class Corruption(Message):
@@ -360,10 +362,21 @@ class Corruption(Message):
     message: Annotated[str | None, AfterValidator(_printable)] = None
 
 
+class Unreachable(Message):
+    """A checkpoint store that did not answer (every try failed on the way, or got a 5xx): a restore that had to
+    copy its checkpoint from it (``store``, the order's ``checkpoint.source``) could not. The control plane
+    restores an older checkpoint held elsewhere instead, where there is one."""
+
+    store: Annotated[str, StringConstraints(max_length=4096), AfterValidator(_printable)]
+    message: Annotated[str, StringConstraints(max_length=4000), AfterValidator(_printable)] | None = None
+
+
 class Failure(Message):
-    """What a failed order's result carries besides its message."""
+    """What a failed order's result carries besides its message: the checkpoint found damaged, or the store
+    that could not be reached."""
 
     corrupt: Corruption | None = None
+    unreachable: Unreachable | None = None
 
 
 Result = Started | Counted | Done | Dumped | Killed | Prestaged | Failure

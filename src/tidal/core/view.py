@@ -57,21 +57,41 @@ class JobView:
 class Links:
     """The network a job's image crosses when it moves to another cluster, in GB/s: each node's own link
     (``node_gbps``; a move within a region fetches over the target nodes' links), and the link between two
-    regions (``region_gbps``, in all). The defaults are the simulator's cost model's (tidal.sim.cost)."""
+    regions (``region_gbps``, in all). ``pair_gbps``: the rate from one region to another where it is known
+    better, by (from region, to region) (live: measured from the copies between their stores); the pairs not
+    in it get ``region_gbps``. The defaults are the simulator's cost model's (tidal.sim.cost), which has one
+    rate between every two regions."""
 
     node_gbps: float = 1.188
     region_gbps: float = 0.5
+    pair_gbps: Mapping[tuple[str, str], float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("node_gbps", "region_gbps"):
             rate = getattr(self, name)
             if not rate > 0:
                 raise ValidationError(f"{name} must be a rate above 0 GB/s, not {rate}", field=name)
+        for (a, b), rate in self.pair_gbps.items():
+            if not rate > 0:
+                raise ValidationError(f"pair_gbps: the rate from region {a} to {b} must be above 0 GB/s, not {rate}",
+                                      field="pair_gbps")
+        if not isinstance(self.pair_gbps, MappingProxyType):
+            object.__setattr__(self, "pair_gbps", MappingProxyType(dict(self.pair_gbps)))
 
-    def transfer_s(self, image_gb: float, nodes: int, *, cross_region: bool) -> float:
-        """Seconds to fetch ``image_gb`` onto ``nodes`` nodes, from another region with ``cross_region``."""
+    def between(self, source: str, target: str) -> float:
+        """GB/s from region ``source`` to region ``target``: the pair's own rate where known, else
+        ``region_gbps``."""
+        return self.pair_gbps.get((source, target), self.region_gbps)
+
+    def transfer_s(self, image_gb: float, nodes: int, *, cross_region: bool,
+                   regions: tuple[str, str] | None = None) -> float:
+        """Seconds to fetch ``image_gb`` onto ``nodes`` nodes, from another region with ``cross_region``:
+        ``regions`` (from, to) where known, over that pair's rate (:meth:`between`)."""
         t = image_gb / (max(nodes, 1) * self.node_gbps)
-        return max(t, image_gb / self.region_gbps) if cross_region else t
+        if not cross_region:
+            return t
+        rate = self.between(*regions) if regions is not None else self.region_gbps
+        return max(t, image_gb / rate)
 
 
 @dataclasses.dataclass(frozen=True)

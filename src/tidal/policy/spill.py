@@ -4,10 +4,10 @@ instead of being preempted, when the move pauses it briefly enough.
 A preemption checkpoints the job and leaves it waiting until devices free up in a cluster it may run in: for
 how long is unknown, and taken to be at least as long as the move's pause. A move checkpoints it the same way
 and restores it at once on idle devices elsewhere; what it adds is the transfer of its image to the other
-cluster, over the target nodes' links within a region and over the link between the regions across
-(:class:`~tidal.core.Links`, the view's). Both pay the checkpoint and the restore, so the rule weighs the
-transfer only, against a bound: a long transfer may cost more than a wait for room that ends soon. The job
-moves when:
+cluster, over the target nodes' links within a region and over the link from its region to the other's across
+(:class:`~tidal.core.Links`, the view's; live, the rate measured from the one region to the other where there
+is one). Both pay the checkpoint and the restore, so the rule weighs the transfer only, against a bound: a long
+transfer may cost more than a wait for room that ends soon. The job moves when:
 - it may run in another cluster: not pinned to its own (``home``); pinned to a region (``home_region``), it
   moves only within it;
 - it fits whole there (on as many devices as it holds, on the fewest nodes) on idle devices, so that the move
@@ -50,7 +50,8 @@ def spill_target(st: SchedState, rec: JobRec, links: Links, *, max_pause_s: floa
         if devs is None:
             continue
         nodes = len({d.node for d in devs})
-        pause = links.transfer_s(gb, nodes, cross_region=st.cluster_region[c] != region)
+        there = st.cluster_region[c]
+        pause = links.transfer_s(gb, nodes, cross_region=there != region, regions=(region, there))
         if pause <= max_pause_s and (best is None or (nodes, pause) < best[:2]):
             best = (nodes, pause, c, devs)
     return None if best is None else (best[2], best[3], best[1])

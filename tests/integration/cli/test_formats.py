@@ -19,7 +19,7 @@ import yaml
 
 from tests.integration.cli.conftest import Served
 from tidal.cli.listings import LISTINGS
-from tidal.control import tokens
+from tidal.control import linkrates, tokens
 from tidal.testing.control import FakeAgent, checkpoint_result
 
 AGO = r"\d+s ago"
@@ -218,3 +218,26 @@ def test_nodes_with_gpu_devices(served_plane: Served) -> None:
     assert wide[5] == "NODE   DEVICE  GPU  MODEL                  MEMORY    JOBS" + " " * (len(jid) - 4) + "  UUID"
     assert wide[6] == (f"gpu-1  0       0    NVIDIA H100 80GB HBM3  79.6 GiB  {jid}  "
                        "GPU-0aaaaaaa-0000-0000-0000-000000000000")
+
+
+def test_nodes_wide_lists_the_links_measured_between_regions(served_plane: Served) -> None:
+    """Under the nodes, with -o wide only: each link between regions whose rate copies have measured (GB/s, the
+    median of the last copies); -o json stays the nodes' list (the links are GET /v1/links's)."""
+    p = served_plane.plane
+    assert FakeAgent(p, "w1", "W", region="west", cluster="west-a").register() == 200
+    assert FakeAgent(p, "e1", "E", region="east", cluster="east-a").register() == 200
+    assert served_plane.cli("nodes", "-o", "wide").stdout.splitlines()[3:] == []  # nothing measured yet
+    with p.db.tx() as s:
+        linkrates.note(s, "west", "east", 2_000_000_000, 4.0)
+        linkrates.note(s, "west", "east", 1_000_000_000, 0.5)
+        linkrates.note(s, "east", "west", 300_000_000, 1.5)
+    links = api(served_plane, "/v1/links")
+    assert [list(x) for x in links] == [list(LISTINGS["nodes: links"].fields)] * 2
+    assert [(x["from"], x["to"], x["gbps"], x["copies"], x["samples"]) for x in links] == [
+        ("east", "west", 0.2, 1, 1), ("west", "east", 1.25, 2, 2)]
+    wide = served_plane.cli("nodes", "-o", "wide").stdout.splitlines()
+    assert wide[3:6] == ["", "Links between regions (measured)", "FROM  TO    GB/S  COPIES  MEASURED"]
+    assert re.fullmatch(rf"east  west  0\.2   1       {AGO}", wide[6]), wide[6]
+    assert re.fullmatch(rf"west  east  1\.25  2       {AGO}", wide[7]), wide[7]
+    assert len(served_plane.cli("nodes").stdout.splitlines()) == 3
+    assert [n["name"] for n in json.loads(served_plane.cli("nodes", "-o", "json").stdout)] == ["e1", "w1"]

@@ -17,7 +17,7 @@ import pytest
 from tidal.agent.client import Refused
 from tidal.agent.executor import Executor, Running, failure
 from tidal.core import protocol
-from tidal.errors import CheckpointCorrupt, LeaseLost, MechanismError
+from tidal.errors import CheckpointCorrupt, LeaseLost, MechanismError, StorageError, StoreUnreachable
 from tidal.testing import wait_until
 
 
@@ -90,7 +90,7 @@ def test_a_readable_action_runs_its_handler_and_reports_the_typed_result(ex: Exe
 def test_a_failing_order_is_reported_with_its_error(ex: Executor, client: FakeClient) -> None:
     ex.submit({"id": "a-2", "order": protocol.encode(protocol.Park(job_id="j1", attempt=3, epoch=1, target=2))})
     _, res = client.next()
-    assert not res.ok and res.data == {"corrupt": None}
+    assert not res.ok and res.data == {"corrupt": None, "unreachable": None}
     assert res.error.startswith("job j1 attempt 3 does not run on node-1 (")  # and what to do, as a hint
 
 
@@ -137,6 +137,16 @@ def test_failure_carries_what_a_damaged_checkpoint_is() -> None:
     assert failure(MechanismError("criu dump failed")) == protocol.Failure()
 
 
+def test_failure_carries_the_store_that_could_not_be_reached() -> None:
+    exc = StoreUnreachable("the checkpoint store s3://ck-west/t cannot be reached: connection refused",
+                           store="s3://ck-west/t", reason="unavailable")
+    assert failure(exc) == protocol.Failure(unreachable=protocol.Unreachable(
+        store="s3://ck-west/t", message="the checkpoint store s3://ck-west/t cannot be reached: connection refused"))
+    # Any other failure of a store is not that: the control plane retries it as it did.
+    assert failure(StorageError("checkpoint store refused reading x: access denied", reason="access denied")) == \
+        protocol.Failure()
+
+
 def test_exits_are_reported_and_a_later_kill_of_that_attempt_says_how_they_ended(ex: Executor,
                                                                                  client: FakeClient) -> None:
     ranks = [protocol.RankExit(rank=0, code=0, at=1.0), protocol.RankExit(rank=1, signal=9, at=2.0)]
@@ -162,7 +172,7 @@ def test_a_result_the_control_plane_cannot_take_becomes_the_actions_failure(ex: 
                              "order: ranks.0.rank: too large", status=422, error="ValidationError")]
     ex.submit({"id": "a-8", "order": kill()})
     _, res = client.next()
-    assert (res.action_id, res.ok, res.data) == ("a-8", False, {"corrupt": None})
+    assert (res.action_id, res.ok, res.data) == ("a-8", False, {"corrupt": None, "unreachable": None})
     assert res.error.startswith("the control plane refused the agent's result: the control plane refused POST")
     # A refused failure is not answered with another one.
     client.refuse = [Refused("no", status=422)]

@@ -130,6 +130,26 @@ def test_within_a_region_the_image_moves_over_the_nodes_links() -> None:
     assert decide(topo, run("b", 2, B, "w0"), premium(), links=Links(node_gbps=0.01))[0] == ("preempt", "b", [])
 
 
+def test_across_regions_the_pairs_own_rate_counts_where_the_links_have_one() -> None:
+    """Live, the rate measured from the job's region to the other: it overrides the one rate between regions,
+    for that direction only."""
+    topo = topology(WEST_A, EAST_A)
+    measured_fast = Links(region_gbps=0.001, pair_gbps={("west", "east"): 1.0})
+    assert decide(topo, run("b", 2, B, "w0"), premium(), links=measured_fast)[0][0] == "migrate"
+    measured_slow = Links(pair_gbps={("west", "east"): 12.4 / 600.0 * 0.99})  # the default 0.5 would allow it
+    assert decide(topo, run("b", 2, B, "w0"), premium(), links=measured_slow)[0] == ("preempt", "b", [])
+    the_other_way = Links(region_gbps=0.001, pair_gbps={("east", "west"): 1.0})
+    assert decide(topo, run("b", 2, B, "w0"), premium(), links=the_other_way)[0] == ("preempt", "b", [])
+    assert measured_fast.between("west", "east") == 1.0
+    assert measured_fast.between("east", "west") == 0.001
+    assert measured_fast.transfer_s(12.0, 2, cross_region=True, regions=("west", "east")) == pytest.approx(12.0)
+    assert measured_fast.transfer_s(12.0, 2, cross_region=True) == pytest.approx(12_000.0)
+    assert measured_fast.transfer_s(12.0, 2, cross_region=False, regions=("west", "west")) == pytest.approx(
+        12.0 / (2 * 1.188))
+    with pytest.raises(ValidationError, match="the rate from region west to east must be above 0 GB/s"):
+        Links(pair_gbps={("west", "east"): 0.0})
+
+
 def test_spilling_can_be_turned_off() -> None:
     topo = topology(WEST_A, EAST_A)
     off = dataclasses.replace(SingularityConfig(), spill=False)
@@ -140,6 +160,7 @@ def test_the_links_estimate_is_the_cost_models_transfer() -> None:
     cost = CostModel()
     links = Links()
     assert (links.node_gbps, links.region_gbps) == (cost.net_gbps_per_node, cost.cross_region_gbps)
+    assert dict(links.pair_gbps) == {}  # the cost model has one rate between every two regions
     assert links.transfer_s(12.0, 2, cross_region=False) == pytest.approx(12.0 / (2 * cost.net_gbps_per_node))
     assert links.transfer_s(12.0, 2, cross_region=True) == pytest.approx(12.0 / cost.cross_region_gbps)
     with pytest.raises(ValidationError):

@@ -200,3 +200,16 @@ class MetricJobRow(Base):
     running_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True, index=True)
     open: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class RegionLinkRow(Base):
+    """The measured link from one region's checkpoint store to another's (:mod:`tidal.control.linkrates`): the
+    last copies between them large enough to time, each ``[stored bytes, seconds]``, oldest first."""
+
+    __tablename__ = "region_links"
+
+    source: Mapped[str] = mapped_column(String(64), primary_key=True)
+    target: Mapped[str] = mapped_column(String(64), primary_key=True)
+    samples: Mapped[list[list[float]]] = mapped_column(JSON)
+    copies: Mapped[int] = mapped_column(Integer)  # copies timed in all (``samples`` keeps the last few)
+    updated_at: Mapped[float] = mapped_column(Float)

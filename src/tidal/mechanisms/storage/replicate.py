@@ -4,7 +4,9 @@ Only the chunks the target lacks cross: content addressing makes "lacks" exact, 
 newest checkpoint ahead of a move (pre-copy) leaves, for the move itself, only what changed since. Each copied
 chunk is checked against its sha256 on the way and written as stored (compressed); the replica is committed
 under the same checkpoint id with the original's time and meta, under the target's garbage-collection
-protocol (pending refs, sweeps outlasted) like any writer's checkpoint.
+protocol (pending refs, sweeps outlasted) like any writer's checkpoint. A source that does not answer is told
+apart from a damaged source: :class:`~tidal.errors.StoreUnreachable` (naming it), not
+:class:`~tidal.errors.CheckpointCorrupt`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tidal.errors import CheckpointError, StorageError
 
 from .chunks import chunk_key
 from .manifest import MANIFEST
+from .retry import reading_from
 from .store import CheckpointStore
 from .sweep import START
 
@@ -62,7 +65,8 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
     replication of the same checkpoint under way (the other nodes of a restore in the same region) is waited
     for, not raced."""
     t0 = time.monotonic()
-    manifest, _ = source._load(job_id, checkpoint_id)
+    with reading_from(source.url):
+        manifest, _ = source._load(job_id, checkpoint_id)
     logical = sum(e.size for e in manifest.entries if e.kind == "file")
     unique = {h: n for e in manifest.entries for h, n in e.chunks}
 

@@ -12,6 +12,7 @@ The classification reads exception class names and the HTTP answer that botocore
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tidal.errors import StorageError
+from tidal.errors import StorageError, StoreUnreachable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,22 @@ _TRANSIENT_CODES = frozenset({
     "InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling", "ThrottlingException",
     "RequestLimitExceeded", "TooManyRequests", "BadDigest", "XAmzContentSHA256Mismatch", "IncompleteBody",
 })
+
+
+@contextlib.contextmanager
+def reading_from(url: str) -> Iterator[None]:
+    """Reads from the store at ``url``: a :class:`StorageError` that says it did not answer (its tries spent on
+    failures on the way, ``reason="unavailable"``) comes out as a :class:`StoreUnreachable` naming it."""
+    try:
+        yield
+    except StoreUnreachable:
+        raise
+    except StorageError as e:
+        if e.fields.get("reason") != "unavailable":
+            raise
+        raise StoreUnreachable(f"the checkpoint store {url} cannot be reached: {e.message}", store=url,
+                               object=e.fields.get("object"), reason="unavailable",
+                               hint="check that the store's server is up and this node reaches it") from e
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:

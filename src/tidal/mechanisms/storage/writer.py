@@ -19,6 +19,7 @@ from tidal.errors import CheckpointCorrupt, CheckpointError, StorageError, Undec
 
 from .chunks import chunk_key, is_zero, plan, zero_digest
 from .manifest import MANIFEST, CheckpointInfo, Entry, Manifest, check_name, file_digest, normalise_meta
+from .retry import reading_from
 from .sweep import START, overlapping, wait_out
 
 if TYPE_CHECKING:
@@ -397,7 +398,8 @@ def _verified_object(source: CheckpointStore, name: str, digest: str, n: int) ->
     """A chunk object of ``source`` as stored, once its content is checked against ``digest``."""
     key = chunk_key(digest)
     try:
-        raw = source.backend.get(key)
+        with reading_from(source.url):
+            raw = source.backend.get(key)
     except FileNotFoundError:
         raise CheckpointCorrupt(f"{name}: chunk {digest} is missing from {source.url}", object=name, chunk=digest,
                                 reason="missing") from None

@@ -1,20 +1,23 @@
 """Retries of remote store requests: which failures are tried again, how long between tries, when it stops,
-and a store over a fake fsspec filesystem that drops requests."""
+and a store over a fake fsspec filesystem that drops requests; a store that does not answer, named as the one a
+replication could not read from."""
 
 from __future__ import annotations
 
 import errno
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import fsspec
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from tidal.errors import StorageError
+from tidal.errors import StorageError, StoreUnreachable
 from tidal.mechanisms.storage import CheckpointStore
-from tidal.mechanisms.storage.retry import RetryPolicy, answer, retrying, transient
+from tidal.mechanisms.storage.replicate import replicate
+from tidal.mechanisms.storage.retry import RetryPolicy, answer, reading_from, retrying, transient
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.002)
 
@@ -181,3 +184,61 @@ def test_store_down_fails_with_storage_error_and_commits_nothing(flaky: type[Fla
     assert store.list("job") == [good]
     assert store.reader("job", good.id).read_bytes("f") == b"first"
     store.close()
+
+
+def test_reads_from_a_store_that_does_not_answer_name_it() -> None:
+    down = StorageError("checkpoint store error reading s3://b/k: ConnectionRefusedError (tried 6 times in 5.8 s)",
+                        object="s3://b/k", reason="unavailable")
+    with pytest.raises(StoreUnreachable) as err, reading_from("s3://b"):
+        raise down
+    assert err.value.message == ("the checkpoint store s3://b cannot be reached: checkpoint store error reading "
+                                 "s3://b/k: ConnectionRefusedError (tried 6 times in 5.8 s)")
+    assert err.value.fields == {"store": "s3://b", "object": "s3://b/k", "reason": "unavailable"}
+    assert err.value.__cause__ is down
+    denied = StorageError("checkpoint store refused reading s3://b/k: access denied", reason="access denied")
+    with pytest.raises(StorageError) as other, reading_from("s3://b"):
+        raise denied
+    assert other.value is denied  # an answer, not silence: the store is there
+
+
+def test_a_replication_whose_source_does_not_answer_says_so(flaky: type[FlakyFileSystem], tmp_path: Path) -> None:
+    """Told apart from a damaged source (CheckpointCorrupt): the source named, whether it fell silent before the
+    manifest was read or during the copy of the chunks."""
+    source = CheckpointStore(f"flaky://src-{uuid.uuid4().hex}", chunk_size=4096, retry=FAST)
+    w = source.writer("job")
+    w.add_bytes("f", bytes(range(256)) * 100)
+    ck = w.commit({}).id
+    target = CheckpointStore(tmp_path / "target", chunk_size=4096)
+    flaky.down = True
+    with pytest.raises(StoreUnreachable) as err:
+        replicate(source, target, "job", ck)
+    assert err.value.fields["store"] == source.url and "manifest" in err.value.message
+    flaky.down = False
+
+    def fall_silent(done: int, total: int) -> None:  # once the manifest is read and the copy begins
+        flaky.down = True
+
+    with pytest.raises(StoreUnreachable) as err:
+        replicate(source, target, "job", ck, fall_silent)
+    assert err.value.fields["store"] == source.url and "chunks/" in err.value.message
+    flaky.down = False
+    assert target.latest("job") is None
+    assert replicate(source, target, "job", ck).copied_chunks > 0  # once it answers again
+    source.close()
+    target.close()
+
+
+def test_a_target_that_does_not_answer_is_not_the_sources_silence(flaky: type[FlakyFileSystem],
+                                                                    tmp_path: Path) -> None:
+    source = CheckpointStore(tmp_path / "source", chunk_size=4096)
+    w = source.writer("job")
+    w.add_bytes("f", bytes(range(256)) * 100)
+    ck = w.commit({}).id
+    target = CheckpointStore(f"flaky://dst-{uuid.uuid4().hex}", chunk_size=4096, retry=FAST)
+    flaky.down = True
+    with pytest.raises(StorageError) as err:
+        replicate(source, target, "job", ck)
+    assert not isinstance(err.value, StoreUnreachable) and err.value.fields["reason"] == "unavailable"
+    flaky.down = False
+    source.close()
+    target.close()

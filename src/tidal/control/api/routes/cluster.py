@@ -1,5 +1,5 @@
-"""What users may see of the cluster: the event log (their own jobs' events; an admin's: all) and the
-nodes."""
+"""What users may see of the cluster: the event log (their own jobs' events; an admin's: all), the
+nodes, and the measured links between regions."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from tidal.control import jobs
+from tidal.control import jobs, linkrates
 from tidal.control.api import views
 from tidal.control.api.auth import AnyToken, User
 from tidal.control.api.context import Ctx
@@ -52,3 +52,11 @@ def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
                  "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1),
                  "gpus": views.node_gpus(n.gpus, n.name, on) if n.gpus else None}
                 for n in rows]
+
+
+@router.get("/links")
+def links(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
+    """The links between regions whose rate was measured from the checkpoints copied over them (the scheduler
+    counts on the others at TIDAL_REGION_GBPS, or its default)."""
+    with ctx.db.read() as s:
+        return linkrates.listing(s)
