@@ -68,7 +68,8 @@ class Settings(BaseSettings):
         default="off",
         description="admission against the load for premium and standard jobs that give their run time "
         "(tidal submit --runtime): off, demote (accepted at the highest lower tier whose target the load "
-        "meets) or refuse (refused with the estimate)",
+        "meets), refuse (refused with the estimate) or defer (kept at its tier, not scheduled until the estimate "
+        "meets the target)",
     )
     quotas: str | None = Field(
         default=None,

@@ -159,8 +159,8 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: str = typer.Option(None, "--checkpoint-every", help="e.g. 30s, 5m"),
         runtime: str = typer.Option(None, "--runtime",
                                     help="its expected run time, e.g. 2h: a premium or standard job whose SLA the "
-                                         "load cannot meet is then told so (demoted or refused, by the site's "
-                                         "TIDAL_ADMIT_SLA)"),
+                                         "load cannot meet is then told so (demoted, refused or deferred, by the "
+                                         "site's TIDAL_ADMIT_SLA)"),
         max_restarts: int = typer.Option(None, "--max-restarts",
                                          help="restarts after failures or lost nodes before it fails"),
         workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
@@ -192,6 +192,8 @@ def register(app: typer.Typer) -> None:
             console.print(f"submitted job [bold]{job['id']}[/] ({job['name']})")
             if job.get("admitted_as"):
                 console.print(f"[yellow]admitted as {job['admitted_as']}[/]: {job['admission']}", highlight=False)
+            if job.get("deferred"):
+                console.print(f"[yellow]deferred[/]: {job['deferred']}", highlight=False)
 
     @app.command("ls")
     def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)"),

@@ -48,7 +48,9 @@ def sim(
     quota_scale: Annotated[float, typer.Option(help="Multiply every --quota share by this.")] = 1.0,
     admit_sla: Annotated[
         str, typer.Option(help="Premium and standard jobs whose SLA the load makes unreachable (by the admitted "
-                               "backlog): off, demote (to the highest tier that meets its target) or refuse.")
+                               "backlog): off, demote (to the highest tier that meets its target), refuse, or "
+                               "defer (held back until the admitted work ahead has finished enough to meet its "
+                               "target).")
     ] = "off",
     gpu_mem_gb: Annotated[
         float, typer.Option(help="GPU memory in use per rank (GB): a checkpoint copies it to the host, then dumps it "
@@ -90,7 +92,7 @@ def sim(
             raise ValidationError(f"--{flag}-gbps must be above 0, not {rate}", field=f"{flag}_gbps",
                                   hint=f"a copy rate in GB/s, e.g. --{flag}-gbps 20")
     cost = CostModel(gpu_mem_per_rank_gb=gpu_mem_gb, d2h_gbps=d2h_gbps, h2d_gbps=h2d_gbps)
-    from tidal.policy.sla_admission import MODES
+    from tidal.policy.sla_admission import MODES, SlaMode
 
     if admit_sla not in MODES:
         raise ValidationError(f"--admit-sla must be one of {', '.join(MODES)}, not {admit_sla!r}", field="admit_sla")
@@ -103,7 +105,7 @@ def sim(
     t0 = time.monotonic()
     p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,
                 on_bad_row=cast(Literal["skip", "fail"], on_bad_row), fmt=trace_format, limit=limit, quotas=quotas)
-    p.sla_mode = cast(Literal["off", "demote", "refuse"], admit_sla)
+    p.sla_mode = cast(SlaMode, admit_sla)
     for line, reason in p.bad_rows[:20]:
         console.print(f"[yellow]skipped bad row[/] line {line}: {reason}", highlight=False)
     if len(p.bad_rows) > 20:
@@ -147,6 +149,7 @@ def sim(
     if admit_sla != "off":
         for n, s in summaries.items():
             parts = [f"{t}: {a['demoted']} demoted, {a['refused']} refused of {a['requested']}"
+                     + (f", {a['deferred']} deferred (mean {a['mean_deferral_s']:.0f} s)" if a["deferred"] else "")
                      for t, a in s["admission"].items()]
             out.print(f"{n}: admission against the load ({admit_sla}): " + "; ".join(parts), highlight=False)
     out.print(f"simulated in {elapsed:.1f} s", highlight=False)

@@ -15,7 +15,7 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal.control import agents, jobs, linkrates
+from tidal.control import agents, deferral, jobs, linkrates
 from tidal.control.checkpointing import checkpoint
 from tidal.control.history import record
 from tidal.control.launch import start
@@ -126,12 +126,13 @@ class Reconciler:
                 agents.expire(s, node, "lease expired")
             for job in self._due(s, now):
                 checkpoint(s, job, "periodic", f"timer-{self._run}")
+            deferral.release_due(s, f"reconcile-{self._run}")
             self._schedule(s, now)
 
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
         return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
-                or self._explain_due(s))
+                or self._explain_due(s) or (deferral.any_deferred(s) and bool(deferral.due(s))))
 
     def _explain_due(self, s: Session) -> bool:
         """Whether a pass should run only to say why new waiting jobs wait (see ``explain_every``)."""

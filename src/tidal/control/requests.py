@@ -59,6 +59,10 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
                            hint=f"pick a committed one: `tidal checkpoints {job.id}`")
     if st in TERMINAL:
         raise Conflict(f"job {job.id} has already {job.state}", job=job.id, state=job.state)
+    if st is S.HELD and job.reason_code == reasons.Why.DEFERRED.value:
+        raise Conflict(f"job {job.id} is deferred by admission against the load: it starts when its expected "
+                       "attainment meets its target", job=job.id, state=job.state, reason=job.reason,
+                       hint="cancel it and submit it at a lower tier to start sooner")
     if from_ is not None:
         if st in ACTIVE:
             raise Conflict(f"job {job.id} is {job.state}: only a stopped job can resume from a chosen checkpoint",

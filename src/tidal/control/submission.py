@@ -15,26 +15,31 @@ from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import TERMINAL, JobSpec, JobState, Tier
 from tidal.errors import Conflict, ValidationError
 from tidal.policy.admission import Quotas, decide
+from tidal.policy.reasons import Why
 from tidal.policy.sla_admission import SlaMode, decide_sla
 
 
 def submit(s: Session, spec: JobSpec, owner: str, cause: str,
            quotas: Quotas | None = None, sla: SlaMode = "off") -> tuple[JobRow, str]:
-    """Returns the job and, if it was admitted at a lower tier than asked for, why. ``quotas``: a premium
+    """Returns the job and, if it was admitted at a lower tier than asked for, why (if it was deferred: its
+    reason, ``deferred: ...``). ``quotas``: a premium
     or standard job over its project's quota is admitted as basic (the spec keeps the tier asked for; the
     job's ``tier`` is the one admitted). ``sla``: a premium or standard job that gives its run time, whose
     SLA the load cannot meet (:mod:`tidal.policy.sla_admission`, the simulator's rule), is demoted, or
-    refused (:class:`~tidal.errors.Conflict`, with the estimate: nothing is kept)."""
+    refused (:class:`~tidal.errors.Conflict`, with the estimate: nothing is kept), or deferred: kept held
+    with the reason ``deferred``, released by :mod:`tidal.control.deferral` when the estimate meets the
+    target. A job of a tier that has deferred jobs waiting is deferred behind them."""
     if not os.path.isdir(spec.workdir):
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
-    tier, why = spec.tier, ""
+    tier, why, deferred = spec.tier, "", ""
     if quotas is not None and spec.tier is not Tier.BASIC:
-        d = decide(quotas, _capacity(s), spec.project, spec.tier, spec.ranks, _guaranteed_use(s, spec.project))
+        d = decide(quotas, capacity(s), spec.project, spec.tier, spec.ranks, _guaranteed_use(s, spec.project))
         tier, why = d.tier, d.reason
     if sla != "off" and tier is not Tier.BASIC and spec.runtime is not None:
-        backlog, demand = _load(s)
-        a = decide_sla(sla, tier, spec.runtime, backlog, _capacity(s), demand, spec.max_devices or spec.ranks)
+        backlog, demand = load(s)
+        ahead = _deferred_at(s, tier) if sla == "defer" else 0
+        a = decide_sla(sla, tier, spec.runtime, backlog, capacity(s), demand, spec.max_devices or spec.ranks, ahead)
         if a.outcome == "refused":
             raise Conflict(f"job not admitted: {a.reason.removeprefix('refused: ')}", field="tier",
                            estimate=round(a.estimate, 3),
@@ -42,27 +47,44 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
         if a.outcome == "demoted":
             tier, why = a.tier, "; ".join(x for x in (why, a.reason.removeprefix(f"accepted as {a.tier.value}: "))
                                           if x)
+        if a.outcome == "deferred":
+            deferred = a.reason
     jid = secrets.token_hex(4)
     values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec.to_json(),
-                                  tier=tier.value, ranks=spec.ranks, state=JobState.PENDING.value, held=False,
+                                  tier=tier.value, ranks=spec.ranks, held=False,
+                                  state=(JobState.HELD if deferred else JobState.PENDING).value,
+                                  reason_code=Why.DEFERRED.value if deferred else None,
+                                  reason=deferred or None,
                                   submitted_at=now(s), restarts=0, attempt=0, placement=[])
     # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API. One cached
     # statement, the values as parameters; its submission number computed in the same statement.
     s.execute(_INSERT_JOB, values)
     record(s, "submitted", job_id=jid, cause=cause,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}"
-                  + (f"; admitted as {tier.value}: {why}" if why else ""))
-    return JobRow(**values), why
+                  + (f"; admitted as {tier.value}: {why}" if why else "")
+                  + (f"; {deferred}" if deferred else ""))
+    if deferred:
+        record(s, "waiting", job_id=jid, cause=cause, detail=deferred)
+    return JobRow(**values), deferred or why
 
 
-def _load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
+def _deferred_at(s: Session, tier: Tier) -> int:
+    """Deferred jobs of ``tier`` still waiting (a new job of the tier is deferred behind them)."""
+    return int(s.scalar(select(func.count()).select_from(JobRow).where(
+        JobRow.state == JobState.HELD.value, JobRow.reason_code == Why.DEFERRED.value,
+        JobRow.tier == tier.value)) or 0)
+
+
+def load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
     """What unfinished jobs hold or ask for, per admitted tier: device-seconds of their run time left (the
-    run time they gave, less the time of their current run) and devices."""
+    run time they gave, less the time of their current run) and devices. Deferred jobs are not counted:
+    they join the backlog when they are released."""
     t = now(s)
     backlog = dict.fromkeys(Tier, 0.0)
     demand = dict.fromkeys(Tier, 0)
     rows = s.execute(select(JobRow.tier, JobRow.ranks, JobRow.spec, JobRow.state, JobRow.started_at).where(
-        JobRow.state.not_in(tuple(x.value for x in TERMINAL))))
+        JobRow.state.not_in(tuple(x.value for x in TERMINAL)),
+        ~((JobRow.state == JobState.HELD.value) & (func.coalesce(JobRow.reason_code, "") == Why.DEFERRED.value))))
     for tier_name, ranks, spec, state, started_at in rows:
         tier = Tier.parse(tier_name)
         devices = int((spec or {}).get("max_devices") or ranks)
@@ -74,7 +96,7 @@ def _load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
     return backlog, demand
 
 
-def _capacity(s: Session) -> int:
+def capacity(s: Session) -> int:
     return int(s.scalar(select(func.coalesce(func.sum(NodeRow.devices), 0))) or 0)
 
 

@@ -24,6 +24,7 @@ class Why(enum.Enum):
     """What keeps a job waiting (a stable code; the reason's text says it in full)."""
 
     HELD = "held"  # its owner holds it (`tidal preempt`)
+    DEFERRED = "deferred"  # admission against the load deferred it: released when its SLA can be met
     TOO_LARGE = "too_large"  # it needs more devices than the cluster has
     NO_NODES = "no_nodes"  # no node is up
     MAKING_ROOM = "making_room"  # jobs are being preempted for it: it starts once their devices are free
@@ -58,6 +59,11 @@ StartSize = Callable[[JobView], Need]
 
 def held() -> Reason:
     return Reason(Why.HELD, "held by its owner: `tidal resume` releases it")
+
+
+def deferred(text: str) -> Reason:
+    """Deferred at submission (TIDAL_ADMIT_SLA=defer); ``text``: the admission's reason ("deferred: ...")."""
+    return Reason(Why.DEFERRED, text)
 
 
 def queued() -> Reason:

@@ -6,7 +6,15 @@ waits for their work (device-seconds asked, W × run time) spread over the clust
 attainment is then ``duration / (wait + duration)``. When that is below the tier's target, by configuration the job is
 - ``demote``: accepted at the highest lower tier whose estimate meets that tier's target (basic at worst:
   best effort, nothing promised), the reason saying so; or
-- ``refuse``: refused, the reason giving the estimate; nothing of it is kept.
+- ``refuse``: refused, the reason giving the estimate; nothing of it is kept; or
+- ``defer``: accepted at its tier but deferred: it is not scheduled until the estimate, recomputed as
+  admitted work finishes (:func:`release`), meets the target; then it joins the queue at its tier. Deferred
+  jobs are released in submission order: a job never overtakes an earlier deferred one of its tier (a new
+  job of a tier that has deferred jobs waiting is deferred behind them, whatever its estimate).
+  A deferred job's own work is not in the backlog while it waits, and it is added when the job is released:
+  until then it holds no device and delays no one (a guaranteed job admitted meanwhile starts ahead of it,
+  as it would have had the deferred job been submitted later), and counting it would make its own estimate
+  wait behind itself.
 ``off`` admits every job as asked. The rule needs the job's run time: without one (live jobs give none)
 the job is admitted as asked.
 """
@@ -19,8 +27,8 @@ from typing import Literal
 from tidal.core import Tier
 from tidal.errors import ValidationError
 
-SlaMode = Literal["off", "demote", "refuse"]
-MODES: tuple[str, ...] = ("off", "demote", "refuse")
+SlaMode = Literal["off", "demote", "refuse", "defer"]
+MODES: tuple[str, ...] = ("off", "demote", "refuse", "defer")
 
 
 def estimate(duration_s: float, backlog_device_s: float, capacity: int) -> float:
@@ -33,16 +41,18 @@ def estimate(duration_s: float, backlog_device_s: float, capacity: int) -> float
 
 @dataclasses.dataclass(frozen=True)
 class SlaDecision:
-    outcome: Literal["accepted", "demoted", "refused"]
+    outcome: Literal["accepted", "demoted", "refused", "deferred"]
     tier: Tier  # the tier it runs at (the asked one when refused)
     estimate: float  # the expected attainment at the tier asked
     reason: str = ""
 
 
 def decide_sla(mode: SlaMode, tier: Tier, duration_s: float | None, backlog: dict[Tier, float],
-               capacity: int, demand: dict[Tier, int] | None = None, devices: int = 1) -> SlaDecision:
+               capacity: int, demand: dict[Tier, int] | None = None, devices: int = 1,
+               deferred_ahead: int = 0) -> SlaDecision:
     """``backlog``: device-seconds of unfinished admitted work per tier; ``demand``: the devices those jobs
-    ask for (None: count the backlog whatever it asks); ``devices``: the job's."""
+    ask for (None: count the backlog whatever it asks); ``devices``: the job's; ``deferred_ahead``: (mode
+    ``defer``) the deferred jobs of its tier still waiting, submitted before it: it is deferred behind them."""
     if mode not in MODES:
         raise ValidationError(f"unknown SLA admission {mode!r}", field="admit_sla", hint="one of: " + ", ".join(MODES))
     target = tier.target
@@ -55,11 +65,18 @@ def decide_sla(mode: SlaMode, tier: Tier, duration_s: float | None, backlog: dic
         return estimate(duration_s, sum(v for k, v in backlog.items() if k.rank >= t.rank), capacity)
 
     est = at(tier)
+    if mode == "defer" and deferred_ahead > 0:
+        return SlaDecision("deferred", tier, est,
+                           f"deferred: behind {deferred_ahead} earlier deferred {tier.value} job(s) (expected "
+                           f"attainment {est:.2f} at {tier.value}, target {target:.2f}); it starts after them, "
+                           "when its target is met")
     if est >= target:
         return SlaDecision("accepted", tier, est)
     why = f"expected attainment {est:.2f} at {tier.value} under the current load, below its target {target:.2f}"
     if mode == "refuse":
         return SlaDecision("refused", tier, est, f"refused: {why}; submit later or at a lower tier")
+    if mode == "defer":
+        return SlaDecision("deferred", tier, est, f"deferred: {why}; it starts when that is met")
     for lower in (Tier.STANDARD, Tier.BASIC):
         if lower.rank >= tier.rank:
             continue
@@ -67,6 +84,49 @@ def decide_sla(mode: SlaMode, tier: Tier, duration_s: float | None, backlog: dic
         if t is None or at(lower) >= t:
             return SlaDecision("demoted", lower, est, f"accepted as {lower.value}: {why}")
     return SlaDecision("demoted", Tier.BASIC, est, f"accepted as basic: {why}")  # not reached: basic has no target
+
+
+@dataclasses.dataclass(frozen=True)
+class Deferred:
+    """A deferred job, as :func:`release` weighs it."""
+
+    job_id: str
+    tier: Tier
+    duration_s: float
+    devices: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    job_id: str
+    estimate: float  # its expected attainment at its tier, now
+    reason: str  # "released: expected attainment now 0.74 ≥ 0.70"
+
+
+def release(waiting: list[Deferred], backlog: dict[Tier, float], capacity: int,
+            demand: dict[Tier, int] | None = None) -> list[Release]:
+    """The deferred jobs to release now, ``waiting`` in submission order: each whose estimate at its tier
+    (:func:`decide_sla`'s rule, against ``backlog`` and ``demand`` plus the work of the jobs released before
+    it here) meets its target, up to the first of its tier that does not (none overtakes an earlier one of
+    its tier). Pure: the arguments are not changed."""
+    backlog = dict(backlog)
+    demand = dict(demand) if demand is not None else None
+    blocked: set[Tier] = set()
+    out: list[Release] = []
+    for d in waiting:
+        if d.tier in blocked:
+            continue
+        a = decide_sla("refuse", d.tier, d.duration_s, backlog, capacity, demand, d.devices)
+        target = d.tier.target
+        if target is not None and a.outcome != "accepted":
+            blocked.add(d.tier)
+            continue
+        out.append(Release(d.job_id, a.estimate,
+                           f"released: expected attainment now {a.estimate:.2f} ≥ {target or 0.0:.2f}"))
+        backlog[d.tier] = backlog.get(d.tier, 0.0) + d.devices * d.duration_s
+        if demand is not None:
+            demand[d.tier] = demand.get(d.tier, 0) + d.devices
+    return out
 
 
 class SlaAdmission:
@@ -78,14 +138,34 @@ class SlaAdmission:
         self.backlog: dict[Tier, float] = {Tier.PREMIUM: 0.0, Tier.STANDARD: 0.0, Tier.BASIC: 0.0}
         self.demand: dict[Tier, int] = {Tier.PREMIUM: 0, Tier.STANDARD: 0, Tier.BASIC: 0}
         self._held: dict[str, tuple[Tier, float, int]] = {}
+        self.deferred: list[Deferred] = []  # in submission order
 
     def admit(self, job_id: str, tier: Tier, devices: int, duration_s: float | None) -> SlaDecision:
-        d = decide_sla(self.mode, tier, duration_s, self.backlog, self.capacity, self.demand, devices)
-        if d.outcome != "refused" and duration_s is not None:
-            self.backlog[d.tier] += devices * duration_s
-            self.demand[d.tier] += devices
-            self._held[job_id] = (d.tier, devices * duration_s, devices)
+        ahead = sum(1 for x in self.deferred if x.tier is tier)
+        d = decide_sla(self.mode, tier, duration_s, self.backlog, self.capacity, self.demand, devices, ahead)
+        if d.outcome == "deferred" and duration_s is not None:
+            self.deferred.append(Deferred(job_id, tier, duration_s, devices))  # counted once released
+        elif d.outcome != "refused" and duration_s is not None:
+            self._count(job_id, d.tier, devices, duration_s)
         return d
+
+    def _count(self, job_id: str, tier: Tier, devices: int, duration_s: float) -> None:
+        self.backlog[tier] += devices * duration_s
+        self.demand[tier] += devices
+        self._held[job_id] = (tier, devices * duration_s, devices)
+
+    def release(self) -> list[Release]:
+        """The deferred jobs whose estimate now meets their target, in submission order; their work joins
+        the backlog."""
+        if not self.deferred:
+            return []
+        out = release(self.deferred, self.backlog, self.capacity, self.demand)
+        gone = {r.job_id for r in out}
+        for x in self.deferred:
+            if x.job_id in gone:
+                self._count(x.job_id, x.tier, x.devices, x.duration_s)
+        self.deferred = [x for x in self.deferred if x.job_id not in gone]
+        return out
 
     def finished(self, job_id: str) -> None:
         held = self._held.pop(job_id, None)

@@ -43,7 +43,7 @@ _FINISH, _PAUSE_END, _ARRIVE, _WAKE = 0, 1, 2, 3
 
 class SimJob:
     __slots__ = (
-        "W", "attained", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
+        "W", "attained", "deferred_s", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
         "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "pause_until", "preemptions", "project",
         "queue_s", "rate", "refused", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
         "version", "wait_since",
@@ -78,6 +78,7 @@ class SimJob:
         self.started_at: float | None = None
         self.attained = 0.0
         self.refused = ""  # why admission refused it (it never ran)
+        self.deferred_s: float | None = None  # deferred by SLA admission: from its submission to its release
 
 
 @dataclasses.dataclass
@@ -115,7 +116,8 @@ class Simulator:
         sla_admission: SlaAdmission | None = None,
     ) -> None:
         """``admission``: premium and standard jobs over their project's quota run as basic.
-        ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted or refused."""
+        ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted, refused, or
+        deferred (they join the policy's queue when admitted work has finished enough to meet their target)."""
         self.topo = topology
         self.policy = policy
         self.admission = admission
@@ -413,6 +415,17 @@ class Simulator:
         j.remaining = max(0.0, j.remaining - j.rate * (self.t - j.last_t))
         j.last_t = self.t
 
+    def _enter(self, j: SimJob, detail: str) -> Event:
+        """The job joins the policy's queue (submitted, or released by SLA admission)."""
+        self.live[j.id] = j
+        self.waiting += 1
+        if self.admission is not None:
+            adm = self.admission.admit(j.id, j.project, j.tier, j.W)
+            if adm.demoted:
+                j.tier = adm.tier
+                detail = f"admitted as {adm.tier.value}: {adm.reason}"
+        return self._event(EventKind.JOB_SUBMITTED, j.id, detail=detail)
+
     # ---- the loop -----------------------------------------------------------------------------------
     def run(self, progress: Callable[[int], None] | None = None) -> SimResult:
         for tj in self.trace:
@@ -441,17 +454,18 @@ class Simulator:
                             self.done += 1
                             self._event(EventKind.JOB_CANCELLED, jid, detail=sla.reason)  # logged only
                             continue
+                        if sla.outcome == "deferred":
+                            # Not in the policy's queue until released (below, as admitted work finishes);
+                            # its queueing time runs from its submission all the same.
+                            j.deferred_s = 0.0
+                            if self.log is not None:
+                                self.log({"type": "event", "time": now, "kind": "job_deferred", "job": jid,
+                                          "detail": sla.reason})
+                            continue
                         if sla.outcome == "demoted":
                             j.tier = sla.tier
                             detail = sla.reason
-                    self.live[jid] = j
-                    self.waiting += 1
-                    if self.admission is not None:
-                        adm = self.admission.admit(jid, j.project, j.tier, j.W)
-                        if adm.demoted:
-                            j.tier = adm.tier
-                            detail = f"admitted as {adm.tier.value}: {adm.reason}"
-                    events.append(self._event(EventKind.JOB_SUBMITTED, jid, detail=detail))
+                    events.append(self._enter(j, detail))
                 elif kind == _WAKE:
                     self._wakes.discard(now)
                     events.append(self._event(EventKind.TICK, None))
@@ -477,10 +491,14 @@ class Simulator:
                     del self.live[jid]
                     if self.admission is not None:
                         self.admission.finished(jid)
-                    if self.sla_admission is not None:
-                        self.sla_admission.finished(jid)
                     self.done += 1
                     events.append(self._event(EventKind.JOB_FINISHED, jid))
+                    if self.sla_admission is not None:
+                        self.sla_admission.finished(jid)
+                        for rel in self.sla_admission.release():
+                            d = self.jobs[rel.job_id]
+                            d.deferred_s = now - d.submit
+                            events.append(self._enter(d, rel.reason))
             if not events:
                 continue
             self.decisions += 1

@@ -37,7 +37,7 @@ class Prepared:
     offered_load: float
     trace_jobs: int
     quotas: Quotas | None = None  # premium and standard admitted against these
-    sla_mode: SlaMode = "off"  # guaranteed jobs whose SLA the load makes unreachable: demoted or refused
+    sla_mode: SlaMode = "off"  # guaranteed jobs whose SLA the load makes unreachable: demoted, refused, deferred
 
     def admission(self) -> Admission | None:
         """A fresh admission for one run (it tracks that run's unfinished jobs)."""

@@ -102,11 +102,14 @@ def summarize(r: SimResult) -> dict[str, Any]:
         if not asked and not refused:
             continue
         demoted = [j for j in asked if j.tier is not tier]
+        deferred = [float(j.deferred_s) for j in asked if j.deferred_s is not None]
         work = sum(j.W * j.duration for j in asked)
         out["admission"][tier.value] = {
             "requested": len(asked) + refused,
             "demoted": len(demoted),
             "refused": refused,  # by SLA admission: never ran
+            "deferred": len(deferred),  # by SLA admission: held back until the load let them meet their target
+            "mean_deferral_s": _mean(deferred),  # submission to release, over the deferred jobs (in their queueing)
             "demoted_work_fraction": (sum(j.W * j.duration for j in demoted) / work) if work > 0 else 0.0,
             "requested_attainment": tier_attainment(asked),  # over every job that asked
         }

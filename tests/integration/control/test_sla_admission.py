@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidal.testing.control import FakeAgent, Plane
+from tidal.testing.control import FakeAgent, Plane, start
 
 HOUR = 3600.0
 
@@ -53,3 +53,48 @@ def test_off_admits_as_asked_and_a_bad_runtime_is_refused(tmp_path: Path) -> Non
     r = p.http.post("/v1/jobs", headers=p.as_user(), json={"command": ["train"], "workdir": str(p.workdir),
                                                            "runtime": -5})
     assert r.status_code == 422 and r.json()["message"].startswith("runtime must be > 0")
+
+
+def test_deferred_until_the_job_ahead_finishes_then_released_and_placed(tmp_path: Path) -> None:
+    p = plane(tmp_path, "defer")
+    a = FakeAgent(p, "node-1", "A", devices=2)
+    first = p.submit(tier="standard", ranks=2, runtime=HOUR)  # the cluster's 2 devices for an hour
+    start(p, a, first)
+    reply = p.submit_reply(tier="standard", ranks=1, runtime=HOUR)
+    # Behind 2 device-hours on 2 devices: it would wait an hour for an hour's work, attainment 0.50.
+    why = "expected attainment 0.50 at standard under the current load, below its target 0.70"
+    assert reply["deferred"] == f"{why}; it starts when that is met"
+    assert reply.get("admitted_as") is None and reply["tier"] == "standard" and reply["state"] == "held"
+    second = reply["id"]
+    job = p.job(second)
+    assert (job["state"], job["tier"], job["reason_code"]) == ("held", "standard", "deferred")
+    assert job["reason"] == f"deferred: {why}; it starts when that is met"
+    # A later standard job is deferred behind it, whatever its own estimate: none overtakes.
+    third = p.submit_reply(tier="standard", ranks=1, runtime=1000 * HOUR)
+    assert third["deferred"].startswith("behind 1 earlier deferred standard job(s)")
+    # Not placed while deferred (the free devices do not matter: its SLA does).
+    p.rec.once()
+    assert a.actions() == [] and p.job(second)["state"] == "held"
+    # The blocking job finishes: the next pass releases the deferred ones, in order, and places the first.
+    r = p.http.post("/v1/agent/node-1/exits", headers=p.as_agent(), json={
+        "agent_id": "A", "job_id": first, "attempt": 1,
+        "ranks": [{"rank": 0, "code": 0, "signal": None}, {"rank": 1, "code": 0, "signal": None}]})
+    assert r.json()["applied"] and p.job(first)["state"] == "succeeded"
+    p.rec.once()
+    released = [e for e in p.job(second)["events"] if e["kind"] == "released"]
+    assert [e["detail"] for e in released] == ["released: expected attainment now 1.00 ≥ 0.70"]
+    assert [e["kind"] for e in p.job(third["id"])["events"]].count("released") == 1
+    acts = a.actions()
+    assert [(x["kind"], x["job_id"]) for x in acts] == [("launch", second), ("launch", third["id"])]
+    assert p.job(second)["state"] == "running"
+
+
+def test_a_deferred_job_is_not_resumed_by_hand(tmp_path: Path) -> None:
+    p = plane(tmp_path, "defer")
+    p.submit(tier="premium", ranks=2, runtime=HOUR)
+    jid = p.submit_reply(tier="premium", ranks=1, runtime=HOUR)["id"]
+    r = p.http.post(f"/v1/jobs/{jid}/resume", headers=p.as_user(), json={})
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == (f"job {jid} is deferred by admission against the load: it starts when its "
+                                   "expected attainment meets its target")
+    assert p.job(jid)["state"] == "held"

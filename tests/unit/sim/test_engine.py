@@ -146,3 +146,30 @@ def test_sla_admission_refuses_or_demotes_what_the_load_cannot_serve() -> None:
                   sla_admission=SlaAdmission("demote", 1)).run()
     js = {j.id: j for j in r.jobs}
     assert js["s1"].tier is B and js["s1"].requested is S and js["s1"].finish == 1100
+
+
+def test_sla_admission_defers_until_the_job_ahead_finishes() -> None:
+    from tidal.policy.sla_admission import SlaAdmission
+
+    # One device: s0 (standard, 1000 s) runs; s1 (100 s, at 10) would wait ≈ 1000 s (0.09 < 0.70): deferred;
+    # s2 (10 s, at 20) is deferred behind s1. s0 finishes at 1000: s1 is released (1.00) and starts; s2 would
+    # wait 100 s behind it (10 / 110 = 0.09): still deferred, released when s1 finishes at 1100.
+    trace = [TraceJob("s0", 0, 1000, 1, S), TraceJob("s1", 10, 100, 1, S), TraceJob("s2", 20, 10, 1, S)]
+    log: list[dict[str, object]] = []
+    r = Simulator(Topology.uniform(1, 1), trace, make_policy("fifo"), cost=UNIT, log=log.append,
+                  sla_admission=SlaAdmission("defer", 1)).run()
+    js = {j.id: j for j in r.jobs}
+    assert (js["s1"].tier, js["s1"].first_start, js["s1"].finish, js["s1"].deferred_s) == (S, 1000, 1100, 990)
+    assert (js["s2"].tier, js["s2"].first_start, js["s2"].finish, js["s2"].deferred_s) == (S, 1100, 1110, 1080)
+    assert js["s1"].queue_s == 990 and js["s2"].queue_s == 1080  # the deferral is queueing: it waited
+    assert js["s0"].deferred_s is None and js["s0"].finish == 1000
+    deferred = [e for e in log if e.get("kind") == "job_deferred"]
+    assert [e["job"] for e in deferred] == ["s1", "s2"]
+    assert deferred[0]["detail"] == ("deferred: expected attainment 0.09 at standard under the current load, "
+                                     "below its target 0.70; it starts when that is met")
+    released = [e for e in log if e.get("kind") == "job_submitted" and e.get("job") in ("s1", "s2")]
+    assert [(e["job"], e["time"], e["detail"]) for e in released] == [
+        ("s1", 1000, "released: expected attainment now 1.00 ≥ 0.70"),
+        ("s2", 1100, "released: expected attainment now 1.00 ≥ 0.70")]
+    a = summarize(r)["admission"]["standard"]
+    assert (a["requested"], a["deferred"], a["mean_deferral_s"], a["demoted"], a["refused"]) == (3, 2, 1035, 0, 0)

@@ -15,7 +15,7 @@ from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
 from tidal.control.api.schemas import JobSubmit, MigrateRequest, ResizeRequest, ResumeRequest
 from tidal.control.store.models import JobRow
-from tidal.core import limits
+from tidal.core import JobState, limits
 from tidal.errors import ValidationError
 
 router = APIRouter(prefix="/v1/jobs")
@@ -27,7 +27,9 @@ async def submit(body: JobSubmit, p: User, ctx: Ctx) -> dict[str, Any]:
     with ctx.db.tx() as s:
         job, why = submission.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas, sla=ctx.admit_sla)
         out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
-        if why:  # over its project's quota
+        if job.state == JobState.HELD.value and why.startswith("deferred: "):  # against the load: deferred
+            out["deferred"] = why.removeprefix("deferred: ")
+        elif why:  # over its project's quota, or against the load
             out["admitted_as"], out["admission"] = job.tier, why
         return out
 
