@@ -25,11 +25,6 @@ def _deferred(s: Session) -> list[JobRow]:
     return list(s.scalars(q.order_by(JobRow.seq)))
 
 
-def any_deferred(s: Session) -> bool:
-    q = select(JobRow.id).where(JobRow.state == S.HELD.value, JobRow.reason_code == Why.DEFERRED.value)
-    return s.scalar(q.limit(1)) is not None
-
-
 def due(s: Session) -> list[tuple[JobRow, Release]]:
     """The deferred jobs to release now, in submission order, each with its estimate."""
     rows = _deferred(s)

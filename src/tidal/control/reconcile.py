@@ -132,7 +132,7 @@ class Reconciler:
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
         return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
-                or self._explain_due(s) or (deferral.any_deferred(s) and bool(deferral.due(s))))
+                or self._explain_due(s) or bool(deferral.due(s)))
 
     def _explain_due(self, s: Session) -> bool:
         """Whether a pass should run only to say why new waiting jobs wait (see ``explain_every``)."""
