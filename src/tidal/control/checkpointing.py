@@ -26,6 +26,7 @@ from tidal.control.jobs import (
     checkpoints,
     device_count,
     end_op,
+    end_run,
     good,
     nodes_of,
     nodes_of_devices,
@@ -268,18 +269,18 @@ def _after_commit(s: Session, job: JobRow, cause: str, source: CheckpointRow | N
     if purpose == "periodic":
         transition(s, job, S.RUNNING, cause, detail)
     elif purpose in ("hold", "preempt"):
-        job.placement = []
+        end_run(s, job)
         job.held = purpose == "hold"
         eid = transition(s, job, S.PREEMPTED, cause, detail + (", held" if job.held else ""))
         if job.held:
             set_reason(s, job, reasons.held(), eid)
     elif not job.target:  # a migration whose destination was lost meanwhile: requeue it, not held
-        job.placement = []
+        end_run(s, job)
         job.target = None
         transition(s, job, S.PREEMPTED, cause, detail + ", its destination is gone: requeued")
     else:  # migrate or resize
         before = device_count(job)
-        job.placement = []
+        end_run(s, job)
         target = [DeviceRef(n, int(i)) for n, i in job.target]
         where = f", to {', '.join(nodes_of_devices(target))}"
         if purpose == "resize":

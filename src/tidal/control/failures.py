@@ -17,6 +17,7 @@ from tidal.control.jobs import (
     checkpoints,
     drop_actions,
     end_op,
+    end_run,
     good,
     nodes_of,
     parts_of,
@@ -144,8 +145,9 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
         f"from checkpoint {src.id}" if src is not None else "from scratch")
     # Walk the lifecycle table back to a waiting state.
     st = state(job)
+    if st in (S.RUNNING, S.CHECKPOINTING):
+        end_run(s, job)  # its ranks ran until now (a restore being walked back below never did)
     if st is S.CHECKPOINTING:
-        job.placement = []
         transition(s, job, S.PREEMPTED, cause, detail)
         return
     if st is S.MIGRATING:

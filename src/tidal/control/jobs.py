@@ -44,16 +44,27 @@ def spec_of(job: JobRow) -> JobSpec:
 
 def transition(s: Session, job: JobRow, new: JobState, cause: str | None, detail: str = "") -> str:
     advance(state(job), new, job=job.id)
+    if new in TERMINAL:
+        end_run(s, job)
     job.state = new.value
     reasons.clear(job)  # it no longer waits, or waits anew: the scheduler's next pass says why
     if new in TERMINAL:
         job.finished_at = now(s)
-        job.placement = []
         job.target = None
         end_op(s, job)
         drop_actions(s, job.id)
     node = job.placement[0]["node"] if job.placement else None
     return record(s, new.value, job_id=job.id, node=node, cause=cause, detail=detail)
+
+
+def end_run(s: Session, job: JobRow) -> None:
+    """The job's ranks no longer hold its devices: the run's device-seconds since ``started_at`` join its
+    attained service (as the simulator counts it: the checkpoint's pause included), where the ranks did run
+    (a restore that never finished ran nothing)."""
+    if job.placement and job.started_at is not None and state(job) in (S.RUNNING, S.CHECKPOINTING):
+        ran = max(0.0, now(s) - job.started_at)
+        job.attained_device_s = float(job.attained_device_s or 0.0) + device_count(job) * ran
+    job.placement = []
 
 
 def phase(job: JobRow) -> Phase:

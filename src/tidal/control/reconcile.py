@@ -43,6 +43,7 @@ from tidal.errors import TidalError, Unavailable
 from tidal.policy import gpufit
 from tidal.policy import reasons as policy_reasons
 from tidal.policy.base import Policy
+from tidal.policy.sla_admission import run_time_left
 
 log = logging.getLogger(__name__)
 S = JobState
@@ -287,11 +288,14 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
         if j.pinned_devices:  # resized by hand: the scheduler keeps that size
             lo = hi = j.pinned_devices
         tier = Tier.parse(j.tier)
+        attained = float(j.attained_device_s or 0.0)
         views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=tier, submitted_at=j.submitted_at,
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
                               started_at=j.started_at, project=spec.project or "default",
                               requested_tier=spec.tier if spec.tier > tier else None,
-                              home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j))
+                              home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j),
+                              attained_device_s=attained, duration_hint=spec.runtime,
+                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks))
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,

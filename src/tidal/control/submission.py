@@ -16,7 +16,7 @@ from tidal.core import TERMINAL, JobSpec, JobState, Tier
 from tidal.errors import Conflict, ValidationError
 from tidal.policy.admission import Quotas, decide
 from tidal.policy.reasons import Why
-from tidal.policy.sla_admission import SlaMode, decide_sla
+from tidal.policy.sla_admission import SlaMode, decide_sla, run_time_left
 
 
 def submit(s: Session, spec: JobSpec, owner: str, cause: str,
@@ -77,23 +77,30 @@ def _deferred_at(s: Session, tier: Tier) -> int:
 
 def load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
     """What unfinished jobs hold or ask for, per admitted tier: device-seconds of their run time left (the
-    run time they gave, less the time of their current run) and devices. Deferred jobs are not counted:
-    they join the backlog when they are released."""
+    run time they gave, less the device-seconds they have run over their ranks, as the scheduler counts it:
+    :func:`tidal.policy.sla_admission.run_time_left`) and devices. Deferred jobs are not counted: they join the
+    backlog when they are released."""
     t = now(s)
     backlog = dict.fromkeys(Tier, 0.0)
     demand = dict.fromkeys(Tier, 0)
-    rows = s.execute(select(JobRow.tier, JobRow.ranks, JobRow.spec, JobRow.state, JobRow.started_at).where(
+    rows = s.execute(select(JobRow.tier, JobRow.ranks, JobRow.spec, JobRow.state, JobRow.started_at,
+                            JobRow.attained_device_s, JobRow.placement).where(
         JobRow.state.not_in(tuple(x.value for x in TERMINAL)),
         ~((JobRow.state == JobState.HELD.value) & (func.coalesce(JobRow.reason_code, "") == Why.DEFERRED.value))))
-    for tier_name, ranks, spec, state, started_at in rows:
+    for tier_name, ranks, spec, state, started_at, attained, placement in rows:
         tier = Tier.parse(tier_name)
         devices = int((spec or {}).get("max_devices") or ranks)
         demand[tier] += devices
         runtime = (spec or {}).get("runtime")
         if runtime is not None:
-            ran = t - started_at if state == JobState.RUNNING.value and started_at else 0.0
-            backlog[tier] += devices * max(0.0, float(runtime) - ran)
+            served = float(attained or 0.0)
+            if state in RAN and started_at:
+                served += len({(p["node"], p["device"]) for p in placement or ()}) * max(0.0, t - started_at)
+            backlog[tier] += devices * (run_time_left(float(runtime), served, ranks) or 0.0)
     return backlog, demand
+
+
+RAN = (JobState.RUNNING.value, JobState.CHECKPOINTING.value)  # states whose current run counts as service
 
 
 def capacity(s: Session) -> int:

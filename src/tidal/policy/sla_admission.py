@@ -15,13 +15,16 @@ attainment is then ``duration / (wait + duration)``. When that is below the tier
   until then it holds no device and delays no one (a guaranteed job admitted meanwhile starts ahead of it,
   as it would have had the deferred job been submitted later), and counting it would make its own estimate
   wait behind itself.
-``off`` admits every job as asked. The rule needs the job's run time: without one (live jobs give none)
-the job is admitted as asked.
+``off`` admits every job as asked. The rule needs the job's run time: without one (a live job submitted
+without ``--runtime``) the job is admitted as asked. The backlog is what is left of the admitted jobs' run
+times: live, each job's given run time less the device-seconds it has run over its devices; in the
+simulator, its work left.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Literal
 
 from tidal.core import Tier
@@ -37,6 +40,15 @@ def estimate(duration_s: float, backlog_device_s: float, capacity: int) -> float
         return 1.0
     wait = backlog_device_s / max(capacity, 1)
     return duration_s / (wait + duration_s)
+
+
+def run_time_left(runtime: float | None, attained_device_s: float, ranks: int) -> float | None:
+    """What is left of the run time a job gave (``tidal submit --runtime``: at its full size), after the
+    device-seconds it has run; None when it gave none. A run on D < W devices counts D/W of its time (the
+    policy's ceil(W/D) ranks a device, where D divides W)."""
+    if runtime is None:
+        return None
+    return max(0.0, runtime - attained_device_s / max(ranks, 1))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,15 +142,34 @@ def release(waiting: list[Deferred], backlog: dict[Tier, float], capacity: int,
 
 
 class SlaAdmission:
-    """Admits jobs in submission order against the guaranteed backlog; told when each job finishes."""
+    """Admits jobs in submission order against the guaranteed backlog; told when each job finishes.
+    ``done``: the work a job has done so far, seconds at full size (the live control plane's rule: what is
+    left of an admitted job's run time is its backlog); None: each job counts its whole run time until it
+    finishes."""
 
-    def __init__(self, mode: SlaMode, capacity: int) -> None:
+    def __init__(self, mode: SlaMode, capacity: int, done: Callable[[str], float] | None = None) -> None:
         self.mode = mode
         self.capacity = capacity
-        self.backlog: dict[Tier, float] = {Tier.PREMIUM: 0.0, Tier.STANDARD: 0.0, Tier.BASIC: 0.0}
-        self.demand: dict[Tier, int] = {Tier.PREMIUM: 0, Tier.STANDARD: 0, Tier.BASIC: 0}
-        self._held: dict[str, tuple[Tier, float, int]] = {}
+        self.done = done
+        self._held: dict[str, tuple[Tier, float, int]] = {}  # admitted, unfinished: tier, run time, devices
         self.deferred: list[Deferred] = []  # in submission order
+
+    @property
+    def backlog(self) -> dict[Tier, float]:
+        """Device-seconds of admitted work left, per tier."""
+        out = dict.fromkeys(Tier, 0.0)
+        for jid, (tier, duration, devices) in self._held.items():
+            left = duration - self.done(jid) if self.done is not None else duration
+            out[tier] += devices * max(0.0, left)
+        return out
+
+    @property
+    def demand(self) -> dict[Tier, int]:
+        """Devices the admitted unfinished jobs ask for, per tier."""
+        out = dict.fromkeys(Tier, 0)
+        for tier, _, devices in self._held.values():
+            out[tier] += devices
+        return out
 
     def admit(self, job_id: str, tier: Tier, devices: int, duration_s: float | None) -> SlaDecision:
         ahead = sum(1 for x in self.deferred if x.tier is tier)
@@ -146,13 +177,8 @@ class SlaAdmission:
         if d.outcome == "deferred" and duration_s is not None:
             self.deferred.append(Deferred(job_id, tier, duration_s, devices))  # counted once released
         elif d.outcome != "refused" and duration_s is not None:
-            self._count(job_id, d.tier, devices, duration_s)
+            self._held[job_id] = (d.tier, duration_s, devices)
         return d
-
-    def _count(self, job_id: str, tier: Tier, devices: int, duration_s: float) -> None:
-        self.backlog[tier] += devices * duration_s
-        self.demand[tier] += devices
-        self._held[job_id] = (tier, devices * duration_s, devices)
 
     def release(self) -> list[Release]:
         """The deferred jobs whose estimate now meets their target, in submission order; their work joins
@@ -163,12 +189,9 @@ class SlaAdmission:
         gone = {r.job_id for r in out}
         for x in self.deferred:
             if x.job_id in gone:
-                self._count(x.job_id, x.tier, x.devices, x.duration_s)
+                self._held[x.job_id] = (x.tier, x.duration_s, x.devices)
         self.deferred = [x for x in self.deferred if x.job_id not in gone]
         return out
 
     def finished(self, job_id: str) -> None:
-        held = self._held.pop(job_id, None)
-        if held is not None:
-            self.backlog[held[0]] -= held[1]
-            self.demand[held[0]] -= held[2]
+        self._held.pop(job_id, None)

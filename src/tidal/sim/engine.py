@@ -122,6 +122,8 @@ class Simulator:
         self.policy = policy
         self.admission = admission
         self.sla_admission = sla_admission
+        if sla_admission is not None:
+            sla_admission.done = self._work_done  # its backlog is what is left of the admitted jobs' work
         self.cost = cost or CostModel()
         self.oracle = oracle
         self.log = log
@@ -229,6 +231,11 @@ class Simulator:
             duration_hint=j.duration if self.oracle else None,
             remaining_hint=j.remaining if self.oracle else None,
         )
+
+    def _work_done(self, jid: str) -> float:
+        """Seconds of its work at full size that job ``jid`` has done by now."""
+        j = self.jobs[jid]
+        return j.duration - max(0.0, j.remaining - j.rate * (self.t - j.last_t))
 
     def _sharers(self, j: SimJob) -> int:
         device_jobs = self.device_jobs

@@ -22,6 +22,7 @@ from tidal.core import Cluster, Node, Region, Tier, Topology
 from tidal.policy.base import Policy
 from tidal.policy.registry import LIVE_SINGULARITY, make_live_policy
 from tidal.policy.singularity import Singularity
+from tidal.policy.sla_admission import SlaAdmission, SlaMode
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
@@ -68,26 +69,36 @@ def backfill_policy() -> Policy:
     return Singularity(dataclasses.replace(LIVE_SINGULARITY, backfill=True))
 
 
+Batch = tuple[float, list[tuple[str, str, str]], list[Decision]]  # time, events (kind, job, detail), decisions
+
+
 def simulate(trace: list[tuple[str, float, float, int, Tier]] = TRACE,
              policy: Callable[[], Policy] = make_live_policy,
-             layout: Layout = NODES) -> list[tuple[list[tuple[str, str]], list[Decision]]]:
-    """The simulator's decisions, with the events that led to each batch of them. Without run-time hints,
-    as the live control plane has none."""
+             layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> list[Batch]:
+    """The simulator's decisions, with the time and the events that led to each batch of them. ``hints``: the
+    jobs' run times are known (live: each job gives its run time, ``tidal submit --runtime``); without, as
+    a live job that gives none. ``sla``: admission against the load (live: TIDAL_ADMIT_SLA)."""
     tree: dict[str, dict[str, list[Node]]] = {}
     for n, (region, cluster, d) in layout.items():
         tree.setdefault(region, {}).setdefault(cluster, []).append(Node(n, d))
     topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items())) for r, cs in tree.items()))
     jobs = [TraceJob(j, t, dur, w, tier) for j, t, dur, w, tier in trace]
     log: list[dict[str, Any]] = []
-    Simulator(topo, jobs, policy(), cost=CostModel(fixed_s=1.0), log=log.append, oracle=False).run()
-    batches: dict[float, tuple[list[tuple[str, str]], list[Decision]]] = {}  # one decision per instant
+    admission = SlaAdmission(sla, topo.devices) if sla != "off" else None
+    Simulator(topo, jobs, policy(), cost=CostModel(fixed_s=1.0), log=log.append, oracle=hints,
+              sla_admission=admission).run()
+    batches: dict[float, Batch] = {}  # one decision per instant
     for rec in log:
-        events, actions = batches.setdefault(rec["time"], ([], []))
+        _, events, actions = batches.setdefault(rec["time"], (rec["time"], [], []))
         if rec["type"] == "event":
-            events.append((rec["kind"], rec["job"]))
+            events.append((rec["kind"], rec["job"], rec.get("detail") or ""))
         else:
             actions.append((rec["kind"], rec["job"], tuple(sorted((n, i) for n, i in rec["placement"]))))
     return list(batches.values())
+
+
+def decisions(batches: list[Batch]) -> list[Decision]:
+    return [d for _, _, ds in batches for d in ds]
 
 
 def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> list[Decision]:
@@ -134,7 +145,7 @@ def settle(p: Plane, agents: dict[str, FakeAgent], names: dict[str, str]) -> lis
 
 def test_same_events_same_decisions(tmp_path: Path) -> None:
     batches = simulate()
-    sim_decisions = [d for _, ds in batches for d in ds]
+    sim_decisions = decisions(batches)
     # The scenario exercises what the live system executes: placement, checkpoint preemption, resume.
     assert [(k, j) for k, j, _ in sim_decisions] == [
         ("place", "a"), ("place", "b"), ("preempt", "a"), ("place", "c"), ("preempt", "b"), ("place", "d"),
@@ -147,7 +158,7 @@ def test_same_decisions_over_two_clusters_in_two_regions(tmp_path: Path) -> None
     """The global level (which cluster, and so which region) decides live as in the simulator: each gang
     stays in one cluster, preemptions make room within the cluster chosen."""
     batches = simulate(layout=TWO_REGIONS)
-    sim_decisions = [d for _, ds in batches for d in ds]
+    sim_decisions = decisions(batches)
     assert sim_decisions == [
         ("place", "a", (("node-3", 0), ("node-3", 1))),  # one node either way: the cluster with most free (east)
         ("place", "b", (("node-2", 0),)),  # east still has the most free; best fit there
@@ -162,7 +173,7 @@ def test_same_decisions_when_a_job_is_moved_to_another_region_to_make_room(tmp_p
     """The spill step (policy/spill.py): live, the move is a checkpoint whose restore is on the other region's
     node, decided in the same pass as the simulator decides it."""
     batches = simulate(SPILL_TRACE, layout=SPILL)
-    sim_decisions = [d for _, ds in batches for d in ds]
+    sim_decisions = decisions(batches)
     assert sim_decisions == [
         ("place", "b1", (("node-1", 0),)),
         ("place", "b2", (("node-1", 1),)),
@@ -178,7 +189,7 @@ def test_same_decisions_when_a_job_is_moved_to_another_region_to_make_room(tmp_p
 
 def test_same_decisions_with_backfill(tmp_path: Path) -> None:
     batches = simulate(BACKFILL_TRACE, backfill_policy)
-    sim_decisions = [d for _, ds in batches for d in ds]
+    sim_decisions = decisions(batches)
     assert sim_decisions[:4] == [
         ("place", "s1", (("node-2", 0),)), ("place", "s2", (("node-1", 0),)),
         ("place", "b", (("node-1", 1),)),  # borrowed from g's reservation
@@ -188,26 +199,100 @@ def test_same_decisions_with_backfill(tmp_path: Path) -> None:
     replay(tmp_path, batches, BACKFILL_TRACE, backfill_policy())
 
 
-def replay(tmp_path: Path, batches: list[tuple[list[tuple[str, str]], list[Decision]]],
-           trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
-           layout: Layout = NODES) -> dict[str, dict[str, Any]]:
-    """Feed the simulator's events to a live control plane running ``policy``: the same decisions. Returns
-    each trace job's live record (``tidal show``'s), with its live id under ``"id"``."""
-    p = Plane(tmp_path)
-    p.rec = Reconciler(p.db, policy)
+# Shrunk starts (policy/shrunk_start.py) weigh the run times jobs give: a and b (standard) hold a device
+# each for long; the standard gang s cannot preempt them, and waiting for two devices (until a ends) would
+# end later than running both ranks on the one free device now.
+SHRUNK_TRACE = [
+    ("a", 0.0, 2000.0, 1, Tier.STANDARD),
+    ("b", 10.0, 3000.0, 1, Tier.STANDARD),
+    ("s", 20.0, 400.0, 2, Tier.STANDARD),
+    ("c", 30.0, 100.0, 1, Tier.BASIC),  # waits: nothing free, basic preempts no one
+]
+
+# Admission against the load: p and s1 fill the 3 devices for an hour; s2 (10 min of standard work) would
+# wait about an hour; s3 comes behind it. With ``defer`` both are held until p ends; with ``demote`` s2
+# runs as basic and s3, long enough to meet its target anyway, is admitted as standard.
+ADMISSION_TRACE = [
+    ("p", 0.0, 3600.0, 2, Tier.PREMIUM),
+    ("s1", 10.0, 3600.0, 1, Tier.STANDARD),
+    ("s2", 20.0, 600.0, 1, Tier.STANDARD),
+    ("s3", 30.0, 100_000.0, 1, Tier.STANDARD),
+    ("b", 40.0, 500.0, 1, Tier.BASIC),
+]
+
+
+def test_same_shrunk_starts_by_the_run_times_jobs_give(tmp_path: Path) -> None:
+    batches = simulate(SHRUNK_TRACE, hints=True)
+    sim_decisions = decisions(batches)
+    assert sim_decisions[:3] == [
+        ("place", "a", (("node-2", 0),)), ("place", "b", (("node-1", 0),)),
+        ("place", "s", (("node-1", 1), ("node-1", 1))),  # both ranks on the one free device
+    ]
+    replay(tmp_path, batches, SHRUNK_TRACE, make_live_policy(), hints=True)
+
+
+def test_same_admission_deferred_then_released(tmp_path: Path) -> None:
+    batches = simulate(ADMISSION_TRACE, hints=True, sla="defer")
+    kinds = {(k, j) for _, evs, _ in batches for k, j, _ in evs}
+    assert {("job_deferred", "s2"), ("job_deferred", "s3")} <= kinds
+    live = replay(tmp_path, batches, ADMISSION_TRACE, make_live_policy(), hints=True, sla="defer")
+    assert {j: r["tier"] for j, r in live.items()} == {
+        "p": "premium", "s1": "standard", "s2": "standard", "s3": "standard", "b": "basic"}
+
+
+def test_same_admission_demoted(tmp_path: Path) -> None:
+    batches = simulate(ADMISSION_TRACE, hints=True, sla="demote")
+    live = replay(tmp_path, batches, ADMISSION_TRACE, make_live_policy(), hints=True, sla="demote")
+    assert {j: r["tier"] for j, r in live.items()} == {
+        "p": "premium", "s1": "standard", "s2": "basic", "s3": "standard", "b": "basic"}
+
+
+class TraceClock:
+    """The control plane's clock, set to the trace's time of each batch of events (its jobs' start times,
+    the minimum run time and the run time they have left are then the simulator's)."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def time(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
+           layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> dict[str, dict[str, Any]]:
+    """Feed the simulator's events to a live control plane running ``policy``: the same decisions, and, with
+    ``sla``, the same admission (each job's tier, deferral and its reason). ``hints``: each job is submitted
+    with its run time. Returns each trace job's live record (``tidal show``'s), with its live id under
+    ``"id"``."""
+    p = Plane(tmp_path, admit_sla=sla, lease_s=1e9)  # the agents hold their nodes across the trace's hours
+    clock = TraceClock()
+    p.db.info["clock"] = clock
+    p.rec = Reconciler(p.db, policy, clock=clock)
     agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d, region=r, cluster=c) for n, (r, c, d) in layout.items()}
     for a in agents.values():
         assert a.register() == 200
-    spec = {j: (w, tier) for j, _, _, w, tier in trace}
+    spec = {j: (w, tier, dur) for j, _, dur, w, tier in trace}
     ids: dict[str, str] = {}  # trace job → live job id
     names: dict[str, str] = {}
     live: list[list[Decision]] = []
-    for events, _ in batches:
-        for kind, job in events:
-            if kind == "job_submitted":
-                w, tier = spec[job]
-                ids[job] = p.submit(name=job, ranks=w, tier=tier.value)
+    for at, events, _ in batches:
+        clock.t = at
+        for kind, job, detail in events:
+            if kind in ("job_submitted", "job_deferred") and job not in ids:
+                w, tier, dur = spec[job]
+                reply = p.submit_reply(name=job, ranks=w, tier=tier.value, **({"runtime": dur} if hints else {}))
+                ids[job] = reply["id"]
                 names[ids[job]] = job
+                # Admitted as the simulator admitted it: deferred with its reason, or at the tier it gave.
+                if kind == "job_deferred":
+                    assert p.job(ids[job])["reason"] == detail
+                else:
+                    demoted = detail.removeprefix("accepted as ").split(":")[0] if detail.startswith("accepted as") \
+                        else None
+                    assert reply.get("admitted_as") == demoted
             elif kind == "job_finished":
                 j = p.job(ids[job])
                 node = j["placement"][0]["node"]
@@ -216,9 +301,12 @@ def replay(tmp_path: Path, batches: list[tuple[list[tuple[str, str]], list[Decis
                     "ranks": [{"rank": x["rank"], "code": 0, "signal": None} for x in j["placement"]]})
                 assert r.json()["applied"]
         live.append(settle(p, agents, names))
+        for kind, job, detail in events:  # a deferred job the simulator released: released live too, as told
+            if kind == "job_submitted" and detail.startswith("released: "):
+                assert [e["detail"] for e in p.job(ids[job])["events"] if e["kind"] == "released"] == [detail]
     # The same decisions in the same order. A job preempted in one decision may resume in the next: live,
     # that is the loop's next pass; in the simulator, a wake-up a millisecond later (another batch).
-    assert [d for ds in live for d in ds] == [d for _, ds in batches for d in ds]
+    assert [d for ds in live for d in ds] == decisions(batches)
     done = {job: p.job(i) for job, i in ids.items()}
     assert all(j["state"] == "succeeded" for j in done.values())
     p.db.close()

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tidal.testing.control import FakeAgent, Plane, start
+from tidal.control.reconcile import Reconciler, snapshot
+from tidal.control.store.models import JobRow
+from tidal.policy.registry import make_live_policy
+from tidal.testing.control import FakeAgent, Plane, checkpoint_result, start
 
 HOUR = 3600.0
 
@@ -98,3 +101,49 @@ def test_a_deferred_job_is_not_resumed_by_hand(tmp_path: Path) -> None:
     assert r.json()["message"] == (f"job {jid} is deferred by admission against the load: it starts when its "
                                    "expected attainment meets its target")
     assert p.job(jid)["state"] == "held"
+
+
+class SetClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def time(self) -> float:
+        return self.t
+
+    def monotonic(self) -> float:
+        return self.t
+
+
+def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_path: Path) -> None:
+    p = plane(tmp_path, "refuse")
+    clock = SetClock()
+    p.db.info["clock"] = clock
+    p.rec = Reconciler(p.db, make_live_policy(), clock=clock)
+    a = FakeAgent(p, "node-1", "A", devices=2)
+    first = p.submit(tier="standard", ranks=2, runtime=HOUR)
+    p.rec.once()
+    (act,) = a.actions()
+    assert a.result(act, ranks=[{"rank": 0, "pid": 10}, {"rank": 1, "pid": 11}])
+    clock.t += 1800.0  # half its run time is done; then it is preempted (by hand)
+    assert p.http.post(f"/v1/jobs/{first}/preempt", headers=p.as_user(), json={}).status_code == 200
+    p.rec.once()
+    (ck,) = a.actions()
+    assert ck["kind"] == "checkpoint"
+    assert a.result(ck, **checkpoint_result(ck["payload"]["checkpoint_id"]))
+    assert p.job(first)["state"] == "preempted"
+    with p.db.read() as s:
+        row = s.get(JobRow, first)
+        assert row is not None and row.attained_device_s == 2 * 1800.0  # its two devices' run, folded in
+    assert p.http.post(f"/v1/jobs/{first}/resume", headers=p.as_user(), json={}).status_code == 200
+    with p.db.read() as s:  # waiting again: the scheduler sees its service and what is left of its run time
+        (view, _) = snapshot(s)
+    assert (view.jobs[first].attained_device_s, view.jobs[first].duration_hint,
+            view.jobs[first].remaining_hint) == (3600.0, HOUR, 1800.0)
+    clock.t += 200.0
+    # Left of it: 2 devices × 1,800 s, so a new hour of standard work waits 1,800 s on 2 devices: 0.67 (counting
+    # its whole run time, as if it had not run, would give 0.33).
+    r = p.http.post("/v1/jobs", headers=p.as_user(), json={"command": ["train"], "workdir": str(p.workdir),
+                                                           "tier": "standard", "ranks": 1, "runtime": HOUR})
+    assert r.status_code == 409, r.text
+    assert r.json()["message"] == ("job not admitted: expected attainment 0.67 at standard under the current "
+                                   "load, below its target 0.70; submit later or at a lower tier")

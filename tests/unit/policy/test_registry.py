@@ -45,7 +45,8 @@ def test_every_name_builds_a_fresh_policy_of_that_name(name: str) -> None:
 def test_live_names_build_their_live_configuration() -> None:
     live = make_live_policy("singularity")
     assert isinstance(live, Singularity)
-    assert live.cfg == SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False)
+    assert live.cfg == SingularityConfig(min_run_s=5.0, shrink=True, grow=True, time_slice=False, defrag=False,
+                                         shrunk_start_tiers=(1, 2), backfill=True)
     assert live.grows
     sim = make_policy("singularity")
     # The simulator evaluates the defaults plus ordering among equals and shrunk guaranteed starts.

@@ -10,7 +10,16 @@ from typer.testing import CliRunner
 from tests.unit.cli.test_sim import app
 from tidal.core import Tier
 from tidal.errors import ValidationError
-from tidal.policy.sla_admission import Deferred, Release, SlaAdmission, SlaDecision, decide_sla, estimate, release
+from tidal.policy.sla_admission import (
+    Deferred,
+    Release,
+    SlaAdmission,
+    SlaDecision,
+    decide_sla,
+    estimate,
+    release,
+    run_time_left,
+)
 
 P, S, B = Tier.PREMIUM, Tier.STANDARD, Tier.BASIC
 
@@ -73,6 +82,27 @@ def test_the_backlog_follows_admissions_and_finishes() -> None:
     a.finished("j1")
     assert a.backlog[S] == 0.0
     assert a.admit("j3", S, 1, 100.0).outcome == "accepted"
+
+
+def test_the_backlog_is_the_work_left_when_the_work_done_is_known() -> None:
+    done = {"j1": 0.0}
+    a = SlaAdmission("refuse", 8, done=done.__getitem__)
+    assert a.admit("j1", S, 8, 100.0).outcome == "accepted"
+    assert a.backlog[S] == 800.0 and a.demand[S] == 8
+    assert a.admit("j2", S, 1, 100.0).outcome == "refused"  # 100 s wait: 0.50
+    done["j1"] = 80.0  # 20 s of it left: a 20 s wait for 100 s of work, 0.83
+    assert a.backlog[S] == 160.0
+    assert a.admit("j3", S, 1, 100.0).outcome == "accepted"
+    done["j3"] = 0.0
+    done["j1"] = 150.0  # ran longer than it said: nothing left of it, never less than nothing
+    assert a.backlog[S] == 100.0
+
+
+def test_run_time_left_counts_the_service_over_the_ranks() -> None:
+    assert run_time_left(None, 500.0, 2) is None  # no run time given: unknown
+    assert run_time_left(3600.0, 3600.0, 2) == 1800.0  # 2 devices for 1,800 s
+    assert run_time_left(3600.0, 3600.0, 4) == 2700.0  # 2 of 4 devices for 1,800 s: half speed
+    assert run_time_left(100.0, 1e6, 1) == 0.0
 
 
 def test_sim_cli_admits_against_the_load(tmp_path: Path) -> None:
