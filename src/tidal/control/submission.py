@@ -68,6 +68,10 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
     return JobRow(**values), deferred or why
 
 
+# A job deferred by admission against the load: it holds nothing and joins the load once released.
+_DEFERRED = (JobRow.state == JobState.HELD.value) & (func.coalesce(JobRow.reason_code, "") == Why.DEFERRED.value)
+
+
 def _deferred_at(s: Session, tier: Tier) -> int:
     """Deferred jobs of ``tier`` still waiting (a new job of the tier is deferred behind them)."""
     return int(s.scalar(select(func.count()).select_from(JobRow).where(
@@ -85,8 +89,7 @@ def load(s: Session) -> tuple[dict[Tier, float], dict[Tier, int]]:
     demand = dict.fromkeys(Tier, 0)
     rows = s.execute(select(JobRow.tier, JobRow.ranks, JobRow.spec, JobRow.state, JobRow.started_at,
                             JobRow.attained_device_s, JobRow.placement).where(
-        JobRow.state.not_in(tuple(x.value for x in TERMINAL)),
-        ~((JobRow.state == JobState.HELD.value) & (func.coalesce(JobRow.reason_code, "") == Why.DEFERRED.value))))
+        JobRow.state.not_in(tuple(x.value for x in TERMINAL)), ~_DEFERRED))
     for tier_name, ranks, spec, state, started_at, attained, placement in rows:
         tier = Tier.parse(tier_name)
         devices = int((spec or {}).get("max_devices") or ranks)
@@ -108,11 +111,12 @@ def capacity(s: Session) -> int:
 
 
 def _guaranteed_use(s: Session, project: str) -> int:
-    """Devices asked for by the project's unfinished jobs admitted at a guaranteed tier. Two submissions
+    """Devices asked for by the project's unfinished jobs admitted at a guaranteed tier, deferred ones not
+    counted until they are released (as in the simulator, where they reach the quota then). Two submissions
     racing on PostgreSQL may both count without the other (read committed): quotas are kept to within
     the jobs submitted at the same instant."""
     rows = s.execute(select(JobRow.ranks, JobRow.spec).where(
-        JobRow.tier != Tier.BASIC.value, JobRow.state.not_in(tuple(t.value for t in TERMINAL))))
+        JobRow.tier != Tier.BASIC.value, JobRow.state.not_in(tuple(t.value for t in TERMINAL)), ~_DEFERRED))
     return sum(ranks for ranks, spec in rows if (spec.get("project") or "default") == project)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from tidal.control.reconcile import Reconciler, snapshot
 from tidal.control.store.models import JobRow
+from tidal.policy.admission import Quotas
 from tidal.policy.registry import make_live_policy
 from tidal.testing.control import FakeAgent, Plane, checkpoint_result, start
 
@@ -147,3 +148,17 @@ def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_p
     assert r.status_code == 409, r.text
     assert r.json()["message"] == ("job not admitted: expected attainment 0.67 at standard under the current "
                                    "load, below its target 0.70; submit later or at a lower tier")
+
+
+def test_a_deferred_job_does_not_count_towards_its_projects_quota(tmp_path: Path) -> None:
+    p = Plane(tmp_path, admit_sla="defer", quotas=Quotas({"vision": 0.5}))
+    assert FakeAgent(p, "node-1", "A", devices=4).register() == 200
+    # vision's quota: 2 of the 4 devices at guaranteed tiers. The premium job fills the cluster for an hour.
+    assert p.submit_reply(tier="premium", ranks=4, runtime=HOUR, project="other").get("admitted_as") is None
+    held = p.submit_reply(tier="standard", ranks=2, runtime=HOUR, project="vision")
+    assert held["state"] == "held" and held["deferred"].startswith("expected attainment 0.50 at standard")
+    # The deferred job holds none of vision's quota: another standard job of 2 is within it (deferred behind
+    # the first, not demoted to basic for being over quota).
+    second = p.submit_reply(tier="standard", ranks=2, runtime=HOUR, project="vision")
+    assert second.get("admitted_as") is None and second["tier"] == "standard"
+    assert second["deferred"].startswith("behind 1 earlier deferred standard job(s)")
