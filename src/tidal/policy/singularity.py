@@ -35,7 +35,7 @@ from tidal.policy.equals import las_level, may_preempt_equal
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
 from tidal.policy.placement import useful_sizes
-from tidal.policy.preemption import make_room
+from tidal.policy.preemption import Outcome, make_room
 from tidal.policy.queue_order import PendingQueue, TieredFairQueue
 from tidal.policy.quota import within_quota
 from tidal.policy.reasons import Need, Reason, quota, whole
@@ -128,6 +128,11 @@ class Singularity(BasePolicy):
         self.lane_held: dict[str, int] = {}  # basic jobs started from the lane → devices
         self._lane_devices = 0
         self._lane_until: list[tuple[float, int, str]] = []  # when each leaves the lane (its service)
+        self._horizons: dict[str, float] = {}  # reserved-for gang → seconds until due, in this decision
+        # Failed searches for room in this decision, by everything they read: a job of the same tier and
+        # size, on the same clusters and reserved nodes shown, fails alike until a job starts, stops or moves.
+        self._no_room: dict[tuple[object, ...], Outcome] = {}
+        self._shown: tuple[str, ...] = ()  # the reserved nodes shown to the job being tried
 
     @property
     def grows(self) -> bool:
@@ -197,6 +202,8 @@ class Singularity(BasePolicy):
             self.lane.add(rec)
 
     def on_gone(self, rec: JobRec, now: float) -> None:
+        self._horizons.clear()
+        self._no_room.clear()
         if rec.id in self.reservations.by_job:
             assert self.st is not None
             self.reservations.drop(rec.id, self.st, hidden=self._hidden)
@@ -240,6 +247,8 @@ class Singularity(BasePolicy):
             s.pop(rec.id, None)
 
     def on_changed(self, rec: JobRec) -> None:
+        self._horizons.clear()
+        self._no_room.clear()
         guest = rec.id in self.guests
         lane = rec.id in self.lane_held
         self._unindex(rec)
@@ -313,6 +322,8 @@ class Singularity(BasePolicy):
         self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
         self._visited = [Counter(), Counter(), Counter()]
         self._visited_ids = set()
+        self._horizons.clear()
+        self._no_room.clear()
         everywhere = tuple(st.cluster_names)
         self.reservations.hide(st)
         self._hidden = True
@@ -366,9 +377,9 @@ class Singularity(BasePolicy):
             return False  # even a 1-device job of this tier could not start
         equals = (rec.tier in cfg.equal_preempt_tiers and st.tier_devices[rec.tier] > 0
                   and las_level(rec.service(now), cfg.las_threshold_device_s) == 0)
+        allowed = self.reservations.allowed(rec, self._horizon if cfg.backfill else None, cfg.min_lend_s)
         # Reserved nodes are hidden from the free count: a job that may borrow them looks further.
-        borrow = cfg.backfill and st.free_total == 0 and any(
-            st.free_idx[n] for n in self.reservations.allowed(rec, self._horizon, cfg.min_lend_s))
+        borrow = cfg.backfill and st.free_total == 0 and any(st.free_idx[n] for n in allowed)
         if st.free_total == 0 and not equals and not borrow:
             if rec.tier > 0:
                 if not (cfg.preempt and sum(st.tier_devices[: rec.tier]) > 0):
@@ -384,10 +395,10 @@ class Singularity(BasePolicy):
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
         smallest = kind[0]
-        allowed = self.reservations.allowed(rec, self._horizon if cfg.backfill else None, cfg.min_lend_s)
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:
                 st.node_up(n)
+            self._shown = tuple(allowed)
             try:
                 started = self._try(rec, clusters, now, wake)
             finally:
@@ -398,6 +409,7 @@ class Singularity(BasePolicy):
                 return True
             if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job:
                 self.reservations.make(self, rec, clusters)
+                self._no_room.clear()  # its nodes are hidden now
             failed[memo] = min(failed.get(memo, 1 << 30), smallest)
         elif sharing:
             self._share_step(rec, now)
@@ -417,13 +429,17 @@ class Singularity(BasePolicy):
             tier = rec.tier
             # Jobs of the short lane are left to finish, except for premium and for the gang that drains
             # nodes (else a stream of short jobs could keep it off them for ever).
-            held = {} if tier == 2 or rec.id in self.reservations.by_job else self.lane_held
-            out = make_room(
+            gang = tier == 2 or rec.id in self.reservations.by_job
+            held = {} if gang else self.lane_held
+            key: tuple[object, ...] = ("tier", tier, gang, rec.hi, tuple(clusters), self._shown)
+            out = self._no_room.get(key) or make_room(
                 st, clusters, rec.hi, now,
                 eligible=lambda j: j.tier < tier and j.id not in held,
                 order=lambda j: (float(j.tier), -j.last_change),
                 min_run_s=cfg.min_run_s, shrink=cfg.shrink, below_tier=tier,
             )
+            if out.plan is None:
+                self._no_room[key] = out
             if out.plan is not None:
                 for victim, keep in out.plan.shrinks:
                     self.move(victim, keep, now, kind=ActionKind.RESIZE,
@@ -488,7 +504,14 @@ class Singularity(BasePolicy):
 
     def _horizon(self, gang_id: str) -> float:
         """Seconds until the reserved-for gang ``gang_id`` is due: when the work on its nodes that it may not
-        preempt (its tier and above) has ended, by their remaining times (unknown: never)."""
+        preempt (its tier and above) has ended, by their remaining times (unknown: never). Kept for the
+        decision until a job starts, stops or moves."""
+        due = self._horizons.get(gang_id)
+        if due is None:
+            due = self._horizons[gang_id] = self._horizon_now(gang_id)
+        return due
+
+    def _horizon_now(self, gang_id: str) -> float:
         st = self.st
         assert st is not None
         tier, nodes = self.reservations.by_job[gang_id]
@@ -526,10 +549,14 @@ class Singularity(BasePolicy):
                 mine, j.service(now), now - j.last_change, threshold=thr, pause_s=cfg.equal_pause_s,
                 cost_ratio=cfg.equal_cost_ratio, min_run_s=cfg.min_run_s))
 
-        out = make_room(st, clusters, rec.hi, now, eligible=eligible,
-                        order=lambda j: (-j.service(now), -j.submit),
-                        min_run_s=cfg.min_run_s, shrink=False, below_tier=None)
+        # Whom it may preempt does not depend on its own service (below the threshold, checked above): the
+        # same search for a job of the tier and size fails alike.
+        key: tuple[object, ...] = ("equal", tier, rec.hi, tuple(clusters), self._shown)
+        out = self._no_room.get(key) or make_room(st, clusters, rec.hi, now, eligible=eligible,
+                                                  order=lambda j: (-j.service(now), -j.submit),
+                                                  min_run_s=cfg.min_run_s, shrink=False, below_tier=None)
         if out.plan is None:
+            self._no_room[key] = out
             return False
         for victim in out.plan.victims:
             self._preempted_now.add(victim.id)
