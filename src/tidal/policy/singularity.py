@@ -28,7 +28,7 @@ import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 
-from tidal.core import ActionKind, JobView, Links
+from tidal.core import ActionKind, DeviceRef, JobView, Links
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
 from tidal.policy.equals import las_level, may_preempt_equal
@@ -132,6 +132,7 @@ class Singularity(BasePolicy):
         # Failed searches for room in this decision, by everything they read: a job of the same tier and
         # size, on the same clusters and reserved nodes shown, fails alike until a job starts, stops or moves.
         self._no_room: dict[tuple[object, ...], Outcome] = {}
+        self._no_fit: set[tuple[object, ...]] = set()  # placements that failed likewise
         self._shown: tuple[str, ...] = ()  # the reserved nodes shown to the job being tried
 
     @property
@@ -202,8 +203,7 @@ class Singularity(BasePolicy):
             self.lane.add(rec)
 
     def on_gone(self, rec: JobRec, now: float) -> None:
-        self._horizons.clear()
-        self._no_room.clear()
+        self._forget()
         if rec.id in self.reservations.by_job:
             assert self.st is not None
             self.reservations.drop(rec.id, self.st, hidden=self._hidden)
@@ -214,6 +214,25 @@ class Singularity(BasePolicy):
             if self._visited[rec.tier][k] > 0 and rec.id in self._visited_ids:
                 self._visited[rec.tier][k] -= 1
         self._unindex(rec)
+
+    def _forget(self) -> None:
+        """A job started, stopped or moved, or nodes were reserved: what this decision learnt no longer holds."""
+        self._horizons.clear()
+        self._no_room.clear()
+        self._no_fit.clear()
+
+    def _place(self, rec: JobRec, n: int) -> list[DeviceRef] | None:
+        """``place`` for ``n`` devices of ``rec``, packing guaranteed work; a failure is kept for the decision
+        (it reads only the clusters, the size, whether the job is guaranteed and the nodes shown)."""
+        st = self.st
+        assert st is not None
+        key = (tuple(candidate_clusters(st, rec)), n, rec.tier > 0, self._shown)
+        if key in self._no_fit:
+            return None
+        devs = place(st, rec, n, affinity=True)
+        if devs is None:
+            self._no_fit.add(key)
+        return devs
 
     def _kind(self, rec: JobRec) -> tuple[int, int]:
         return (_smallest(rec.W, rec.lo, rec.hi, self.cfg.elastic_start_fraction), rec.W)
@@ -247,8 +266,7 @@ class Singularity(BasePolicy):
             s.pop(rec.id, None)
 
     def on_changed(self, rec: JobRec) -> None:
-        self._horizons.clear()
-        self._no_room.clear()
+        self._forget()
         guest = rec.id in self.guests
         lane = rec.id in self.lane_held
         self._unindex(rec)
@@ -322,8 +340,7 @@ class Singularity(BasePolicy):
         self._ts_budget = 16  # time-slice attempts once the cluster is full: bounded work per decision
         self._visited = [Counter(), Counter(), Counter()]
         self._visited_ids = set()
-        self._horizons.clear()
-        self._no_room.clear()
+        self._forget()
         everywhere = tuple(st.cluster_names)
         self.reservations.hide(st)
         self._hidden = True
@@ -409,7 +426,7 @@ class Singularity(BasePolicy):
                 return True
             if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job:
                 self.reservations.make(self, rec, clusters)
-                self._no_room.clear()  # its nodes are hidden now
+                self._forget()  # its nodes are hidden now
             failed[memo] = min(failed.get(memo, 1 << 30), smallest)
         elif sharing:
             self._share_step(rec, now)
@@ -421,7 +438,7 @@ class Singularity(BasePolicy):
         st = self.st
         assert st is not None
         cfg = self.cfg
-        devs = place(st, rec, rec.hi, affinity=True)
+        devs = self._place(rec, rec.hi)
         if devs is not None:
             self.start(rec, devs, now)
             return True
@@ -449,7 +466,7 @@ class Singularity(BasePolicy):
                         continue
                     self._preempted_now.add(victim.id)
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
-                devs = place(st, rec, rec.hi, affinity=True)
+                devs = self._place(rec, rec.hi)
                 if devs is not None:
                     self.start(rec, devs, now, reason="after preemption")
                     return True
@@ -470,7 +487,7 @@ class Singularity(BasePolicy):
                 if not shrunk_finishes_earlier(rec.W, size, rec.remaining_at(now), wait_s,
                                                pause_s=cfg.equal_pause_s, efficiency=cfg.timeslice_efficiency):
                     continue
-            devs = place(st, rec, size, affinity=True)
+            devs = self._place(rec, size)
             if devs is not None:
                 self.start(rec, devs, now, reason=f"elastic start on {size}" if not weigh
                            else f"shrunk start on {size}: ends before {rec.hi} free up")
