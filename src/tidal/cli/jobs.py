@@ -158,9 +158,10 @@ def register(app: typer.Typer) -> None:
         max_devices: int = typer.Option(None, "--max-devices", help="the most devices D (default W)"),
         checkpoint_every: str = typer.Option(None, "--checkpoint-every", help="e.g. 30s, 5m"),
         runtime: str = typer.Option(None, "--runtime",
-                                    help="its expected run time, e.g. 2h: a premium or standard job whose SLA the "
-                                         "load cannot meet is then told so (demoted, refused or deferred, by the "
-                                         "site's TIDAL_ADMIT_SLA)"),
+                                    help="its expected run time at full size, e.g. 2h: a premium or standard job "
+                                         "whose SLA the load cannot meet is then told so (demoted, refused or "
+                                         "deferred, by the site's TIDAL_ADMIT_SLA), and one whose full size is not "
+                                         "free starts on fewer devices when that ends sooner than waiting"),
         max_restarts: int = typer.Option(None, "--max-restarts",
                                          help="restarts after failures or lost nodes before it fails"),
         workdir: Path = typer.Option(None, "--workdir", help="default: the current directory"),
