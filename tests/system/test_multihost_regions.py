@@ -1,4 +1,5 @@
-"""Two regions of test hosts, each with its own SeaweedFS, their link capped at 200 Mbit/s: a job moved to the
+"""Two regions of test hosts, each with its own SeaweedFS, their link capped at 200 Mbit/s and 40 ms away (each
+store reached from the other region through a relay that delays each way): a job moved to the
 other region has its last checkpoint copied ahead and then only what changed, resumes there and finishes
 byte-identical to an uninterrupted run; a region's store going down leaves the jobs running in it running
 (their checkpoints fail and say why) and the other region's jobs checkpointing as before; a node cut off
@@ -7,8 +8,10 @@ from everything fences its job, which resumes in the other region from the store
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.system.cluster import JOB, reference_run
@@ -24,6 +27,7 @@ REGIONS = {"west": ("s3w", ["w1"]), "east": ("s3e", ["e1"])}
 OTHER = {"west": "east", "east": "west"}
 LINK = "200mbit"  # between the regions: each host of one to each host of the other
 LEASE = 15.0
+DELAY = 0.04  # each way between the regions
 _CROSSED = re.compile(r"checkpoint (\S+) copied from region (\S+) to (\S+): (\d+) chunk\(s\)")
 
 
@@ -45,8 +49,12 @@ def _chunks(store: CheckpointStore, job: str, part: str) -> set[str]:
 @pytest.mark.parametrize("test_net", HOSTS, indirect=True)
 def test_two_regions_over_a_capped_link(test_net: TestNet, tmp_path: Path) -> None:
     net = test_net
-    cluster = HostCluster(net, regions=REGIONS, lease=LEASE, devices=1)
+    cluster = HostCluster(net, regions=REGIONS, lease=LEASE, devices=1, region_delay=DELAY)
     diag = cluster.diagnostics
+    for region, far in cluster.region_far.items():  # the far endpoint answers a round trip late
+        t0 = time.monotonic()
+        httpx.get(far, timeout=10)
+        assert time.monotonic() - t0 >= 2 * DELAY, region
     for a in ("s3w", "w1"):
         for b in ("s3e", "e1"):
             net.cap(net[a], net[b], LINK)
@@ -79,6 +87,8 @@ def test_two_regions_over_a_capped_link(test_net: TestNet, tmp_path: Path) -> No
         source.close()
     assert ahead_chunks == len(last)
     assert moved_chunks == len(taken - last) < len(taken)
+    # Copied across the far link: through the relay, not the store's own address.
+    assert f"from {cluster.region_store_url(first, far=True)}" in cluster.agents[moved_node].log.read_text()
 
     # The first region's store fails. The job, now in the other region, checkpoints on into its own; a job
     # in the first region goes on running, and its checkpoint fails with the reason.

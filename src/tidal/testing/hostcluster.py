@@ -36,6 +36,7 @@ import httpx
 from tidal.errors import TidalError
 from tidal.testing.hosts import Host, TestNet
 from tidal.testing.postgres import PostgresServer
+from tidal.testing.relay import Relay
 from tidal.testing.seaweedfs import SeaweedFS
 from tidal.waiting import WaitTimeout, wait_until
 
@@ -111,7 +112,7 @@ class HostCluster:
                  database: str = "db", store: str = "s3", lease: float = 5.0, devices: int = 1,
                  unix_user: str = "root", policy: str | None = None, server_args: Sequence[str] = (),
                  agent_env: Mapping[str, str] | None = None, seaweedfs: Mapping[str, Any] | None = None,
-                 regions: Mapping[str, tuple[str, Sequence[str]]] | None = None) -> None:
+                 regions: Mapping[str, tuple[str, Sequence[str]]] | None = None, region_delay: float = 0.0) -> None:
         self.net, self.lease, self.policy, self.server_args = net, lease, policy, list(server_args)
         self.agent_env = dict(agent_env or {})
         self.server_host = net[server]
@@ -119,6 +120,7 @@ class HostCluster:
         self.database_url = self.postgres.create_database("tidal")
         self.region_of: dict[str, str] = {}
         self.region_s3: dict[str, SeaweedFS] = {}
+        self.region_far: dict[str, str] = {}  # region → its store's endpoint as other regions reach it
         if regions:
             secret = secrets.token_hex(16)
             for region, (store_host, region_nodes) in regions.items():
@@ -126,11 +128,19 @@ class HostCluster:
                 self.region_of.update(dict.fromkeys(region_nodes, region))
             nodes = list(self.region_of)
             self.s3 = next(iter(self.region_s3.values()))
+            if region_delay > 0:
+                # From another region a store is reached through a relay on its host that delays each way;
+                # a region's own nodes reach it directly (their TIDAL_CHECKPOINT_STORE).
+                for region, weed in self.region_s3.items():
+                    relay = Relay((weed.addr, weed.ports["s3"]), region_delay, host=net[regions[region][0]])
+                    net.on_close(relay.stop)
+                    self.region_far[region] = f"http://{relay.addr}:{relay.port}"
         else:
             self.s3 = SeaweedFS(host=net[store], **(seaweedfs or {}))
         self.store_url = self.s3.url(STORE_PREFIX)
-        #: ``tidal server --store`` values: one store, or each region's (its URL naming its own server).
-        self.stores = [f"{r}={self.region_store_url(r)}" for r in self.region_s3] or [self.store_url]
+        #: ``tidal server --store`` values: one store, or each region's (its URL naming its own server, as
+        #: other regions reach it).
+        self.stores = [f"{r}={self.region_store_url(r, far=True)}" for r in self.region_s3] or [self.store_url]
         self.home = self.server_host.dir / "home"
         self.server_log = self.server_host.dir / "server.log"
         self.url = f"https://{self.server_host.addr}:{SERVER_PORT}"
@@ -153,9 +163,12 @@ class HostCluster:
         for name in nodes:
             self.wait_node_up(name)
 
-    def region_store_url(self, region: str) -> str:
+    def region_store_url(self, region: str, far: bool = False) -> str:
+        """The URL of ``region``'s store; ``far``: as other regions reach it (through the delaying relay, where
+        the regions are apart by ``region_delay``)."""
         weed = self.region_s3[region]
-        return f"{weed.url(STORE_PREFIX)}?endpoint={weed.endpoint_url}&addressing=path"
+        endpoint = self.region_far.get(region, weed.endpoint_url) if far else weed.endpoint_url
+        return f"{weed.url(STORE_PREFIX)}?endpoint={endpoint}&addressing=path"
 
     # the control plane
 
@@ -191,6 +204,8 @@ class HostCluster:
         if name in self.region_of:
             argv += ["--region", self.region_of[name], "--cluster", self.region_of[name]]
         env = clean_env(TIDAL_HOME=str(node.host.dir / "home"), **{**self.s3.store_env(), **self.agent_env})
+        if name in self.region_of and self.region_far:  # its own region's store, directly
+            env["TIDAL_CHECKPOINT_STORE"] = self.region_store_url(self.region_of[name])
         if join:
             with self.api(self.admin_token) as c:
                 r = c.post("/v1/tokens", json={"node": name})
