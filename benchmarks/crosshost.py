@@ -55,6 +55,7 @@ from harness import HOLDER, BenchmarkError, arguments, host_ranks, machine, run,
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing.hostcluster import SERVER_PORT, HostCluster
 from tidal.testing.hosts import Host, TestNet
+from tidal.testing.relay import Relay
 
 MB = 1 << 20
 STEP = re.compile(rb"^step (\d+) ", re.M)
@@ -106,10 +107,11 @@ def criu_on(host: Host, *args: str, images: Path, log: str) -> None:
         raise BenchmarkError(f"criu {args[0]} on {host.name} failed: {errors[-3:]} (see {images / log})")
 
 
-def send_dir(src: Host, dst: Host, source: Path, target: Path) -> int:
+def send_dir(src: Host, dst: Host, source: Path, target: Path, delay: float = 0.0) -> int:
     """Copy the files of ``source`` (on ``src``) into ``target`` (on ``dst``) over one TCP connection from
     ``src``'s namespace to ``dst``'s: a receiver thread listens on ``dst``, the sender connects from ``src``
-    and sends each file's name and size, then the file (sendfile). The bytes sent."""
+    and sends each file's name and size, then the file (sendfile). ``delay``: through a relay on ``dst`` that
+    delays each way by that many seconds. The bytes sent."""
     target.mkdir(parents=True)
     lsock = dst.listen()
     port = lsock.getsockname()[1]
@@ -143,17 +145,23 @@ def send_dir(src: Host, dst: Host, source: Path, target: Path) -> int:
     rx = threading.Thread(target=receive)
     rx.start()
     sent = 0
-    with src.connect(dst.addr, port) as s:
-        for f in sorted(source.iterdir()):
-            size = f.stat().st_size
-            name = f.name.encode()
-            s.sendall(struct.pack("!IQ", len(name), size) + name)
-            with f.open("rb") as fh:
-                if size:
-                    s.sendfile(fh)
-            sent += size
-        s.shutdown(socket.SHUT_WR)
-    rx.join()
+    relay = Relay((dst.addr, port), delay, host=dst) if delay > 0 else None
+    addr, port = (relay.addr, relay.port) if relay is not None else (dst.addr, port)
+    try:
+        with src.connect(addr, port) as s:
+            for f in sorted(source.iterdir()):
+                size = f.stat().st_size
+                name = f.name.encode()
+                s.sendall(struct.pack("!IQ", len(name), size) + name)
+                with f.open("rb") as fh:
+                    if size:
+                        s.sendfile(fh)
+                sent += size
+            s.shutdown(socket.SHUT_WR)
+        rx.join()
+    finally:
+        if relay is not None:
+            relay.stop()  # once the receiver has had everything
     if errors:
         raise BenchmarkError(f"copying the images to {dst.name}: {errors[0]!r}")
     return sent
@@ -166,8 +174,9 @@ def last_step(path: Path) -> int:
     return 0
 
 
-def plain_migration(net: TestNet, mb: int, src: str, dst: str) -> dict[str, Any]:
-    """Plain CRIU: a holder on ``src``; dump it there, send the images to ``dst``, restore it there."""
+def plain_migration(net: TestNet, mb: int, src: str, dst: str, delay: float = 0.0) -> dict[str, Any]:
+    """Plain CRIU: a holder on ``src``; dump it there, send the images to ``dst`` (``delay``: seconds added
+    each way), restore it there."""
     a, b = net[src], net[dst]
     work = net.shared / "plain"
     work.mkdir(exist_ok=True)
@@ -187,7 +196,7 @@ def plain_migration(net: TestNet, mb: int, src: str, dst: str) -> dict[str, Any]
         t_dump = time.perf_counter()
         proc.wait(10)  # reaped: its pid is free for the restore
         image_bytes = sum(f.stat().st_size for f in images_a.iterdir() if f.suffix == ".img")
-        sent = send_dir(a, b, images_a, images_b)
+        sent = send_dir(a, b, images_a, images_b, delay)
         t_copy = time.perf_counter()
         criu_on(b, "restore", "-d", "--pidfile", str(images_b / "pid"), "--manage-cgroups=ignore",
                 images=images_b, log="restore.log")

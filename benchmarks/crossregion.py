@@ -5,8 +5,10 @@ pre-copy, against plain CRIU with the image directory copied over the same link.
 Test hosts (:class:`tidal.testing.hostcluster.HostCluster` with regions): region west (SeaweedFS on s3w,
 node w1) and region east (SeaweedFS on s3e, node e1); the control plane (cp) and PostgreSQL (db) beside
 them. Every host of one region reaches every host of the other through a ``tc`` cap of ``--link``
-(default 200mbit) each way; within a region, and to cp and db, nothing is capped. No latency is added (this
-kernel has no netem).
+(default 200mbit) each way; within a region, and to cp and db, nothing is capped. ``--delay-ms D`` (default 0:
+none, as the README's figures were measured) puts the regions D ms apart each way: each region's store is
+reached from the other through a delaying relay on its host (this kernel has no netem), and plain CRIU's
+copy goes through one too.
 
 The job holds ``--mb`` MiB of random (incompressible) bytes and prints a step line every 50 ms
 (harness.HOLDER). Three moves, one after the other, each from the region the job is in to the other:
@@ -80,20 +82,24 @@ def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench-crossregion")
     p.add_argument("--mb", type=int, default=1280, help="the job's memory, MiB (default 1280)")
     p.add_argument("--link", default="200mbit", help="the cap between the regions, a tc rate (default 200mbit)")
+    p.add_argument("--delay-ms", type=float, default=0.0,
+                   help="latency between the regions, each way, through a delaying relay (default 0)")
     p.add_argument("--quick", action="store_true", help="--mb 100")
     args = p.parse_args()
     if args.quick:
         args.mb = 100
     host_ranks()
     out: dict[str, Any] = {"machine": {**machine(), "load_average_at_start": os.getloadavg()}, "mb": args.mb,
-                           "link": args.link}
+                           "link": args.link, "delay_ms": args.delay_ms}
     with TestNet(names=["cp", "db", "s3w", "s3e", "w1", "e1"]) as net:
         say("starting PostgreSQL (db), a SeaweedFS per region (s3w, s3e), tidal server (cp), agents (w1, e1)")
-        cluster = HostCluster(net, regions=REGIONS, seaweedfs={"volume_size_mb": 1024, "volumes": 32})
+        delay = args.delay_ms / 1000
+        cluster = HostCluster(net, regions=REGIONS, seaweedfs={"volume_size_mb": 1024, "volumes": 32},
+                              region_delay=delay)
         cap(net, args.link)
         say(f"plain CRIU: a {args.mb} MiB holder on w1 → dump, copy over TCP through the {args.link} cap, "
             "restore on e1")
-        out["plain"] = plain_migration(net, args.mb, "w1", "e1")
+        out["plain"] = plain_migration(net, args.mb, "w1", "e1", delay)
         work = net.shared / "work"
         work.mkdir(exist_ok=True)
         holder = [sys.executable, "-c", HOLDER.format(mb=args.mb)]
