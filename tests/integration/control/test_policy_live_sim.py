@@ -26,6 +26,7 @@ from tidal.policy.sla_admission import SlaAdmission, SlaMode
 from tidal.sim.cost import CostModel
 from tidal.sim.engine import Simulator
 from tidal.sim.trace import TraceJob
+from tidal.testing.clock import FakeClock
 from tidal.testing.control import FakeAgent, Plane, checkpoint_result
 
 # Two nodes of different sizes, so that best fit has one answer at every step: node → (region, cluster,
@@ -247,20 +248,6 @@ def test_same_admission_demoted(tmp_path: Path) -> None:
         "p": "premium", "s1": "standard", "s2": "basic", "s3": "standard", "b": "basic"}
 
 
-class TraceClock:
-    """The control plane's clock, set to the trace's time of each batch of events (its jobs' start times,
-    the minimum run time and the run time they have left are then the simulator's)."""
-
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def time(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-
 def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
            layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> dict[str, dict[str, Any]]:
     """Feed the simulator's events to a live control plane running ``policy``: the same decisions, and, with
@@ -268,7 +255,7 @@ def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, f
     with its run time. Returns each trace job's live record (``tidal show``'s), with its live id under
     ``"id"``."""
     p = Plane(tmp_path, admit_sla=sla, lease_s=1e9)  # the agents hold their nodes across the trace's hours
-    clock = TraceClock()
+    clock = FakeClock(time=0.0)  # the trace's time (jobs' start times, run times left, the minimum run)
     p.db.info["clock"] = clock
     p.rec = Reconciler(p.db, policy, clock=clock)
     agents = {n: FakeAgent(p, n, f"agent-{n}", devices=d, region=r, cluster=c) for n, (r, c, d) in layout.items()}
@@ -279,7 +266,7 @@ def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, f
     names: dict[str, str] = {}
     live: list[list[Decision]] = []
     for at, events, _ in batches:
-        clock.t = at
+        clock.advance(at - clock.time())
         for kind, job, detail in events:
             if kind in ("job_submitted", "job_deferred") and job not in ids:
                 w, tier, dur = spec[job]

@@ -11,6 +11,7 @@ from tidal.control.reconcile import Reconciler, snapshot
 from tidal.control.store.models import JobRow
 from tidal.policy.admission import Quotas
 from tidal.policy.registry import make_live_policy
+from tidal.testing.clock import FakeClock
 from tidal.testing.control import FakeAgent, Plane, checkpoint_result, start
 
 HOUR = 3600.0
@@ -104,20 +105,9 @@ def test_a_deferred_job_is_not_resumed_by_hand(tmp_path: Path) -> None:
     assert p.job(jid)["state"] == "held"
 
 
-class SetClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def time(self) -> float:
-        return self.t
-
-    def monotonic(self) -> float:
-        return self.t
-
-
 def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_path: Path) -> None:
     p = plane(tmp_path, "refuse")
-    clock = SetClock()
+    clock = FakeClock()
     p.db.info["clock"] = clock
     p.rec = Reconciler(p.db, make_live_policy(), clock=clock)
     a = FakeAgent(p, "node-1", "A", devices=2)
@@ -125,7 +115,7 @@ def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_p
     p.rec.once()
     (act,) = a.actions()
     assert a.result(act, ranks=[{"rank": 0, "pid": 10}, {"rank": 1, "pid": 11}])
-    clock.t += 1800.0  # half its run time is done; then it is preempted (by hand)
+    clock.advance(1800.0)  # half its run time is done; then it is preempted (by hand)
     assert p.http.post(f"/v1/jobs/{first}/preempt", headers=p.as_user(), json={}).status_code == 200
     p.rec.once()
     (ck,) = a.actions()
@@ -140,7 +130,7 @@ def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_p
         (view, _) = snapshot(s)
     assert (view.jobs[first].attained_device_s, view.jobs[first].duration_hint,
             view.jobs[first].remaining_hint) == (3600.0, HOUR, 1800.0)
-    clock.t += 200.0
+    clock.advance(200.0)
     # Left of it: 2 devices × 1,800 s, so a new hour of standard work waits 1,800 s on 2 devices: 0.67 (counting
     # its whole run time, as if it had not run, would give 0.33).
     r = p.http.post("/v1/jobs", headers=p.as_user(), json={"command": ["train"], "workdir": str(p.workdir),
