@@ -40,6 +40,8 @@ def start(s: Session, job: JobRow, devices: list[DeviceRef], cause: str | None,
     job.placement = [{"rank": r, "node": d.node, "device": d.index, "pid": None}
                      for r, d in enumerate(devices)]
     job.target = None
+    first = s.get(NodeRow, devices[0].node)
+    job.last_cluster = first.cluster if first is not None else job.last_cluster
     transition(s, job, S.RUNNING if state(job) is S.PENDING else S.RESTORING, cause, f"on {where}, {how}")
     set_phase(job, Phase.STARTING)
     job.attempt += 1

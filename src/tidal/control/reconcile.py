@@ -294,7 +294,7 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
                               started_at=j.started_at, project=spec.project or "default",
                               requested_tier=spec.tier if spec.tier > tier else None,
                               home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j),
-                              attained_device_s=attained, duration_hint=spec.runtime,
+                              attained_device_s=attained, duration_hint=spec.runtime, last_cluster=j.last_cluster,
                               remaining_hint=run_time_left(spec.runtime, attained, j.ranks))
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)

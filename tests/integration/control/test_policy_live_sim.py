@@ -248,6 +248,34 @@ def test_same_admission_demoted(tmp_path: Path) -> None:
         "p": "premium", "s1": "standard", "s2": "basic", "s3": "standard", "b": "basic"}
 
 
+# Resuming where its checkpoint is: basic a is preempted in c2 by the premium gang p (only node-2 holds 3
+# devices). When p, b and q end at the same instant, c1 has the more free devices (4 against 3), but a
+# resumes in c2, the cluster of its checkpoint (policy/global_level.py).
+RESUME_LAYOUT = {"node-1": ("r1", "c1", 4), "node-2": ("r2", "c2", 3)}
+
+
+def resume_trace() -> list[tuple[str, float, float, int, Tier]]:
+    """b and q end when p does: p's end (its start waits for a's checkpoint) taken from a first run."""
+    probe = [("b", 0.0, 1e4, 2, Tier.BASIC), ("a", 1.0, 1e4, 1, Tier.BASIC), ("q", 2.0, 1e4, 2, Tier.PREMIUM),
+             ("p", 10.0, 100.0, 3, Tier.PREMIUM)]
+    p_end = next(at for at, evs, _ in simulate(probe, layout=RESUME_LAYOUT) if ("job_finished", "p", "") in evs)
+    return [("b", 0.0, p_end, 2, Tier.BASIC), ("a", 1.0, 1000.0, 1, Tier.BASIC),
+            ("q", 2.0, p_end - 2.0, 2, Tier.PREMIUM), ("p", 10.0, 100.0, 3, Tier.PREMIUM)]
+
+
+def test_same_resume_in_the_cluster_holding_its_checkpoint(tmp_path: Path) -> None:
+    trace = resume_trace()
+    batches = simulate(trace, layout=RESUME_LAYOUT)
+    assert decisions(batches) == [
+        ("place", "b", (("node-1", 0), ("node-1", 1))), ("place", "a", (("node-2", 0),)),
+        ("place", "q", (("node-1", 2), ("node-1", 3))),
+        ("preempt", "a", ()), ("place", "p", (("node-2", 0), ("node-2", 1), ("node-2", 2))),
+        ("resume", "a", (("node-2", 0),)),  # c2, its checkpoint's, not c1 with more free
+    ]
+    assert {j for _, evs, _ in batches[-2:-1] for k, j, _ in evs if k == "job_finished"} == {"b", "q", "p"}
+    replay(tmp_path, batches, trace, make_live_policy(), RESUME_LAYOUT)
+
+
 def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
            layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> dict[str, dict[str, Any]]:
     """Feed the simulator's events to a live control plane running ``policy``: the same decisions, and, with

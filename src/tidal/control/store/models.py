@@ -82,6 +82,8 @@ class JobRow(Base):
     # Device-seconds its ranks ran before ``started_at`` (folded in as each run ends): the service the policy
     # orders basic work by, and what a job that gave its run time has done of it.
     attained_device_s: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # The cluster it was last placed in (its checkpoint's, for the scheduler's preference on resuming it).
+    last_cluster: Mapped[str | None] = mapped_column(String(64), nullable=True)
     finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     exit_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

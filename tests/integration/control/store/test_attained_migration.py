@@ -1,5 +1,5 @@
-"""Migration 0014 (jobs' attained service) on SQLite and PostgreSQL: a job from before it starts from none, its
-service is stored, and it downgrades."""
+"""Migration 0014 (jobs' attained service and last cluster) on SQLite and PostgreSQL: a job from before it starts
+from no service and no cluster, both are stored, and it downgrades."""
 
 from __future__ import annotations
 
@@ -23,18 +23,21 @@ def upgrade_from_0013(url: str) -> None:
         conn.execute(sa.insert(jobs).values(id="j1", seq=1, name="t", owner="u", tier="basic", ranks=1,
                                             state="preempted", held=False, submitted_at=1.0, restarts=0, attempt=1,
                                             placement=[], spec={"command": ["t"], "workdir": "/w"}))
-    assert "attained_device_s" not in columns(db, "jobs")
+    new = {"attained_device_s", "last_cluster"}
+    assert not new & columns(db, "jobs")
     db.migrate()
     with db.tx() as s:
         job = s.get(JobRow, "j1")
-        assert job is not None and job.attained_device_s == 0.0  # its runs before the upgrade are not known
-        job.attained_device_s = 120.5
+        # Its runs before the upgrade are not known.
+        assert job is not None and (job.attained_device_s, job.last_cluster) == (0.0, None)
+        job.attained_device_s, job.last_cluster = 120.5, "west-a"
     with db.read() as s:
-        assert s.get(JobRow, "j1").attained_device_s == 120.5  # type: ignore[union-attr]
+        job = s.get(JobRow, "j1")
+        assert job is not None and (job.attained_device_s, job.last_cluster) == (120.5, "west-a")
     to(db, "0013", up=False)
-    assert "attained_device_s" not in columns(db, "jobs")
+    assert not new & columns(db, "jobs")
     db.migrate()
-    assert "attained_device_s" in columns(db, "jobs")
+    assert new <= columns(db, "jobs")
     db.close()
 
 
