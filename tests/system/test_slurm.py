@@ -264,7 +264,7 @@ def test_doctor_checks_the_slurm_site(slurm_qos: SlurmCluster, tmp_path: Path) -
 @pytest.mark.torch
 def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCluster, tmp_path: Path) -> None:
     # The warning of the time limit, sent by hand (`scancel --batch --signal=USR1`, as `--signal=B:USR1@N`
-    # does): the moment is the test's, where Slurm's preemption decision may take from seconds to a minute.
+    # does): the moment is the test's, where Slurm's own warning comes at its 30-second checks.
     pytest.importorskip("torch")
     example = Path(__file__).parents[2] / "examples" / "ddp_train.py"
     steps = 150
