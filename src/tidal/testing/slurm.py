@@ -15,7 +15,8 @@ QOS ``high`` preempts them (``PreemptType=preempt/qos``; ``low`` has ``PreemptMo
 
 Nodes are ``(name, address)`` pairs; a node with a network namespace (a test host of
 :mod:`tidal.testing.hosts`) runs its ``slurmd`` inside it, so that several nodes on one machine are
-reached over the network. Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
+reached over the network (``ctld_addr``: the test net's gateway, where the hosts reach ``slurmctld``).
+Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
 (``make slurm``); with accounting also ``slurmdbd``, ``sacctmgr``, ``sacct`` and MariaDB's ``mariadbd`` and
 ``mariadb-install-db``.
 """
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.errors import ConfigError, TidalError
+from tidal.testing.netns import nsenter_argv
 from tidal.waiting import wait_until
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
@@ -133,7 +135,8 @@ class SlurmCluster:
         for n in self.nodes:
             argv = ["slurmd", "-D", "-N", n.name, "-f", str(self.conf)]
             if n.netns:
-                argv = ["ip", "netns", "exec", n.netns, *argv]
+                # nsenter, not `ip netns exec`: that remounts /sys, without the cgroup mounts slurmd reads.
+                argv = nsenter_argv(n.netns, argv)
             self._spawn(argv, f"slurmd-{n.name}")
         wait_until(self._all_idle, timeout=60, what="every slurmd to register", interval=0.2)
 
