@@ -29,8 +29,10 @@ prometheus:
 chromium:
 	sh tests/tools/provision-chromium.sh || echo "[chromium] not installed: the dashboard's browser tests will be skipped"
 
-# Slurm and munge (Debian's packages), which tests/system/test_slurm.py runs a temporary cluster with: installed
-# where missing (as root, non-interactive), the packages' own services never started.
+# Slurm, munge, and slurmdbd with MariaDB for Slurm's accounting (Debian's packages), which
+# tests/system/test_slurm.py runs temporary clusters with: installed where missing (as root, non-interactive), the
+# packages' own services never started. Where only slurmdbd or MariaDB cannot be installed, the tests that need
+# accounting are skipped, saying why.
 slurm:
 	sh tests/tools/provision-slurm.sh
 

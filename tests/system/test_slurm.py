@@ -10,14 +10,18 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.testing.slurm import SlurmCluster, missing_binaries
-from tidal.waiting import wait_for_line
+from tidal.testing.hosts import TestNet
+from tidal.testing.slurm import SlurmCluster, SlurmNode, missing_binaries
+from tidal.waiting import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
 TIDAL = Path(sys.executable).with_name("tidal")
@@ -44,19 +48,98 @@ print("done")
 """
 
 
+def _cluster(accounting: bool = False) -> SlurmCluster:
+    missing = missing_binaries(accounting)
+    if missing:
+        pytest.skip(f"Slurm{' with accounting' if accounting else ''} is not installed (missing "
+                    f"{', '.join(missing)}): run `make slurm` as root")
+    find_criu()  # no skip: `make test` provisions CRIU
+    # A preempted job's batch script (tidal run) gets SIGTERM when the GraceTime is over (0: at once; else at
+    # Slurm's next 30-second check after it), and has the cluster's KillWait (30 s: ample for a checkpoint on a
+    # loaded 2-core machine) before SIGKILL.
+    return SlurmCluster(grace=0, accounting=accounting)
+
+
 @pytest.fixture
 def slurm() -> Iterator[SlurmCluster]:
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): run `make slurm` as root")
-    find_criu()  # no skip: `make test` provisions CRIU
-    # GraceTime: ample for a checkpoint of two torch ranks on a loaded 2-core machine (a job that is done
-    # sooner ends sooner).
-    cluster = SlurmCluster(grace=90)
+    """Preemption by partition priority, no accounting database."""
+    cluster = _cluster()
     try:
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def _qos_cluster() -> Iterator[SlurmCluster]:
+    cluster = _cluster(accounting=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def slurm_qos(_qos_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """With Slurm's accounting (slurmdbd, MariaDB): preemption by QOS, and ``sacct``. One cluster for the
+    module (its database takes seconds to set up); each test's jobs are cancelled after it."""
+    yield _qos_cluster
+    _qos_cluster.client("scancel", "--user=root", check=False)
+    wait_until(lambda: not _qos_cluster.client("squeue", "-h", check=False).stdout.strip(), timeout=60,
+               what="the test's jobs to end")
+
+
+@dataclass
+class LongJob:
+    """The job of :func:`test_job_needing_three_times_its_time_limit_finishes_after_requeues`, submitted when
+    the module starts and run alongside its other tests."""
+    cluster: SlurmCluster | None = None
+    job: str = ""
+    dir: Path = Path()
+    error: BaseException | None = None
+    skip: str = ""
+
+
+LONG_TEST = "test_job_needing_three_times_its_time_limit_finishes_after_requeues"
+LONG_STEPS, LONG_PAUSE = 900, 0.2  # 3 minutes of work, sleeping: light on the other tests' CPU
+
+
+@pytest.fixture(scope="module", autouse=True)
+def long_job(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LongJob]:
+    """Where the module runs that test: its own cluster (with accounting), set up in a thread so that the
+    module's first tests do not wait for it, and its job submitted at once."""
+    found = LongJob()
+    if not any(item.name == LONG_TEST for item in request.session.items):
+        yield found
+        return
+    missing = missing_binaries(accounting=True)
+    if missing:
+        found.skip = (f"Slurm with accounting is not installed (missing {', '.join(missing)}): run `make slurm` "
+                      "as root")
+        yield found
+        return
+    tmp = tmp_path_factory.mktemp("long")
+
+    def start() -> None:
+        try:
+            find_criu()
+            found.cluster = SlurmCluster(grace=0, accounting=True)
+            found.dir = _workdir(tmp, "job")
+            found.job = found.cluster.sbatch(
+                _script(found.dir, LONG_STEPS, LONG_PAUSE), "--requeue", "--time=1", "--signal=B:USR1@10",
+                "--output", str(found.dir / "out.txt"), "--error", str(found.dir / "err.txt"),
+                "--open-mode=append", cwd=found.dir, env=_env(tmp))
+        except BaseException as exc:  # the test reports it; the module's other tests go on
+            found.error = exc
+
+    starter = threading.Thread(target=start, name="slurm-long-job")
+    starter.start()
+    try:
+        yield found
+    finally:
+        starter.join()
+        if found.cluster is not None:
+            found.cluster.stop()
 
 
 def _workdir(tmp: Path, name: str) -> Path:
@@ -88,49 +171,41 @@ def _explain(slurm: SlurmCluster, d: Path) -> str:
     return f"job stderr:\n{err}\n{slurm.logs()}"
 
 
-def test_preempted_job_is_requeued_and_finishes_identical(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_job_preempted_by_a_higher_qos_is_requeued_and_finishes_identical(slurm_qos: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    slurm = slurm_qos
     steps = 60
     ref_out, ref_params = _reference(tmp_path, steps)
     d = _workdir(tmp_path, "job")
     gate = tmp_path / "gate"  # the job waits at step 20 until the test has seen it preempted
-    job = slurm.sbatch(_script(d, steps, 0.05, str(gate)), "--requeue", "-p", "low", "--output",
+    job = slurm.sbatch(_script(d, steps, 0.05, str(gate)), "--requeue", "--qos=low", "--output",
                        str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append", cwd=d,
                        env=_env(tmp_path))
     wait_for_line(d / "out.txt", r"^step 10 ", timeout=60)
     high = tmp_path / "high.sh"
     high.write_text("#!/bin/sh\nexit 0\n")
-    hi = slurm.sbatch(high, "-p", "high", "--output", "/dev/null", cwd=tmp_path)
+    hi = slurm.sbatch(high, "--qos=high", "--output", "/dev/null", cwd=tmp_path)
     slurm.wait_state(hi, ["COMPLETED"], timeout=180)
     gate.touch()
     info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=180)
     assert info["JobState"] == "COMPLETED", _explain(slurm, d)
     assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
     assert (d / "params.json").read_bytes() == ref_params
-    # Slurm's own records show the requeue: one restart, and the preempted end in the completion log.
+    # Slurm's own records show the requeue: one restart, the preempted end in the completion log, and in the
+    # accounting database the preempted run in QOS low, the high job's run, and the final run.
     assert info["Restarts"] == "1"
     ends = [(c["JobId"], c["JobState"]) for c in slurm.completions() if c["JobId"] == job]
     assert ends == [(job, "PREEMPTED"), (job, "COMPLETED")]
+    runs = wait_until(lambda: (r := slurm.sacct(job)) and r[-1]["State"] == "COMPLETED" and r, timeout=30,
+                      what=f"sacct to record job {job}'s end")
+    assert [(r["JobIDRaw"], r["State"], r["QOS"]) for r in runs] == [(job, "PREEMPTED", "low"),
+                                                                      (job, "COMPLETED", "low")]
+    (high_run,) = slurm.sacct(hi)
+    assert (high_run["State"], high_run["QOS"]) == ("COMPLETED", "high")
+    assert runs[0]["End"] <= high_run["Start"] <= runs[1]["Start"]
     err = (d / "err.txt").read_text()
     assert "SIGTERM: checkpoint" in err and "committed" in err and "restored from checkpoint" in err
     assert json.loads(ref_params)["w"] != 0.0
-
-
-def test_job_longer_than_its_time_limit_finishes_after_requeues(slurm: SlurmCluster, tmp_path: Path) -> None:
-    # About 60 s of work under a 1-minute limit, warned 30 s ahead (Slurm checks time limits every 30 s or
-    # so, so the warning comes 0-30 s earlier still): done in two to four runs.
-    steps = 300
-    ref_out, ref_params = _reference(tmp_path, steps)
-    d = _workdir(tmp_path, "job")
-    job = slurm.sbatch(_script(d, steps, 0.2), "--requeue", "--time=1", "--signal=B:USR1@30",
-                       "--output", str(d / "out.txt"), "--error", str(d / "err.txt"), "--open-mode=append",
-                       cwd=d, env=_env(tmp_path))
-    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=280)
-    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
-    assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
-    assert (d / "params.json").read_bytes() == ref_params
-    assert int(info["Restarts"]) >= 1
-    err = (d / "err.txt").read_text()
-    assert err.count("SIGUSR1: checkpoint") == int(info["Restarts"]), err
 
 
 def test_restore_on_a_node_without_criu_fails_clearly_and_keeps_the_checkpoint(slurm: SlurmCluster,
@@ -164,7 +239,8 @@ def test_no_store_configured(tmp_path: Path) -> None:
         "directory would not follow the job to other nodes"]
 
 
-def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> None:
+def test_doctor_checks_the_slurm_site(slurm_qos: SlurmCluster, tmp_path: Path) -> None:
+    slurm = slurm_qos
     env = {**os.environ, **slurm.env(), "TIDAL_CHECKPOINT_STORE": str(tmp_path / "store")}
     out = subprocess.run([str(TIDAL), "doctor", "--slurm", "-o", "json"], env=env, capture_output=True, text=True,
                          check=False, timeout=180)
@@ -174,8 +250,8 @@ def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> No
         "slurm": "ok", "slurm: PreemptMode": "ok", "slurm: GraceTime": "ok", "slurm: signals": "ok",
         "slurm: store": "ok", "slurm: criu on nodes": "ok"}
     assert rows["slurm"]["detail"].startswith("Slurm 22.05")
-    assert rows["slurm: PreemptMode"]["detail"] == "REQUEUE (preempt/partition_prio)"
-    assert rows["slurm: GraceTime"]["detail"] == "low=90s"
+    assert rows["slurm: PreemptMode"]["detail"] == "REQUEUE (preempt/qos)"
+    assert rows["slurm: GraceTime"]["detail"] == "qos low=0s"  # the QOS that QOS high preempts
     assert rows["slurm: criu on nodes"]["detail"] == "CRIU works on all 1 node(s)"
     # Without a store: a required check missing, and what to do.
     env.pop("TIDAL_CHECKPOINT_STORE")
@@ -189,10 +265,10 @@ def test_doctor_checks_the_slurm_site(slurm: SlurmCluster, tmp_path: Path) -> No
 @pytest.mark.torch
 def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCluster, tmp_path: Path) -> None:
     # The warning of the time limit, sent by hand (`scancel --batch --signal=USR1`, as `--signal=B:USR1@N`
-    # does): the moment is the test's, where Slurm's preemption decision may take from seconds to a minute.
+    # does): the moment is the test's, where Slurm's own warning comes at its 30-second checks.
     pytest.importorskip("torch")
     example = Path(__file__).parents[2] / "examples" / "ddp_train.py"
-    steps = 300
+    steps = 150
     ref = tmp_path / "reference"
     ref.mkdir()
     (ref / "ddp_train.py").write_bytes(example.read_bytes())
@@ -209,7 +285,7 @@ def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCl
     script = d / "job.sh"
     script.write_text("#!/bin/sh\nexport OMP_NUM_THREADS=1\n"
                       f"exec {TIDAL} run --ranks-per-node 2 -- {sys.executable} ddp_train.py --steps {steps} "
-                      "--step-time 0.1\n")
+                      "--step-time 0.05\n")
     job = slurm.sbatch(script, "--requeue", "-p", "low", "--output", str(d / "out.txt"), "--error",
                        str(d / "err.txt"), "--open-mode=append", cwd=d, env=_env(tmp_path))
     wait_for_line(d / "out.txt", r"^rank 1 step 20 ", timeout=120)
@@ -224,6 +300,33 @@ def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCl
         mine = b"".join(ln for ln in got if ln.startswith(f"rank {rank} ".encode()))
         assert mine == want[rank], _explain(slurm, d)
     assert (d / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
+
+
+@pytest.mark.parametrize("test_net", [["n1", "n2"]], indirect=True)
+def test_a_step_over_two_nodes_is_refused_clearly(test_net: TestNet, tmp_path: Path) -> None:
+    # Two Slurm nodes, one slurmd on each of two test hosts (network namespaces), reached over the test net: a
+    # step's tasks run one per host. tidal run does not span several tasks yet (docs/slurm.md, Limits): it says
+    # so, and nothing runs.
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): run `make slurm` as root")
+    nodes = [SlurmNode(h.name, addr=h.addr, netns=h.netns, cpus=2) for h in test_net.hosts]
+    with SlurmCluster(nodes, ctld_addr=test_net.gateway, grace=0) as slurm:
+        where = slurm.client("srun", "-N2", "--ntasks-per-node=1", "--label", "sh", "-c",
+                             "ip -4 -o addr show eth0").stdout
+        for task, host in enumerate(test_net.hosts):
+            assert re.search(rf"^{task}: .* inet {re.escape(host.addr)}/", where, re.M), where
+        d = _workdir(tmp_path, "job")
+        script = d / "job.sh"
+        script.write_text(f"#!/bin/sh\nexec srun --ntasks-per-node=1 {TIDAL} run --ranks-per-node 2 -- "
+                          f"{sys.executable} train.py 5 0\n")
+        job = slurm.sbatch(script, "-N2", "--output", str(d / "out.txt"), "--error", str(d / "err.txt"), cwd=d,
+                           env=_env(tmp_path))
+        info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=60)
+        err = (d / "err.txt").read_text()
+        assert info["JobState"] == "FAILED", _explain(slurm, d)
+        assert err.count("error: tidal run does not yet span several tasks (this step has 2)") == 2, err
+        assert not (d / "out.txt").read_text().strip()
 
 
 # The training above, but at step 20 it opens a TCP connection and holds it until a file appears: CRIU cannot
@@ -272,3 +375,41 @@ def test_failed_checkpoint_requeues_from_the_previous_one(slurm: SlurmCluster, t
     assert (d / "params.json").read_bytes() == ref_params
     assert (d / "out.txt").read_text().endswith("done\n")
     assert failed.group(1) >= first.group(1)
+
+
+def test_job_needing_three_times_its_time_limit_finishes_after_requeues(long_job: LongJob,
+                                                                        tmp_path: Path) -> None:
+    # 3 minutes of work under a 1-minute limit, warned 10 s ahead (Slurm checks time limits every 30 s, so the
+    # warning comes 0-30 s earlier still; the limit itself is enforced at the first check after it, 30 s after
+    # the warning or later): a run does 20-50 s of work, so there are at least four. The job was submitted as
+    # the module started (fixture long_job) and ran beside the other tests.
+    if long_job.skip:
+        pytest.skip(long_job.skip)
+    ref_out, ref_params = _reference(tmp_path, LONG_STEPS)
+    for _ in range(600):
+        if long_job.job or long_job.error:
+            break
+        time.sleep(0.5)
+    if long_job.error is not None:
+        raise long_job.error
+    slurm, job, d = long_job.cluster, long_job.job, long_job.dir
+    assert slurm is not None and job, "the job was not submitted"
+    info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"], timeout=540)
+    assert info["JobState"] == "COMPLETED", _explain(slurm, d)
+    assert (d / "out.txt").read_bytes() == ref_out, _explain(slurm, d)
+    assert (d / "params.json").read_bytes() == ref_params
+    restarts = int(info["Restarts"])
+    assert restarts >= 3, info  # 180 s of work, under 50 s a run
+    err = (d / "err.txt").read_text()
+    assert err.count("SIGUSR1: checkpoint") == restarts, err
+    # Slurm's accounting: every run, each requeued but the last, together longer than three limits.
+    runs = wait_until(lambda: (r := slurm.sacct(job)) and r[-1]["State"] == "COMPLETED" and r, timeout=30,
+                      what=f"sacct to record job {job}'s end")
+    assert [r["State"] for r in runs] == ["REQUEUED"] * restarts + ["COMPLETED"], runs
+    elapsed = [_seconds(r["Elapsed"]) for r in runs]
+    assert sum(elapsed) >= 3 * 60, runs
+
+
+def _seconds(clock: str) -> int:
+    h, m, s = (int(x) for x in clock.split(":"))
+    return (h * 60 + m) * 60 + s

@@ -2,16 +2,23 @@
 node, all under one temporary directory, with a ``slurm.conf`` of its own (nothing of ``/etc/slurm`` or
 ``/etc/munge`` is read or touched), removed on :meth:`SlurmCluster.stop`, also when starting failed.
 
-Preemption is by partition priority (``preempt/partition_prio``, ``PreemptMode=REQUEUE`` with a
+By default preemption is by partition priority (``preempt/partition_prio``, ``PreemptMode=REQUEUE`` with a
 ``GraceTime``): a job in partition ``high`` takes the node of a job in ``low``, which is sent SIGTERM,
-given the grace time and requeued. (Preemption by QOS, ``preempt/qos``, is the same to a job, but needs
-``slurmdbd`` and a MySQL server to hold the QOS.) The completion log (``jobcomp/filetxt``) and
-``scontrol show job`` (``Restarts=``) show requeues without a database.
+given the grace time and requeued. The completion log (``jobcomp/filetxt``) and ``scontrol show job``
+(``Restarts=``) show requeues without a database.
+
+With ``accounting=True`` the cluster has Slurm's accounting: a MariaDB server of its own (``mariadbd`` on a
+data directory under the cluster's, reached on a unix socket only, no network) and ``slurmdbd``, with the
+cluster, an account ``tidal``, the user ``root`` and two QOS: jobs run in QOS ``low`` by default, and a job in
+QOS ``high`` preempts them (``PreemptType=preempt/qos``; ``low`` has ``PreemptMode=REQUEUE`` and the
+``GraceTime``). :meth:`SlurmCluster.sacct` reads the accounting records (every run of a requeued job).
 
 Nodes are ``(name, address)`` pairs; a node with a network namespace (a test host of
 :mod:`tidal.testing.hosts`) runs its ``slurmd`` inside it, so that several nodes on one machine are
-reached over the network. Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
-(``make slurm``).
+reached over the network (``ctld_addr``: the test net's gateway, where the hosts reach ``slurmctld``).
+Needs Debian's ``slurmctld``, ``slurmd``, ``slurm-client`` and ``munge``
+(``make slurm``); with accounting also ``slurmdbd``, ``sacctmgr``, ``sacct`` and MariaDB's ``mariadbd`` and
+``mariadb-install-db``.
 """
 
 from __future__ import annotations
@@ -29,15 +36,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.errors import ConfigError, TidalError
+from tidal.testing.netns import nsenter_argv
 from tidal.waiting import wait_until
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
+ACCOUNTING_BINARIES = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-def missing_binaries() -> list[str]:
-    """What of Slurm and munge is not installed here (``make slurm`` installs it)."""
-    return [b for b in BINARIES if shutil.which(b, path=PATH) is None]
+def missing_binaries(accounting: bool = False) -> list[str]:
+    """What of Slurm and munge (with ``accounting``: also of slurmdbd and MariaDB) is not installed here
+    (``make slurm`` installs it)."""
+    names = BINARIES + (ACCOUNTING_BINARIES if accounting else ())
+    return [b for b in names if shutil.which(b, path=PATH) is None]
 
 
 def _free_port() -> int:
@@ -62,11 +73,12 @@ def parse_record(text: str) -> dict[str, str]:
 
 class SlurmCluster:
     """One ``slurmctld`` and a ``slurmd`` per node. ``grace``: the ``GraceTime`` of a preempted job;
-    ``over_time``: the ``OverTimeLimit`` (minutes a job may run past its limit)."""
+    ``over_time``: the ``OverTimeLimit`` (minutes a job may run past its limit); ``accounting``: with
+    ``slurmdbd`` and its database, and preemption by QOS."""
 
     def __init__(self, nodes: Sequence[SlurmNode] = (SlurmNode("n1"),), *, grace: int = 30, over_time: int = 0,
-                 root: Path | None = None, ctld_addr: str = "127.0.0.1") -> None:
-        missing = missing_binaries()
+                 root: Path | None = None, ctld_addr: str = "127.0.0.1", accounting: bool = False) -> None:
+        missing = missing_binaries(accounting)
         if missing:
             raise ConfigError(f"Slurm is not installed here (missing {', '.join(missing)})", hint="run `make slurm`")
         self.nodes = list(nodes)
@@ -74,6 +86,7 @@ class SlurmCluster:
         self._own_root = root is None
         self.procs: list[subprocess.Popen[bytes]] = []
         self.grace, self.over_time, self.ctld_addr = grace, over_time, ctld_addr
+        self.accounting = accounting
         try:
             self._start()
         except BaseException:
@@ -89,6 +102,10 @@ class SlurmCluster:
     def munge_socket(self) -> Path:
         return self.root / "munge" / "munge.socket"
 
+    @property
+    def db_socket(self) -> Path:
+        return self.root / "db" / "mysqld.sock"
+
     def env(self) -> dict[str, str]:
         """What a Slurm client (``sbatch``, ``scontrol``) needs to reach this cluster."""
         return {"PATH": f"{os.environ.get('PATH', PATH)}:{PATH}", "SLURM_CONF": str(self.conf),
@@ -103,22 +120,73 @@ class SlurmCluster:
         key = self.root / "key" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
-        self.ctld_port, self.slurmd_port = _free_port(), _free_port()
+        self.ctld_port, self.slurmd_port, self.dbd_port = _free_port(), _free_port(), _free_port()
         self.conf.write_text(self._conf_text())
         self._spawn(["munged", "--foreground", "--force", f"--key-file={key}", f"--socket={self.munge_socket}",
                      f"--pid-file={self.root / 'munge' / 'munged.pid'}",
                      f"--seed-file={self.root / 'key' / 'munged.seed'}",
                      f"--log-file={self.root / 'log' / 'munged.log'}"], "munged")
         wait_until(lambda: self.munge_socket.exists(), timeout=20, what="munged to listen")
+        if self.accounting:
+            self._start_accounting()
         self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
         wait_until(lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0, timeout=30,
                    what="slurmctld to answer", interval=0.2)
         for n in self.nodes:
             argv = ["slurmd", "-D", "-N", n.name, "-f", str(self.conf)]
             if n.netns:
-                argv = ["ip", "netns", "exec", n.netns, *argv]
+                # nsenter, not `ip netns exec`: that remounts /sys, without the cgroup mounts slurmd reads.
+                argv = nsenter_argv(n.netns, argv)
             self._spawn(argv, f"slurmd-{n.name}")
         wait_until(self._all_idle, timeout=60, what="every slurmd to register", interval=0.2)
+
+    def _start_accounting(self) -> None:
+        """MariaDB on a unix socket only, ``slurmdbd``, and the cluster's associations and QOS."""
+        db = self.root / "db"
+        db.mkdir()
+        self._run(["mariadb-install-db", "--no-defaults", f"--datadir={db / 'data'}", "--user=root",
+                   "--auth-root-authentication-method=socket", "--skip-test-db"], timeout=120)
+        self._spawn(["mariadbd", "--no-defaults", f"--datadir={db / 'data'}", f"--socket={self.db_socket}",
+                     "--skip-networking", "--user=root", f"--pid-file={db / 'mariadbd.pid'}",
+                     f"--log-error={self.root / 'log' / 'mariadbd.log'}", "--innodb-buffer-pool-size=64M",
+                     "--innodb-flush-log-at-trx-commit=0", "--skip-log-bin", "--innodb-lock-wait-timeout=900"],
+                    "mariadbd")
+        wait_until(lambda: self.db_socket.exists(), timeout=60, what="mariadbd to listen")
+        dbd_conf = self.conf.with_name("slurmdbd.conf")
+        dbd_conf.write_text(self._dbd_conf_text())
+        os.chmod(dbd_conf, 0o600)  # slurmdbd insists: it holds the database's credentials
+        # slurmdbd reads slurmdbd.conf beside SLURM_CONF's slurm.conf; the MariaDB client library it links finds
+        # the server's socket in MYSQL_UNIX_PORT (StorageHost=localhost: a unix socket).
+        self._spawn(["slurmdbd", "-D"], "slurmdbd", extra_env={"MYSQL_UNIX_PORT": str(self.db_socket)})
+        wait_until(lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"], check=False).returncode == 0,
+                   timeout=60, what="slurmdbd to answer", interval=0.2)
+        for cmd in (["add", "cluster", "tidaltest"],
+                    ["add", "qos", "low", f"GraceTime={self.grace}", "PreemptMode=requeue"],
+                    ["add", "qos", "high", "Preempt=low"],
+                    ["add", "account", "tidal", "Cluster=tidaltest"],
+                    ["add", "user", "root", "Account=tidal", "Cluster=tidaltest", "QOS=normal,low,high",
+                     "DefaultQOS=low"],
+                    # root has an association under account root already (made with the cluster).
+                    ["modify", "user", "root", "set", "DefaultAccount=tidal"]):
+            self._run(["sacctmgr", "-i", *cmd])
+
+    def _dbd_conf_text(self) -> str:
+        r = self.root
+        return "\n".join([
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"DbdHost={socket.gethostname()}",
+            f"DbdAddr={self.ctld_addr}",
+            f"DbdPort={self.dbd_port}",
+            "SlurmUser=root",
+            "DebugLevel=info",
+            f"LogFile={r / 'log' / 'slurmdbd.log'}",
+            f"PidFile={r / 'db' / 'slurmdbd.pid'}",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=localhost",
+            "StorageUser=root",
+            "StorageLoc=slurm_acct_db",
+        ]) + "\n"
 
     def _all_idle(self) -> bool:
         out = self._run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False).stdout.split()
@@ -153,16 +221,23 @@ class SlurmCluster:
             "ProctrackType=proctrack/pgid",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={self.ctld_addr}",
+               f"AccountingStoragePort={self.dbd_port}", "AccountingStorageEnforce=associations,limits,qos",
+               # Not a password with slurmdbd: the munge socket to reach it with (else munge's default one).
+               f"AccountingStoragePass={self.munge_socket}",
+               "PreemptType=preempt/qos"]
+              if self.accounting else
+              ["AccountingStorageType=accounting_storage/none", "PreemptType=preempt/partition_prio"]),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r / 'log' / 'jobcomp.log'}",
             "MpiDefault=none",
             "SchedulerType=sched/backfill",
             "SelectType=select/linear",
-            "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
             "ReturnToService=2",
-            "KillWait=5",
+            # A preempted batch job's script gets SIGTERM when its GraceTime is over (Slurm signals only the job's
+            # steps at its start) and SIGKILL KillWait seconds later: `tidal run`'s checkpoint happens in between.
+            "KillWait=30",
             "MinJobAge=600",
             "InactiveLimit=0",
             f"OverTimeLimit={self.over_time}",
@@ -175,6 +250,9 @@ class SlurmCluster:
         for n in self.nodes:
             lines.append(f"NodeName={n.name} NodeAddr={n.addr} NodeHostname={n.name} CPUs={n.cpus} State=UNKNOWN")
         names = ",".join(n.name for n in self.nodes)
+        if self.accounting:  # one partition; the jobs' QOS decide who preempts whom
+            lines.append(f"PartitionName=main Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+            return "\n".join(ln for ln in lines if not ln.endswith("=")) + "\n"
         lines += [
             f"PartitionName=low Nodes={names} Default=YES MaxTime=INFINITE State=UP PriorityTier=1 "
             f"PreemptMode=REQUEUE GraceTime={self.grace}",
@@ -182,11 +260,11 @@ class SlurmCluster:
         ]
         return "\n".join(ln for ln in lines if not ln.endswith("=")) + "\n"
 
-    def _spawn(self, argv: list[str], name: str) -> None:
+    def _spawn(self, argv: list[str], name: str, extra_env: dict[str, str] | None = None) -> None:
         out = open(self.root / "log" / f"{name}.out", "ab")  # noqa: SIM115 - the daemon's, closed with it
         try:
-            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                                               start_new_session=True))
+            self.procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                               env={**self.env(), **(extra_env or {})}, start_new_session=True))
         finally:
             out.close()
 
@@ -246,6 +324,13 @@ class SlurmCluster:
             return info if info.get("JobState") in states else None
 
         return wait_until(reached, timeout=timeout, what=f"job {job_id} to be {' or '.join(states)}", interval=0.3)
+
+    def sacct(self, job_id: str) -> list[dict[str, str]]:
+        """Slurm's accounting records of a job's allocation, one per run (``sacct --duplicates``: a requeued
+        job's earlier runs too), oldest first, with the fields of ``fields`` below. Needs ``accounting=True``."""
+        fields = ("JobIDRaw", "State", "Submit", "Start", "End", "Elapsed", "QOS", "ExitCode")
+        out = self._run(["sacct", "-X", "-n", "-P", "--duplicates", "-j", job_id, "-o", ",".join(fields)]).stdout
+        return [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line.strip()]
 
     def completions(self) -> list[dict[str, str]]:
         """The completion log: one record per end of a job (also each end that was requeued)."""

@@ -1,6 +1,7 @@
 """``tidal doctor --slurm``: is this Slurm site set up so that ``tidal run`` loses no work?
 
-Reads the controller's configuration (``scontrol show config``, ``scontrol show partition``), opens the
+Reads the controller's configuration (``scontrol show config``, ``scontrol show partition``; with
+``PreemptType=preempt/qos`` the QOS from the accounting database, ``sacctmgr show qos``), opens the
 checkpoint store, and runs a CRIU lookup on every node through ``srun`` (one task per node)."""
 
 from __future__ import annotations
@@ -37,6 +38,33 @@ def parse_partitions(text: str) -> dict[str, dict[str, str]]:
     return parts
 
 
+def parse_qos(text: str) -> dict[str, dict[str, str]]:
+    """``sacctmgr -n -P show qos format=Name,GraceTime,Preempt,PreemptMode``: each QOS's fields, its
+    ``GraceTime`` in seconds."""
+    out = {}
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 4 and parts[0]:
+            name, grace, preempt, mode = parts
+            out[name] = {"GraceTime": str(_seconds(grace)), "Preempt": preempt, "PreemptMode": mode}
+    return out
+
+
+def _seconds(text: str) -> int:
+    """Slurm's ``[D-]HH:MM:SS`` (or ``MM:SS``) as seconds; 0 where empty."""
+    days, _, clock = text.rpartition("-")
+    total = 0
+    for part in clock.split(":"):
+        total = total * 60 + int(part or 0)
+    return total + int(days or 0) * 86400
+
+
+def _preemptable(qos: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """The QOS that some other QOS may preempt, in the order listed."""
+    named = {n for q in qos.values() for n in q.get("Preempt", "").split(",") if n}
+    return [n for n in qos if n in named]
+
+
 def check_version(conf: Mapping[str, str]) -> Check:
     raw = conf.get("SLURM_VERSION", "")
     m = re.match(r"(\d+)\.(\d+)", raw)
@@ -48,31 +76,50 @@ def check_version(conf: Mapping[str, str]) -> Check:
                  "" if ok else f"Slurm ≥ {MIN_SLURM[0]}.{MIN_SLURM[1]} (requeue and --signal=B:)", True)
 
 
-def check_preempt_mode(conf: Mapping[str, str], parts: Mapping[str, Mapping[str, str]]) -> Check:
+def check_preempt_mode(conf: Mapping[str, str], parts: Mapping[str, Mapping[str, str]],
+                       qos: Mapping[str, Mapping[str, str]] | None = None) -> Check:
+    """With ``preempt/qos``, ``qos`` (:func:`parse_qos`) decides: the preemptable QOS' ``PreemptMode``, or the
+    cluster's where theirs is ``cluster``."""
     mode = conf.get("PreemptMode", "OFF")
     kind = conf.get("PreemptType", "preempt/none")
-    bad = [n for n, p in parts.items() if "REQUEUE" not in p.get("PreemptMode", mode).upper()
-           and p.get("PreemptMode", mode).upper() not in ("OFF",)]
+    if kind == "preempt/qos" and qos is not None:
+        own = {n: q["PreemptMode"] for n, q in qos.items() if q["PreemptMode"] not in ("", "cluster")}
+        bad = [n for n in _preemptable(qos) if "REQUEUE" not in own.get(n, mode).upper()]
+        what = "QOS"
+    else:
+        bad = [n for n, p in parts.items() if "REQUEUE" not in p.get("PreemptMode", mode).upper()
+               and p.get("PreemptMode", mode).upper() not in ("OFF",)]
+        what = "partitions"
     if kind == "preempt/none":
         return Check("slurm: PreemptMode", "ok", "no preemption (PreemptType=preempt/none)")
     if "REQUEUE" in mode.upper() and not bad:
         return Check("slurm: PreemptMode", "ok", f"{mode} ({kind})")
-    return Check("slurm: PreemptMode", "warn", f"{mode} ({kind}); partitions not requeueing: {', '.join(bad) or '-'}",
+    return Check("slurm: PreemptMode", "warn", f"{mode} ({kind}); {what} not requeueing: {', '.join(bad) or '-'}",
                  "set PreemptMode=REQUEUE: a cancelled job is not started again, a suspended one holds its memory")
 
 
-def check_grace_time(conf: Mapping[str, str], parts: Mapping[str, Mapping[str, str]]) -> Check:
-    if conf.get("PreemptType", "preempt/none") == "preempt/none":
+def check_grace_time(conf: Mapping[str, str], parts: Mapping[str, Mapping[str, str]],
+                     qos: Mapping[str, Mapping[str, str]] | None = None) -> Check:
+    """The preemptable partitions' ``GraceTime``; with ``preempt/qos`` the preemptable QOS' (``qos``). Any is
+    fine for ``tidal run``: the checkpoint comes at its end."""
+    kind = conf.get("PreemptType", "preempt/none")
+    if kind == "preempt/none":
         return Check("slurm: GraceTime", "ok", "no preemption")
     mode = conf.get("PreemptMode", "OFF")
-    graces = {n: int(p.get("GraceTime", "0") or 0) for n, p in parts.items()
-              if p.get("PreemptMode", mode).upper() != "OFF"}  # partitions whose jobs can be preempted
-    short = [n for n, g in graces.items() if g < 10]
-    detail = ", ".join(f"{n}={g}s" for n, g in graces.items())
-    if short:
-        return Check("slurm: GraceTime", "warn", detail,
-                     f"give preemptable partitions (or QOS) a GraceTime of at least the time a checkpoint takes "
-                     f"(seconds; ≥ 10): {', '.join(short)} would be killed before their checkpoint is committed")
+    if kind == "preempt/qos":
+        if qos is None:
+            return Check("slurm: GraceTime", "warn", "the QOS could not be read (sacctmgr show qos)",
+                         "run it where sacctmgr reaches slurmdbd")
+        graces = {n: int(qos[n]["GraceTime"]) for n in _preemptable(qos)}
+        prefix = "qos "
+    else:
+        graces = {n: int(p.get("GraceTime", "0") or 0) for n, p in parts.items()
+                  if p.get("PreemptMode", mode).upper() != "OFF"}  # partitions whose jobs can be preempted
+        prefix = ""
+    # Shown, not judged: a preempted job's batch script (tidal run) gets SIGTERM only when the GraceTime is over
+    # (at Slurm's next 30-second check after it), so the GraceTime just delays the checkpoint, which happens
+    # within KillWait (check_signals). 0 preempts soonest.
+    detail = prefix + (", ".join(f"{n}={g}s" for n, g in graces.items()) or "no QOS is preempted by another")
     return Check("slurm: GraceTime", "ok", detail)
 
 
@@ -82,6 +129,7 @@ def check_signals(conf: Mapping[str, str]) -> Check:
     requeue = conf.get("JobRequeue", "1")
     kill_wait = conf.get("KillWait", "")
     notes = [f"ProctrackType={track}", f"JobRequeue={requeue}", f"KillWait={kill_wait}"]
+    wait = re.match(r"\d+", kill_wait)
     if track == "proctrack/linuxproc":
         return Check("slurm: signals", "warn", "; ".join(notes),
                      "proctrack/linuxproc sends SIGTERM to every process of a job, the ranks too, before Tidal can "
@@ -89,6 +137,10 @@ def check_signals(conf: Mapping[str, str]) -> Check:
     if requeue == "0":
         return Check("slurm: signals", "warn", "; ".join(notes),
                      "JobRequeue=0: jobs must be submitted with --requeue to be started again")
+    if wait and int(wait.group(0)) < 10:
+        return Check("slurm: signals", "warn", "; ".join(notes),
+                     "a preempted job's batch script (tidal run) gets SIGTERM when its GraceTime is over and SIGKILL "
+                     "KillWait seconds later: give KillWait at least the time a checkpoint takes (≥ 10 s)")
     return Check("slurm: signals", "ok", "; ".join(notes) +
                  "; jobs ask for the warning with sbatch --signal=B:USR1@SECONDS")
 
@@ -133,10 +185,15 @@ def slurm_checks(store_url: str | None) -> list[Planned]:
     conf = parse_config(text) if code == 0 else {}
     code, text = run_command(["scontrol", "-o", "show", "partition"], timeout=30)
     parts = parse_partitions(text) if code == 0 else {}
+    qos = None
+    if conf.get("PreemptType") == "preempt/qos":
+        code, text = run_command(["sacctmgr", "-n", "-P", "show", "qos", "format=Name,GraceTime,Preempt,PreemptMode"],
+                                 timeout=30)
+        qos = parse_qos(text) if code == 0 else None
     return [
         Planned("slurm", True, lambda: check_version(conf)),
-        Planned("slurm: PreemptMode", False, lambda: check_preempt_mode(conf, parts)),
-        Planned("slurm: GraceTime", False, lambda: check_grace_time(conf, parts)),
+        Planned("slurm: PreemptMode", False, lambda: check_preempt_mode(conf, parts, qos)),
+        Planned("slurm: GraceTime", False, lambda: check_grace_time(conf, parts, qos)),
         Planned("slurm: signals", False, lambda: check_signals(conf)),
         Planned("slurm: store", True, lambda: check_store(store_url)),
         Planned("slurm: criu on nodes", True, lambda: check_criu_on_nodes(conf)),

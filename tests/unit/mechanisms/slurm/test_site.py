@@ -9,6 +9,7 @@ from tidal.mechanisms.slurm.site import (
     check_version,
     parse_config,
     parse_partitions,
+    parse_qos,
 )
 
 CONFIG = """Configuration data as of 2026-11-25T22:00:00
@@ -26,16 +27,17 @@ PARTITIONS = ("PartitionName=low AllowGroups=ALL GraceTime=120 PreemptMode=REQUE
 
 
 def test_a_site_set_up_for_tidal() -> None:
-    conf, parts = parse_config(CONFIG), parse_partitions(PARTITIONS)
+    # Preemption by partition priority: the partitions' GraceTime counts.
+    conf = parse_config(CONFIG.replace("preempt/qos", "preempt/partition_prio"))
+    parts = parse_partitions(PARTITIONS)
     assert conf["SLURM_VERSION"] == "22.05.8" and parts["low"]["GraceTime"] == "120"
     assert check_version(conf).status == "ok"
     assert check_version(conf).detail == "Slurm 22.05.8, cluster prod"
     assert check_preempt_mode(conf, parts).status == "ok"
     assert check_signals(conf).status == "ok"
     grace = check_grace_time(conf, parts)
-    # A preemptable partition without a grace time: its jobs are killed before they are checkpointed.
-    assert (grace.status, grace.detail) == ("warn", "low=120s, debug=0s")
-    assert "debug would be killed before their checkpoint is committed" in grace.fix
+    # Any grace time will do (it delays the SIGTERM; the checkpoint happens within KillWait): shown.
+    assert (grace.status, grace.detail) == ("ok", "low=120s, debug=0s")
 
 
 def test_what_loses_work() -> None:
@@ -47,3 +49,30 @@ def test_what_loses_work() -> None:
     assert signals.status == "warn" and "use proctrack/cgroup or proctrack/pgid" in signals.fix
     missing = check_version({})
     assert (missing.status, missing.required) == ("missing", True)
+
+
+# sacctmgr -n -P show qos format=Name,GraceTime,Preempt,PreemptMode
+QOS = ("normal|00:00:00||cluster\nlow|00:02:00||requeue\nscavenger|1-00:00:05||cluster\n"
+       "high|00:00:00|low,scavenger|cluster\n")
+
+
+def test_preemption_by_qos() -> None:
+    conf, parts, qos = parse_config(CONFIG), parse_partitions(PARTITIONS), parse_qos(QOS)
+    assert qos["low"] == {"GraceTime": "120", "Preempt": "", "PreemptMode": "requeue"}
+    assert qos["scavenger"]["GraceTime"] == str(86405)
+    # The QOS that others preempt count, not the partitions; "cluster" is the cluster's PreemptMode (REQUEUE).
+    mode = check_preempt_mode(conf, parts, qos)
+    assert (mode.status, mode.detail) == ("ok", "REQUEUE (preempt/qos)")
+    grace = check_grace_time(conf, parts, qos)
+    assert (grace.status, grace.detail) == ("ok", "qos low=120s, scavenger=86405s")
+    cancels = parse_qos(QOS.replace("scavenger|1-00:00:05||cluster", "scavenger|00:00:05||cancel"))
+    mode = check_preempt_mode(conf, parts, cancels)
+    assert (mode.status, mode.detail) == ("warn", "REQUEUE (preempt/qos); QOS not requeueing: scavenger")
+    grace = check_grace_time(conf, parts, cancels)
+    assert (grace.status, grace.detail) == ("ok", "qos low=120s, scavenger=5s")
+    assert check_grace_time(conf, parts, None).status == "warn"  # sacctmgr did not answer
+
+
+def test_kill_wait_too_short_for_a_checkpoint() -> None:
+    signals = check_signals(parse_config(CONFIG.replace("30 sec", "5 sec")))
+    assert signals.status == "warn" and "give KillWait at least the time a checkpoint takes" in signals.fix
