@@ -45,6 +45,7 @@ from tidal.mechanisms.storage.replicate import Replicated, replicate
 log = logging.getLogger(__name__)
 CHUNK = 4 << 20
 MIB = 1 << 20
+RESULTS_KEPT = 4096  # results of actions done, remembered to answer one delivered again
 
 
 def as_account(unix_user: str | None) -> Account | None:
@@ -231,7 +232,9 @@ class Executor:
         self._acting = threading.local()  # the lease of the action this (job's) thread runs
         self.outbox = Outbox(client, agent_id, on_lease_lost)
         self.jobs: dict[str, Running] = {}
-        self.results: dict[str, protocol.ActionResult] = {}  # action id → its result (idempotency)
+        # Action id → its result, to answer an action delivered again (idempotency): the newest RESULTS_KEPT,
+        # since the control plane sends an action again only until it has its result.
+        self.results: dict[str, protocol.ActionResult] = {}
         self.inflight: set[str] = set()
         self.queues: dict[str, list[tuple[str, protocol.Action]]] = {}  # job → (lease, action), in order
         self.ended: dict[str, tuple[int, list[protocol.RankExit]]] = {}  # job → (attempt, how its ranks ended)
@@ -300,8 +303,14 @@ class Executor:
         with self.mu:
             if self._seen(res.action_id):
                 return
-            self.results[res.action_id] = res
+            self._keep(res)
         self.outbox.put("results", res)
+
+    def _keep(self, res: protocol.ActionResult) -> None:
+        """Remember ``res``, forgetting the oldest result beyond RESULTS_KEPT. Under ``mu``."""
+        self.results[res.action_id] = res
+        if len(self.results) > RESULTS_KEPT:
+            del self.results[next(iter(self.results))]
 
     def _drain(self, key: str) -> None:
         while True:
@@ -332,7 +341,7 @@ class Executor:
             log.warning("action %s (%s of job %s) failed: %s", action.id, action.kind, action.job_id, exc)
             res = failed(self.agent_id, action.id, str(exc), failure(exc))
         with self.mu:
-            self.results[action.id] = res
+            self._keep(res)
             self.inflight.discard(action.id)
             answered = self._answered.pop(action.id, None)
         self.outbox.put("results", res)

@@ -274,3 +274,13 @@ def test_a_fence_kills_every_rank_before_waiting_for_any(ex: Executor) -> None:
     assert events[:4] == ["kill j1/0 now", "kill j1/1 now", "kill j2/0 now", "kill j2/1 now"]
     assert events[4:] == ["kill j1/0", "kill j1/1", "kill j2/0", "kill j2/1"]
     assert ex.jobs == {} and ex.lease is None
+
+
+def test_only_the_newest_results_are_kept(ex: Executor, client: FakeClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tidal.agent.executor.RESULTS_KEPT", 3)
+    for i in range(5):
+        ex.submit({"v": 1, "id": f"k-{i}", "order": kill()})
+        client.next()
+    assert list(ex.results) == ["k-2", "k-3", "k-4"]  # bounded, oldest forgotten first
+    ex.submit({"v": 1, "id": "k-4", "order": kill()})  # a recent one delivered again: its result, not run
+    assert client.next()[1].action_id == "k-4" and list(ex.results) == ["k-2", "k-3", "k-4"]
