@@ -9,6 +9,7 @@ per writer). One cluster for all of them, each framework imported once per rank;
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,11 +78,15 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
             cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
     c = make_cluster(nodes=2, devices=4)
+    # The compiled job's compiler cache (a temporary directory, apart from the references'): it is removed while
+    # the job is preempted, as on a machine that never had it.
+    cache = tmp_path / "inductor-cache"
     jobs = {}
     for name in JOBS:
         work = tmp_path / f"work-{name}"
         work.mkdir()
-        jobs[name] = c.cli("submit", "-q", "--name", name, "--ranks", str(WORLD), "--min-devices", "1", "--",
+        env = ["--env", f"TORCHINDUCTOR_CACHE_DIR={cache}"] if name == "compiled" else []
+        jobs[name] = c.cli("submit", "-q", "--name", name, "--ranks", str(WORLD), "--min-devices", "1", *env, "--",
                            sys.executable, *args(name, gate), cwd=work, env=ENV).stdout.strip()
     for name, job in jobs.items():
         c.wait_state(job, "running", timeout=120)
@@ -91,8 +96,13 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
 
         wait_until(lambda: steps() >= 2, timeout=180, what=f"{name}: first steps")
         c.cli("preempt", job, timeout=300)
+        if name == "compiled":
+            assert any(cache.rglob("*.so"))
+            shutil.rmtree(cache)
         c.cli("resume", job, timeout=300)
         c.wait_state(job, "running", timeout=300)
+        if name == "compiled":  # what the ranks had loaded from it is back
+            assert any(cache.rglob("*.so"))
         c.cli("resize", job, "--devices", "1", timeout=300)
         assert c.wait_state(job, "running", timeout=300)["devices"] == 1
         here = c.job(job)["placement"][1]["node"]
