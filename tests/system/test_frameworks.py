@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -88,13 +89,10 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
         env = ["--env", f"TORCHINDUCTOR_CACHE_DIR={cache}"] if name == "compiled" else []
         jobs[name] = c.cli("submit", "-q", "--name", name, "--ranks", str(WORLD), "--min-devices", "1", *env, "--",
                            sys.executable, *args(name, gate), cwd=work, env=ENV).stdout.strip()
-    for name, job in jobs.items():
+    def cycle(name: str, job: str) -> None:
         c.wait_state(job, "running", timeout=120)
-
-        def steps(job: str = job) -> int:
-            return len(_lines(c.cli("logs", job, "--rank", "0").stdout))
-
-        wait_until(lambda: steps() >= 2, timeout=180, what=f"{name}: first steps")
+        wait_until(lambda: len(_lines(c.cli("logs", job, "--rank", "0").stdout)) >= 2, timeout=180,
+                   what=f"{name}: first steps")
         c.cli("preempt", job, timeout=300)
         if name == "compiled":
             assert any(cache.rglob("*.so"))
@@ -110,6 +108,11 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
         c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
         j = c.wait_state(job, "running", timeout=300)
         assert j["placement"][1]["node"] == to and j["placement"][0]["node"] == here, j["placement"]
+
+    # The jobs go through their cycles side by side, each as soon as it has made its first steps.
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        for f in [pool.submit(cycle, name, job) for name, job in jobs.items()]:
+            f.result()
     gate.touch()
     for name, job in jobs.items():
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
