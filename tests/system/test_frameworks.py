@@ -91,8 +91,9 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
                            sys.executable, *args(name, gate), cwd=work, env=ENV).stdout.strip()
     def cycle(name: str, job: str) -> None:
         c.wait_state(job, "running", timeout=120)
+        # Polled once a second: each look is a CLI process, and the cores are the jobs' (and the references').
         wait_until(lambda: len(_lines(c.cli("logs", job, "--rank", "0").stdout)) >= 2, timeout=180,
-                   what=f"{name}: first steps")
+                   what=f"{name}: first steps", interval=1.0)
         c.cli("preempt", job, timeout=300)
         if name == "compiled":
             assert any(cache.rglob("*.so"))
