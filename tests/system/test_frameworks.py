@@ -2,9 +2,10 @@
 ``transformers``' ``Trainer`` with its own checkpoints, PyTorch Lightning's ``Trainer(strategy="ddp")``, and a
 ``torch.compile``d DDP model fed by a ``DataLoader`` with persistent workers that logs with TensorBoard's
 ``SummaryWriter``. Each job of 2 ranks is preempted and resumed, resized onto 1 device, has one rank migrated
-to the other node, and ends with every rank's loss lines and parameters byte-identical to plain ``torchrun``
-(and the files the frameworks wrote: the same checkpoints kept, the same TensorBoard scalars, in one event file
-per writer). One cluster for all of them, each framework imported once per rank; the references run meanwhile."""
+to the other node (so it is on 2 devices again), and ends with every rank's loss lines and parameters
+byte-identical to plain ``torchrun`` (and the files the frameworks wrote: the same checkpoints kept, the same
+TensorBoard scalars, in one event file per writer). One cluster for all of them, each framework imported once
+per rank; the references run meanwhile."""
 
 from __future__ import annotations
 
@@ -89,6 +90,7 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
         env = ["--env", f"TORCHINDUCTOR_CACHE_DIR={cache}"] if name == "compiled" else []
         jobs[name] = c.cli("submit", "-q", "--name", name, "--ranks", str(WORLD), "--min-devices", "1", *env, "--",
                            sys.executable, *args(name, gate), cwd=work, env=ENV).stdout.strip()
+
     def cycle(name: str, job: str) -> None:
         c.wait_state(job, "running", timeout=120)
         # Polled once a second: each look is a CLI process, and the cores are the jobs' (and the references').
@@ -108,7 +110,9 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
         to = "node-2" if here == "node-1" else "node-1"
         c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
         j = c.wait_state(job, "running", timeout=300)
+        # Rank 1 moved, rank 0 stayed: on 2 devices again.
         assert j["placement"][1]["node"] == to and j["placement"][0]["node"] == here, j["placement"]
+        assert j["devices"] == 2
 
     # The jobs go through their cycles side by side, each as soon as it has made its first steps.
     with ThreadPoolExecutor(len(jobs)) as pool:
