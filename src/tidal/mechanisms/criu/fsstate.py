@@ -45,6 +45,8 @@ class Entry:
     kind: str  # "f" file, "d" directory, "l" symlink
     mode: int
     size: int = 0
+    # Files and directories (0: not recorded, as in checkpoints made before directories' were). A job may
+    # order its own files by time: Hugging Face's Trainer deletes its oldest checkpoint directory by mtime.
     mtime_ns: int = 0
     target: str = ""
 
@@ -79,7 +81,7 @@ def scan(root: Path, ignore: frozenset[str] = frozenset()) -> dict[str, Entry]:
         if stat.S_ISREG(st.st_mode):
             out[path] = Entry("f", mode, st.st_size, st.st_mtime_ns)
         elif stat.S_ISDIR(st.st_mode):
-            out[path] = Entry("d", mode)
+            out[path] = Entry("d", mode, mtime_ns=st.st_mtime_ns)
         elif stat.S_ISLNK(st.st_mode):
             out[path] = Entry("l", mode, target=os.readlink(root / path))
         # sockets, fifos, devices: not part of a job's saved state
@@ -209,6 +211,11 @@ class FsTracker:
                     os.replace(tmp, target)
             finally:
                 os.close(src)
+        with acting_as(self.who):
+            # Last: putting the files back changed their directories' mtimes.
+            for path, want in snap.entries.items():
+                if want.kind == "d" and want.mtime_ns:
+                    os.utime(self.workdir / path, ns=(want.mtime_ns, want.mtime_ns), follow_symlinks=False)
         shutil.rmtree(scratch, ignore_errors=True)
 
     def _put_back(self, snap: FsSnapshot, current: dict[str, Entry]) -> None:

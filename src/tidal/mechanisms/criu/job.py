@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, Unsupported, ValidationError
-from tidal.mechanisms.criu import resources, shmfiles
+from tidal.mechanisms.criu import resources, shmfiles, tmpfiles
 from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
@@ -125,6 +125,8 @@ class _LocalReader:
         rank, what = name.removeprefix("ranks/").split("/", 1)
         if what.startswith("shm/"):
             return self.dump.staging / f"shm-{rank}" / what.removeprefix("shm/")
+        if what.startswith("tmp/"):
+            return self.dump.staging / f"tmp-{rank}" / what.removeprefix("tmp/")
         assert what == "output.log", name
         return self.dump.log(int(rank))
 
@@ -457,6 +459,9 @@ class Job:
             snap = self.fs.capture(staging / "fs") if self.fs is not None else None
             # Files of /dev/shm the ranks hold by name: CRIU reopens them by name at restore.
             shm = {r.spec.rank: shmfiles.capture(r.pids(), staging / f"shm-{r.spec.rank}") for r in self.ranks}
+            # And those of its temporary directory (a compiler's cache): absent on another machine.
+            tmp = {r.spec.rank: tmpfiles.capture(r.pids(), r.spec.env, (r.spec.workdir, r.node.root),
+                                                 staging / f"tmp-{r.spec.rank}") for r in self.ranks}
             for r, d in zip(self.ranks, dumps, strict=True):
                 _copy_prefix(r.node.log_path(r.spec), staging / f"rank-{r.spec.rank}.log", d.log_bytes)
             t_fs = time.perf_counter()
@@ -480,17 +485,17 @@ class Job:
                 # for this node's answer.
                 rebuilt(channels, epoch, REBUILD_WAIT_S)
             writer = self.store.writer(self.job_id, checkpoint_id)
-            meta = self._meta(dumps, snap, gpus, shm)
+            meta = self._meta(dumps, snap, gpus, shm, tmp)
             if local:
                 # The commit compares with the last dump still: it takes it over, and drops it once done.
                 lasts, self._last = self._last, {rank: LastDump() for rank in self._last}
                 handed = LocalDump(self.job_id, writer.id, meta, staging, {d.rank: d.images for d in dumps})
                 handed.commit_in_background(
-                    self._committer(writer, prehash, dumps, snap, shm, staging, meta, keep, lasts), on_commit)
+                    self._committer(writer, prehash, dumps, snap, shm, tmp, staging, meta, keep, lasts), on_commit)
                 writer = None
                 t_commit = time.perf_counter()
             else:
-                commit = self._committer(writer, prehash, dumps, snap, shm, staging, meta, None)
+                commit = self._committer(writer, prehash, dumps, snap, shm, tmp, staging, meta, None)
                 # The job runs on: its commit yields the cores to the job and to its dumps on other nodes here.
                 info, entries, windows_of = in_background(commit) if released else commit()
                 writer = None
@@ -552,7 +557,8 @@ class Job:
                               hint=blocked[0][3])
 
     def _committer(self, writer: CheckpointWriter, prehash: PreHash, dumps: list[RankDump], snap: FsSnapshot | None,
-                   shm: dict[int, list[shmfiles.ShmFile]], staging: Path, meta: dict[str, Any], keep: int | None,
+                   shm: dict[int, list[shmfiles.ShmFile]], tmp: dict[int, list[tmpfiles.TmpFile]], staging: Path,
+                   meta: dict[str, Any], keep: int | None,
                    lasts: dict[int, LastDump] | None = None) -> Callable[[], _Committed]:
         """The commit of a dump staged in ``staging``: what the job's last dump has of it is compared, the
         rest hashed and stored, then the manifest put. ``keep``: retention after it. ``lasts``: the last
@@ -577,6 +583,8 @@ class Job:
                     writer.add_file(f"ranks/{d.rank}/output.log", staging / f"rank-{d.rank}.log")
                     for f in shm[d.rank]:
                         writer.add_file(f"ranks/{d.rank}/shm/{f.name}", staging / f"shm-{d.rank}" / f.name)
+                    for i, _ in enumerate(tmp[d.rank]):
+                        writer.add_file(f"ranks/{d.rank}/tmp/{i}", staging / f"tmp-{d.rank}" / str(i))
                 for path in snap.captured if snap else ():
                     writer.add_file(f"fs/{path}", staging / "fs" / path)
                 info = writer.commit(meta)
@@ -629,7 +637,7 @@ class Job:
                 _remove_staging(staging)  # nothing reuses pre-dump images yet
 
     def _meta(self, dumps: list[RankDump], snap: FsSnapshot | None, gpus: Mapping[int, list[str]],
-              shm: dict[int, list[shmfiles.ShmFile]]) -> dict[str, Any]:
+              shm: dict[int, list[shmfiles.ShmFile]], tmp: dict[int, list[tmpfiles.TmpFile]]) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "job_id": self.job_id,
@@ -641,6 +649,7 @@ class Job:
                     "argv": list(r.spec.argv), "node": r.node.name,
                     "gpus": gpus.get(d.rank, []),  # the GPUs whose state the images hold, by UUID
                     "shm": [f.to_json() for f in shm.get(d.rank, [])],
+                    "tmp": [f.to_json() for f in tmp.get(d.rank, [])],
                 }
                 for r, d in zip(self.ranks, dumps, strict=True)
             },
@@ -802,6 +811,11 @@ class Job:
                     into = private_dir(staging / "shm" / str(r))
                     reader.extract_all([(f"ranks/{r}/shm/{f.name}", into / f.name) for f in shm])
                     shmfiles.put_back([(f, into / f.name) for f in shm], spec.account)
+                held = [tmpfiles.TmpFile.from_json(f) for f in reader.meta["ranks"][str(r)].get("tmp", [])]
+                if held:
+                    into = private_dir(staging / "tmp" / str(r))
+                    reader.extract_all([(f"ranks/{r}/tmp/{i}", into / str(i)) for i, _ in enumerate(held)])
+                    tmpfiles.put_back([(f, into / str(i)) for i, f in enumerate(held)], spec.env, spec.account)
             t_fs = time.perf_counter()
             runner = kw.get("runner") or CriuRunner()
             lazy = lazy and runner.supports("uffd-noncoop")  # a tree that forks needs non-cooperative events

@@ -320,6 +320,29 @@ def _sockets() -> set[str]:
     return found
 
 
+def _after_fork_in_child() -> None:
+    """In a process a rank forks (a DataLoader's worker, a ``multiprocessing`` fork): close its copies of the
+    sockets the process groups opened. The child never uses them (a group is not fork-safe), but a copy
+    keeps the connection open after the rank's teardown drops the group, and CRIU cannot dump it: the cut
+    would fail on the child ("process ... (pt_data_worker) holds a TCP connection"). The parent's
+    descriptors are not touched (closing a copy does not shut the connection down)."""
+    ip = IP
+    if ip is None:
+        return
+    # No lock: a thread of the parent that held it does not exist here.
+    opened: set[str] = set()
+    for group in list(ip.groups):
+        opened |= getattr(group, "_opened", set())
+    if not opened:
+        return
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") in opened:
+                os.close(int(fd))
+        except OSError:
+            continue
+
+
 def _done(work: Any) -> bool:
     try:
         return bool(work.is_completed())
@@ -678,5 +701,6 @@ def install(rfd: int, wfd: int) -> None:
         _patch(sys.modules["torch.distributed"])
     else:
         sys.meta_path.insert(0, _Hook())
+    os.register_at_fork(after_in_child=_after_fork_in_child)
     IP.write(b'{"op": "hello", "pid": %d}\n' % os.getpid())
     threading.Thread(target=IP.serve, name="tidal-interposer", daemon=True).start()

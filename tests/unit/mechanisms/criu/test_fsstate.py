@@ -119,3 +119,20 @@ def test_ignored_paths_are_neither_saved_nor_put_back(tmp_path: Path) -> None:
     restored.restore(snap, _fetch_from(staging), tmp_path / "scratch")
     assert _tree(work) == {"slurm.out": b"line 1\nline 2\nline 3\n", "state.txt": b"step 1", "store": None,
                            "store/chunks": None, "store/chunks/a": b"chunk a", "store/chunks/b": b"chunk b"}
+
+
+def test_restored_directories_keep_their_mtimes_so_a_job_can_order_them_by_time(tmp_path: Path) -> None:
+    # Hugging Face's Trainer keeps its newest checkpoints, newest by their directories' mtimes: putting the
+    # files back must not make an older checkpoint directory look newer.
+    work = tmp_path / "work"
+    work.mkdir()
+    tracker = FsTracker.at_launch(work)
+    for n, t in ((4, 1_000_000_000), (8, 2_000_000_000)):
+        (work / f"checkpoint-{n}").mkdir()
+        (work / f"checkpoint-{n}" / "model.bin").write_bytes(b"w" * n)
+        os.utime(work / f"checkpoint-{n}", ns=(t, t))
+    staging = tmp_path / "staging"
+    snap = _roundtrip(tracker.capture(staging))
+    tracker.restore(snap, _fetch_from(staging), tmp_path / "scratch")
+    assert [os.stat(work / f"checkpoint-{n}").st_mtime_ns for n in (4, 8)] == [1_000_000_000, 2_000_000_000]
+    assert scan(work) == snap.entries
