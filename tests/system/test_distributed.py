@@ -101,7 +101,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
 
     rng = random.Random(20261122)
     done = 0
-    for _ in range(20):
+    for _ in range(14):
         before = c.job(job)
         op = rng.choice(["migrate", "rank", "preempt"])
         if op == "migrate":
@@ -127,7 +127,7 @@ def test_ddp_w4_random_checkpoints_migrations_and_agent_kill(make_cluster, tmp_p
         # Let it run a moment, at a random point of its step: between 0 and 2 more steps.
         target = min(held, _steps_done(c, job) + rng.randrange(3))
         wait_until(lambda t=target: _steps_done(c, job) >= t, timeout=120, what="steps after the request")
-    assert done >= 15
+    assert done >= 10
 
     # Kill the agent of rank 0's node: its ranks die with it (their lifeline), the other node's ranks
     # fail at their next collective; the job comes back from its last committed checkpoint.

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.testing.hosts import TestNet
-from tidal.testing.slurm import SlurmCluster, SlurmNode, missing_binaries
+from tidal.testing.slurm import SlurmCluster, missing_binaries
 from tidal.waiting import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
@@ -300,33 +299,6 @@ def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCl
         mine = b"".join(ln for ln in got if ln.startswith(f"rank {rank} ".encode()))
         assert mine == want[rank], _explain(slurm, d)
     assert (d / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
-
-
-@pytest.mark.parametrize("test_net", [["n1", "n2"]], indirect=True)
-def test_a_step_over_two_nodes_is_refused_clearly(test_net: TestNet, tmp_path: Path) -> None:
-    # Two Slurm nodes, one slurmd on each of two test hosts (network namespaces), reached over the test net: a
-    # step's tasks run one per host. tidal run does not span several tasks yet (docs/slurm.md, Limits): it says
-    # so, and nothing runs.
-    missing = missing_binaries()
-    if missing:
-        pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): run `make slurm` as root")
-    nodes = [SlurmNode(h.name, addr=h.addr, netns=h.netns, cpus=2) for h in test_net.hosts]
-    with SlurmCluster(nodes, ctld_addr=test_net.gateway, grace=0) as slurm:
-        where = slurm.client("srun", "-N2", "--ntasks-per-node=1", "--label", "sh", "-c",
-                             "ip -4 -o addr show eth0").stdout
-        for task, host in enumerate(test_net.hosts):
-            assert re.search(rf"^{task}: .* inet {re.escape(host.addr)}/", where, re.M), where
-        d = _workdir(tmp_path, "job")
-        script = d / "job.sh"
-        script.write_text(f"#!/bin/sh\nexec srun --ntasks-per-node=1 {TIDAL} run --ranks-per-node 2 -- "
-                          f"{sys.executable} train.py 5 0\n")
-        job = slurm.sbatch(script, "-N2", "--output", str(d / "out.txt"), "--error", str(d / "err.txt"), cwd=d,
-                           env=_env(tmp_path))
-        info = slurm.wait_state(job, ["COMPLETED", "FAILED", "CANCELLED"], timeout=60)
-        err = (d / "err.txt").read_text()
-        assert info["JobState"] == "FAILED", _explain(slurm, d)
-        assert err.count("error: tidal run does not yet span several tasks (this step has 2)") == 2, err
-        assert not (d / "out.txt").read_text().strip()
 
 
 # The training above, but at step 20 it opens a TCP connection and holds it until a file appears: CRIU cannot
