@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -101,3 +102,15 @@ def reference_run(tmp_path: Path) -> tuple[bytes, bytes]:
     out = subprocess.run(["sh", "-c", JOB], cwd=ref, env={**os.environ, "GATE": str(gate)},
                          capture_output=True, check=True, timeout=120).stdout
     return out, (ref / "progress.txt").read_bytes()
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (a torchrun reference's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_lines(text: str) -> list[str]:
+    """The lines a rank printed about its steps ("rank ...")."""
+    return [ln for ln in text.splitlines() if ln.startswith("rank ")]

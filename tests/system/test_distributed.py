@@ -10,7 +10,6 @@ import os
 import pwd
 import random
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -20,17 +19,12 @@ from typing import Any
 import pytest
 
 from tests.system.cluster import LiveCluster
+from tests.system.cluster import free_port as _free_port
 from tidal.testing import owned_dir, pid_alive, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 ENV = {"OMP_NUM_THREADS": "1"}  # the same math as the reference, whatever a device's cores
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun(tmp_path: Path, world: int, args: list[str]) -> tuple[dict[int, list[str]], bytes]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.system.cluster import free_port as _free_port
+from tests.system.cluster import rank_lines as _lines
 from tidal.testing import wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
@@ -31,16 +32,6 @@ JOBS = {
     "lightning": ("lightning_ddp.py", ["--steps", "12"], 8),
     "compiled": ("compiled.py", ["--epochs", "4"], 10),
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.startswith("rank ")]
 
 
 def _files(d: Path) -> list[str]:

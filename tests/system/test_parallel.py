@@ -6,13 +6,14 @@ parameters byte-identical to plain ``torchrun``. One cluster for all of them; th
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.system.cluster import free_port as _free_port
+from tests.system.cluster import rank_lines as _lines
 from tidal.testing import wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
@@ -20,16 +21,6 @@ SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "parallel_train.py"
 ENV = {"OMP_NUM_THREADS": "1"}
 MODES = os.environ.get("TIDAL_TEST_PARALLEL_MODES", "fsdp,hsdp,tp,pipeline,dcp").split(",")
 WORLD, STEPS, HELD = 4, 16, 12
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _lines(text: str) -> list[str]:
-    return [ln for ln in text.splitlines() if ln.startswith("rank ")]
 
 
 @pytest.mark.timeout(1500)
