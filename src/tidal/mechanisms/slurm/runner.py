@@ -35,6 +35,7 @@ from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
+from tidal.mechanisms.slurm import multitask
 from tidal.mechanisms.slurm.step import SlurmStep
 from tidal.mechanisms.storage import CheckpointStore, store_options
 from tidal.waiting import wait_until
@@ -129,6 +130,18 @@ class _Forwarder(threading.Thread):
         self.join(10)
 
 
+@dataclass(frozen=True)
+class Site:
+    """Where a task runs: the store, its node root (and that root's directory), the job's working directory
+    and what in it is not the job's state."""
+
+    store: CheckpointStore
+    node: NodeRoot
+    root: Path
+    workdir: Path
+    ignore: frozenset[str]
+
+
 class SlurmRun:
     """One ``tidal run`` task."""
 
@@ -138,13 +151,17 @@ class SlurmRun:
         self.out, self.err = out, err
         self.url = check_options(opts, env)
         self.step = SlurmStep.from_env(env, opts.key)
-        if self.step.tasks > 1:
-            raise Unsupported(f"tidal run does not yet span several tasks (this step has {self.step.tasks})",
-                              hint="run one task per job (srun -n 1, or the batch script itself) and give it "
-                                   "the node's ranks with --ranks-per-node")
+        if self.step.tasks > 1 and len(set(self.step.nodes)) < self.step.tasks:
+            raise Unsupported(f"tidal run runs one task per node, and this step has {self.step.tasks} tasks on "
+                              f"{len(set(self.step.nodes))} node(s)",
+                              hint="give the step one task per node (srun --ntasks-per-node 1) and each task its "
+                                   "node's ranks with --ranks-per-node")
         self.stop_signal: str | None = None
         self.wake = threading.Event()
         self.rendezvous: RendezvousServer | None = None
+        self.rendezvous_addr = ""  # where the ranks of every node reach it
+        self.site: Site  # once run() has prepared it
+        self._forwarders: list[tuple[_Forwarder, int]] = []
         # Where each rank's output ends once it is checkpointed and killed: what its pipe held at the dump is
         # in the image, and the restored rank writes it again, so the live log's copy of it is not forwarded.
         self.log_ends: dict[int, int] = {}
@@ -157,14 +174,42 @@ class SlurmRun:
             self.stop_signal = signal.Signals(signum).name
         self.wake.set()
 
-    def _specs(self, workdir: Path) -> list[RankSpec]:
+    def specs(self, workdir: Path, master_addr: str, rendezvous: Store | None) -> list[RankSpec]:
+        """This task's ranks: the job's environment with torchrun's variables, Tidal's rendezvous added."""
         k = self.opts.ranks_per_node
         extra: dict[str, str] = {"TIDAL_JOB_ID": self.step.key, "TIDAL_NODE": self.step.node}
-        if self.rendezvous is not None:
-            extra |= {"TIDAL_STORE": self.rendezvous.addr, "TIDAL_STORE_PREFIX": f"slurm-{self.step.key}"}
+        if rendezvous is not None:
+            extra |= {"TIDAL_STORE": rendezvous.addr, "TIDAL_STORE_PREFIX": rendezvous.prefix}
         return [RankSpec(self.step.key, self.step.task * k + i, self.opts.argv, workdir,
-                         {**self.job_env, **self.step.rank_env(i, k, "127.0.0.1"), **extra})
+                         {**self.job_env, **self.step.rank_env(i, k, master_addr), **extra})
                 for i in range(k)]
+
+    def host_rendezvous(self) -> RendezvousServer:
+        """Start the ranks' rendezvous store here. In a session of its own, so that the SIGTERM Slurm sends
+        this process group does not end it before the ranks are checkpointed; it lives while this process
+        holds the lock on its lifeline."""
+        root = self.site.root
+        lifeline = root / "rendezvous.lock"
+        self._lifeline = os.open(lifeline, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lifeline, fcntl.LOCK_EX)
+        self.rendezvous = RendezvousServer(lifeline=lifeline, log=root / "rendezvous.log")
+        self.rendezvous_addr = self.rendezvous.addr
+        return self.rendezvous
+
+    def forward(self, job: Job, specs: list[RankSpec], offsets: dict[int, int], node: NodeRoot) -> None:
+        """Copy each rank's output, from ``offsets``, to this process's standard output (Slurm's file)."""
+        lock = threading.Lock()
+        for s in specs:
+            f = _Forwarder(node.log_path(s), offsets[s.rank], self.out, lock, len(specs) > 1)
+            f.start()
+            self._forwarders.append((f, s.rank))
+
+    def end_forwarding(self, log_ends: dict[int, int]) -> None:
+        """Copy what is left of the ranks' output: up to ``log_ends`` of a rank checkpointed and killed (what
+        its pipe held at the dump is in the image, and the restored rank writes it again)."""
+        for f, rank in self._forwarders:
+            f.finish(log_ends.get(rank))
+        self._forwarders.clear()
 
     def _reclaim(self, node: NodeRoot) -> None:
         """Ranks an earlier run of this job left on this node (its tidal run killed during a checkpoint, its
@@ -178,12 +223,8 @@ class SlurmRun:
             group.wait_empty(10)
             group.remove()
 
-    def _rdv(self) -> Store | None:
-        return Store(self.rendezvous.addr, f"slurm-{self.step.key}") if self.rendezvous else None
-
-    def run(self) -> int:
-        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+    def _prepare(self) -> Site:
+        """What every task needs before its ranks start; also checks that CRIU works here."""
         settings = load_settings()
         # What runs as root from here (CRIU, scontrol) takes nothing from the job's environment.
         tidal_vars = {k: v for k, v in os.environ.items() if k.startswith("TIDAL_")}
@@ -192,59 +233,46 @@ class SlurmRun:
                            **{k: v for k, v in self.job_env.items() if k == "SLURM_CONF"}})
         store = CheckpointStore(self.url, **store_options(settings, self.url))
         key, node_name = self.step.key, self.step.node
-        latest = store.latest(key)
         try:
-            find_criu()
-        except TidalError as exc:
-            if latest is not None:
-                raise CheckpointError(f"cannot restore job {key} on node {node_name}: CRIU is not usable here "
-                                      f"({exc.message})", object=latest.id,
-                                      hint="install CRIU ≥ 4.0 on every node (`tidal doctor --slurm`), then "
-                                           f"requeue the job; its checkpoint {latest.id} is kept") from exc
-            raise CheckpointError(f"cannot run job {key} on node {node_name}: CRIU is not usable here "
-                                  f"({exc.message}), so the job could not be checkpointed", hint=exc.hint) from exc
-        become_subreaper()
-        root = settings.home / "slurm" / key / node_name
-        node = NodeRoot.of_agent(f"slurm-{key}-{node_name}", root)
-        self._reclaim(node)
-        workdir = Path.cwd()
-        local_store = None if "://" in self.url and not self.url.startswith("file://") else \
-            Path(self.url.removeprefix("file://"))
-        ignore = not_job_state(workdir, (settings.home, *([local_store] if local_store else [])))
-        if self.opts.ranks_per_node > 1:
-            # In a session of its own, so that the SIGTERM Slurm sends this process group does not end it
-            # before the ranks are checkpointed; it lives while this process holds the lock on its lifeline.
-            lifeline = root / "rendezvous.lock"
-            self._lifeline = os.open(lifeline, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            fcntl.flock(self._lifeline, fcntl.LOCK_EX)
-            self.rendezvous = RendezvousServer(lifeline=lifeline, log=root / "rendezvous.log")
-        try:
-            specs = self._specs(workdir)
-            placement = [(s, node) for s in specs]
-            offsets = {s.rank: 0 for s in specs}
-            if latest is not None:
-                # The output continues from where the checkpoint's copy of each rank's log ends (the ranks
-                # run on as soon as they are restored).
-                ranks_meta = store.reader(key, latest.id).meta["ranks"]
-                offsets = {s.rank: int(ranks_meta[str(s.rank)]["log_bytes"]) for s in specs}
-                job = Job.restore(store, key, placement, rendezvous=self._rdv(), fs_ignore=ignore)
-                self.say(f"job {key} restored from checkpoint {latest.id} on {node_name}")
-            else:
-                job = Job.launch(key, placement, store, fs_ignore=ignore)
-            lock = threading.Lock()
-            fwd = [_Forwarder(node.log_path(s), offsets[s.rank], self.out, lock, len(specs) > 1) for s in specs]
-            for f in fwd:
-                f.start()
             try:
-                code = self._supervise(job, store)
-            finally:
-                for f, spec in zip(fwd, specs, strict=True):
-                    f.finish(self.log_ends.get(spec.rank))
+                find_criu()
+            except TidalError as exc:
+                latest = multitask.latest(store, key) if self.step.tasks > 1 else store.latest(key)
+                if latest is not None:
+                    raise CheckpointError(f"cannot restore job {key} on node {node_name}: CRIU is not usable here "
+                                          f"({exc.message})", object=latest.id,
+                                          hint="install CRIU ≥ 4.0 on every node (`tidal doctor --slurm`), then "
+                                               f"requeue the job; its checkpoint {latest.id} is kept") from exc
+                raise CheckpointError(f"cannot run job {key} on node {node_name}: CRIU is not usable here "
+                                      f"({exc.message}), so the job could not be checkpointed",
+                                      hint=exc.hint) from exc
+            become_subreaper()
+            root = settings.home / "slurm" / key / node_name
+            node = NodeRoot.of_agent(f"slurm-{key}-{node_name}", root)
+            self._reclaim(node)
+            workdir = Path.cwd()
+            local_store = None if "://" in self.url and not self.url.startswith("file://") else \
+                Path(self.url.removeprefix("file://"))
+            ignore = not_job_state(workdir, (settings.home, *([local_store] if local_store else []),
+                                             *self._output_files()))
+        except BaseException:
+            store.close()
+            raise
+        return Site(store, node, root, workdir, ignore)
+
+    def run(self) -> int:
+        for sig in (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+        self.site = site = self._prepare()
+        store, node = site.store, site.node
+        try:
+            code = multitask.StepTask(self, site).run() if self.step.tasks > 1 else self._run_alone(site)
             if code is None:  # checkpointed (or failed to) and stopped: Slurm starts the job again
-                self._requeue()
+                if self.step.task == 0:
+                    if self.rendezvous is not None:  # before the requeue, which may end this process
+                        self.rendezvous.close()
+                    self._requeue()
                 return 0
-            if code == 0:
-                store.delete_job(key)  # done: a job resubmitted under this key starts anew
             return code
         finally:
             if self.rendezvous is not None:
@@ -254,6 +282,35 @@ class SlurmRun:
             # exiting processes keeps it, and the next run on this node reclaims it).
             with contextlib.suppress(OSError):
                 cgroups.hierarchy().node_path(node.name).rmdir()
+
+    def _run_alone(self, site: Site) -> int | None:
+        """The step's one task: its ranks, on this node."""
+        store, node, key = site.store, site.node, self.step.key
+        rdv = None
+        if self.opts.ranks_per_node > 1:
+            self.host_rendezvous()
+            rdv = Store(self.rendezvous_addr, f"slurm-{key}")
+        specs = self.specs(site.workdir, "127.0.0.1", rdv)
+        placement = [(s, node) for s in specs]
+        offsets = {s.rank: 0 for s in specs}
+        latest = store.latest(key)
+        if latest is not None:
+            # The output continues from where the checkpoint's copy of each rank's log ends (the ranks
+            # run on as soon as they are restored).
+            ranks_meta = store.reader(key, latest.id).meta["ranks"]
+            offsets = {s.rank: int(ranks_meta[str(s.rank)]["log_bytes"]) for s in specs}
+            job = Job.restore(store, key, placement, rendezvous=rdv, fs_ignore=site.ignore)
+            self.say(f"job {key} restored from checkpoint {latest.id} on {self.step.node}")
+        else:
+            job = Job.launch(key, placement, store, fs_ignore=site.ignore)
+        self.forward(job, specs, offsets, node)
+        try:
+            code = self._supervise(job, store)
+        finally:
+            self.end_forwarding(self.log_ends)
+        if code == 0:
+            store.delete_job(key)  # done: a job resubmitted under this key starts anew
+        return code
 
     def _supervise(self, job: Job, store: CheckpointStore) -> int | None:
         """Until the ranks end (their exit code) or a signal stops them (None)."""
@@ -313,14 +370,42 @@ class SlurmRun:
 
     def _requeue(self) -> None:
         """At the time limit's warning (USR1), Slurm would end the job: ask it to requeue it instead. On
-        preemption (TERM) Slurm requeues the job itself."""
-        if self.stop_signal != "SIGUSR1" or self.step.job_id is None:
+        preemption (TERM) Slurm requeues the job itself, except a step's tasks stopped within the GraceTime
+        (Slurm signals them at its start): a job that then ends by itself would count as completed, so it
+        is requeued here. A TERM of ``scancel`` leaves no preemption time on the job: it stays cancelled."""
+        if self.step.job_id is None:
+            return
+        if self.stop_signal != "SIGUSR1" and not (self.stop_signal == "SIGTERM" and self.step.tasks > 1
+                                                    and self._being_preempted()):
             return
         out = subprocess.run(["scontrol", "requeue", self.step.job_id], capture_output=True, text=True,
                              check=False, timeout=60)
         if out.returncode != 0:
             self.say(f"scontrol requeue {self.step.job_id} failed: {out.stderr.strip()}; the checkpoint is kept: "
                      f"resubmit the job with --key {self.step.key} to go on")
+
+    def _job_fields(self) -> dict[str, str]:
+        """``scontrol show job`` of this job, as its fields (empty outside Slurm, or where it fails)."""
+        if self.step.job_id is None:
+            return {}
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(["scontrol", "-o", "show", "job", self.step.job_id], capture_output=True,
+                                 text=True, check=False, timeout=60).stdout
+            return dict(f.split("=", 1) for f in out.split() if "=" in f)
+        return {}
+
+    def _output_files(self) -> list[Path]:
+        """The job's ``--output`` and ``--error`` files: under ``srun`` this task's standard streams are pipes
+        to Slurm, so they are not found through them. Restoring them as the checkpoint saw them would cut off
+        what Slurm writes to them now."""
+        if self.step.tasks == 1:
+            return []  # tidal run is the batch script: its own streams are those files
+        fields = self._job_fields()
+        return [Path(fields[k]) for k in ("StdOut", "StdErr") if fields.get(k, "").startswith("/")]
+
+    def _being_preempted(self) -> bool:
+        """Whether Slurm has chosen this job for preemption (its ``PreemptTime`` is set)."""
+        return self._job_fields().get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
 def _await_started(job: Job, timeout: float = 10.0) -> None:
