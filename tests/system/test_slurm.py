@@ -250,7 +250,9 @@ def test_doctor_checks_the_slurm_site(slurm_qos: SlurmCluster, tmp_path: Path) -
         "slurm: store": "ok", "slurm: criu on nodes": "ok"}
     assert rows["slurm"]["detail"].startswith("Slurm 22.05")
     assert rows["slurm: PreemptMode"]["detail"] == "REQUEUE (preempt/qos)"
-    assert rows["slurm: GraceTime"]["detail"] == "qos low=0s"  # the QOS that QOS high preempts
+    # The QOS that QOS high preempts.
+    assert rows["slurm: GraceTime"]["detail"] == ("qos low=0s (0 s: fine for one-task jobs; a step over several "
+                                                  "nodes needs longer than its checkpoint)")
     assert rows["slurm: criu on nodes"]["detail"] == "CRIU works on all 1 node(s)"
     # Without a store: a required check missing, and what to do.
     env.pop("TIDAL_CHECKPOINT_STORE")

@@ -26,7 +26,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run CMD as Tidal ranks inside a Slurm job: checkpointed into the store at Slurm's warning signal
         (SIGUSR1 of `--signal=B:USR1@SECONDS`, or SIGTERM on preemption), restored from the last checkpoint when
-        Slurm starts the job again. See docs/slurm.md."""
+        Slurm starts the job again. Over several nodes, one task per node (`srun --ntasks-per-node=1 tidal run
+        --ranks-per-node K -- CMD`): task 0 coordinates the checkpoint over the network. See docs/slurm.md."""
         code = run(RunOptions(tuple(argv or ()), store=store, key=key, checkpoint_every=checkpoint_every,
                               ranks_per_node=ranks_per_node))
         raise typer.Exit(code)

@@ -122,9 +122,11 @@ class Share:
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
         if op == "counts":
-            return {"counts": self.job.counts(_int(msg, "epoch"))}
+            epoch = _int(msg, "epoch")
+            return {"counts": self.job.counts(epoch)}
         if op == "park":
-            self.job.park(_int(msg, "epoch"), _int(msg, "target"))
+            epoch, target = _int(msg, "epoch"), _int(msg, "target")
+            self.job.park(epoch, target)
             return {}
         if op == "dump":
             then = msg.get("then")
@@ -324,8 +326,9 @@ class StepTask:
                     raise MechanismError(f"job {self.key} could not start on every task: {'; '.join(errors)}")
             except BaseException:
                 self._kill()
-                with contextlib.suppress(StepFailed):
-                    _all(parties[1:], {"op": "finish", "then": "kill"}, CUT_TIMEOUT_S) if parties[1:] else None
+                if parties[1:]:
+                    with contextlib.suppress(StepFailed):
+                        _all(parties[1:], {"op": "finish", "then": "kill"}, CUT_TIMEOUT_S)
                 raise
             if found is not None:
                 self.r.say(f"job {self.key} restored from checkpoint {found.id} on {step.tasks} nodes "

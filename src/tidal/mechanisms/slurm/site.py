@@ -118,8 +118,11 @@ def check_grace_time(conf: Mapping[str, str], parts: Mapping[str, Mapping[str, s
         prefix = ""
     # Shown, not judged: a preempted job's batch script (tidal run) gets SIGTERM only when the GraceTime is over
     # (at Slurm's next 30-second check after it), so the GraceTime just delays the checkpoint, which happens
-    # within KillWait (check_signals). 0 preempts soonest.
+    # within KillWait (check_signals). 0 preempts soonest. A step over several nodes is checkpointed within the
+    # GraceTime instead (its tasks are signalled at its start; srun kills them at its end): said, not judged.
     detail = prefix + (", ".join(f"{n}={g}s" for n, g in graces.items()) or "no QOS is preempted by another")
+    if any(g == 0 for g in graces.values()):
+        detail += " (0 s: fine for one-task jobs; a step over several nodes needs longer than its checkpoint)"
     return Check("slurm: GraceTime", "ok", detail)
 
 

@@ -37,7 +37,9 @@ def test_a_site_set_up_for_tidal() -> None:
     assert check_signals(conf).status == "ok"
     grace = check_grace_time(conf, parts)
     # Any grace time will do (it delays the SIGTERM; the checkpoint happens within KillWait): shown.
-    assert (grace.status, grace.detail) == ("ok", "low=120s, debug=0s")
+    assert (grace.status, grace.detail) == (
+        "ok", "low=120s, debug=0s (0 s: fine for one-task jobs; a step over several nodes needs longer than its "
+              "checkpoint)")
 
 
 def test_what_loses_work() -> None:
