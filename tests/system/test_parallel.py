@@ -1,13 +1,15 @@
 """Parallelism beyond DDP on CPU with gloo (FSDP2, HSDP over a 2-D DeviceMesh, tensor parallel, a pipeline
 schedule, torch.distributed.checkpoint used by the script): each job of 4 ranks is preempted and resumed,
 resized onto 2 devices, has one rank migrated to another node, and ends with every rank's loss lines and
-parameters byte-identical to plain ``torchrun``. One cluster for all of them; the references run meanwhile."""
+parameters byte-identical to plain ``torchrun``. One cluster for all of them, two jobs at a time; the
+references run meanwhile."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -25,7 +27,7 @@ WORLD, STEPS, HELD = 4, 16, 12
 
 @pytest.mark.timeout(1500)
 def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(make_cluster, tmp_path: Path) -> None:
-    gate, open_gate = tmp_path / "gate", tmp_path / "open"
+    open_gate = tmp_path / "open"
     open_gate.touch()  # the references run through, meanwhile
 
     def args(m: str, g: Path) -> list[str]:
@@ -40,31 +42,30 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
              str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args(m, open_gate)],
             cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
 
-    c = make_cluster(nodes=2, devices=4)
-    for m in MODES:
-        work = tmp_path / f"work-{m}"
+    # Two jobs of 4 ranks at a time, on nodes 1 and 2; node 3 has room for the ranks they move.
+    c = make_cluster(nodes=3, devices=4)
+
+    def cycle(m: str) -> None:
+        """One job's preempt, resume, resize and migration, then its end, against its reference."""
+        work, g = tmp_path / f"work-{m}", tmp_path / f"gate-{m}"
         work.mkdir()
         job = c.cli("submit", "-q", "--name", m, "--ranks", str(WORLD), "--min-devices", "1", "--", sys.executable,
-                    str(SCRIPT), *args(m, gate), cwd=work, env=ENV).stdout.strip()
-        j = c.wait_state(job, "running", timeout=120)
-        assert len({p["node"] for p in j["placement"]}) == 1
-
-        def steps(job: str = job) -> int:
-            return len(_lines(c.cli("logs", job, "--rank", "0").stdout))
-
-        wait_until(lambda: steps() >= 2, timeout=120, what=f"{m}: first steps")
+                    str(SCRIPT), *args(m, g), cwd=work, env=ENV).stdout.strip()
+        c.wait_state(job, "running", timeout=300)
+        # Polled once a second: each look is a CLI process, and the cores are the jobs' (and the references').
+        wait_until(lambda: len(_lines(c.cli("logs", job, "--rank", "0").stdout)) >= 2, timeout=180,
+                   what=f"{m}: first steps", interval=1.0)
         c.cli("preempt", job, timeout=300)
         c.cli("resume", job, timeout=300)
         c.wait_state(job, "running", timeout=300)
         c.cli("resize", job, "--devices", "2", timeout=300)
         assert c.wait_state(job, "running", timeout=300)["devices"] == 2
         here = c.job(job)["placement"][1]["node"]
-        to = "node-2" if here == "node-1" else "node-1"
+        to = "node-3" if here != "node-3" else "node-1"
         c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
         assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
-        gate.touch()
+        g.touch()
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
-        gate.unlink()
         d, p = refs[m]
         _, err = p.communicate(timeout=600)
         assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
@@ -72,3 +73,8 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
             (log,) = (d / "logs").glob(f"*/attempt_0/{r}/stdout.log")
             assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(log.read_text()), (m, r)
             assert (work / f"params-{r}.bin").read_bytes() == (d / f"params-{r}.bin").read_bytes(), (m, r)
+
+    # Two jobs at a time, each through its whole cycle.
+    with ThreadPoolExecutor(2) as pool:
+        for f in [pool.submit(cycle, m) for m in MODES]:
+            f.result()
