@@ -118,7 +118,14 @@ def cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[Actio
         return
     results = [g.result or {} for g in group]
     if any(r.get("comms") is None for r in results):
-        # An agent that counts the world group only (an older release): its one count, as before.
+        # An agent that counts the world group only (an older release): its one count, as before, unless
+        # another node's ranks use other communicators, which that agent cannot park them at.
+        others = sorted({k for r in results for k in r.get("comms") or {} if k != r.get("default")})
+        if others:
+            _finish(s, job, "resume", cause, error=f"the job uses sub-groups or point-to-point operations "
+                    f"({others[0]}), which an agent of an older release on one of its nodes cannot cut; upgrade "
+                    "its agents")
+            return
         target = max((int(c) for r in results for c in r.get("counts", {}).values()), default=0)
         set_phase(job, Phase.PARK)
         job.opstate = {**job.opstate, "target": target}

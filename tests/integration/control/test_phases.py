@@ -158,3 +158,19 @@ def test_an_older_agents_world_group_count_parks_at_one_target(two_nodes: tuple[
         (act,) = ag.actions()
         assert {k: v for k, v in order(act).items() if k in ("target", "targets", "version")} == {
             "target": 9, "targets": None, "version": 0}
+
+
+def test_sub_groups_with_an_older_agent_on_a_node_fail_the_cut_and_the_job_goes_on(
+        two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    (cut_a,), (cut_b,) = a.actions(), b.actions()
+    assert a.result(cut_a, counts={"0": 7}, default="0", comms={"0": {"count": 7, "members": [0, 1]},
+                                                               "0:0>1:0": {"count": 1, "members": [0, 1]}})
+    assert b.result(cut_b, counts={"1": 7})
+    assert phase(p, jid) is Phase.FINISH
+    answer_all((a, b), "finish")
+    j = p.job(jid)
+    assert j["state"] == "running" and j["checkpoints"] == []
+    assert any("an agent of an older release on one of its nodes cannot cut" in e["detail"] for e in j["events"])
