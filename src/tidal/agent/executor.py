@@ -31,6 +31,7 @@ from tidal.agent.gpus import Gpu, Nvml, process_memory, rank_env
 from tidal.agent.prestaging import Prestages
 from tidal.config import load_settings
 from tidal.core import protocol
+from tidal.core.cutplan import Need, Plan
 from tidal.core.rankenv import torchrun_env
 from tidal.errors import CheckpointCorrupt, Conflict, LeaseLost, ProtocolMismatch, StoreUnreachable, ValidationError
 from tidal.mechanisms.accounts import Account
@@ -274,6 +275,12 @@ class Executor:
             self.inflight.add(action.id)
             if isinstance(action.order, protocol.Prestage):  # before any later restore can look for it
                 self.prestages.expect(action.job_id, action.order.attempt, action.order.checkpoint.id)
+            if isinstance(action.order, protocol.Park) and action.order.targets is not None:
+                # A newer park round: the one running for the job (its queue's head) gives way to it now,
+                # rather than wait for ranks that may be waiting for the raised targets.
+                run = self.jobs.get(action.job_id)
+                if run is not None:
+                    run.job.supersede(action.order.epoch, action.order.version)
             key = _queue_of(action)
             q = self.queues.setdefault(key, [])
             q.append((lease, action))
@@ -603,11 +610,19 @@ class Executor:
             id=dump.id, created_at=dump.created_at, bytes=dump.nbytes, stored_bytes=0), committing=True)
 
     def _cut(self, order: protocol.CutCounts) -> protocol.Counted:
-        return protocol.Counted(counts=self._run_of(order).job.counts(order.epoch))
+        got = self._run_of(order).job.report(order.epoch)
+        return protocol.Counted(counts=got.counts, default=got.default, comms={
+            k: protocol.Comm(count=n, members=m) for k, (n, m) in got.comms.items()})
 
-    def _park(self, order: protocol.Park) -> protocol.Done:
-        self._run_of(order).job.park(order.epoch, order.target)
-        return protocol.Done()
+    def _park(self, order: protocol.Park) -> protocol.Parked:
+        job = self._run_of(order).job
+        if order.targets is None:  # a control plane that cuts the world group only
+            job.park(order.epoch, order.target)
+            return protocol.Parked()
+        plan = Plan(dict(order.targets), {k: list(m) for k, m in (order.members or {}).items()}, order.version)
+        needs: list[Need] = job.park(order.epoch, plan)
+        return protocol.Parked(version=order.version, needs=[
+            protocol.Need(key=n.key, members=list(n.members), count=n.count) for n in needs])
 
     def _finish(self, order: protocol.Finish) -> protocol.Done:
         """The end of a checkpoint over several nodes: kill the ranks held frozen (the job checkpoint is

@@ -1,12 +1,14 @@
 """Checkpointing a running job, step by step through the operation phases (:mod:`tidal.core.operations`).
 
 On one node, one order does it all (phase ``checkpoint``). Over several nodes it takes four steps, each an
-order per node, each step on every node before the next: ``cut`` (every rank says how many collectives it
-has announced), ``park`` (every rank runs to the largest count and waits), ``dump`` (every rank drops its
-group, is dumped and stored as that node's part; for a stop it stays frozen), then ``finish``: once every
-part is stored and the job checkpoint committed, kill the frozen ranks or let them all rebuild their
-group and go on; if a step failed anywhere, let every rank go on. docs/distributed.md argues why the cut
-cannot deadlock.
+order per node, each step on every node before the next: ``cut`` (every node says how many ops its ranks
+have announced per communicator: process groups, point-to-point pairs), ``park`` (every rank runs to the
+targets of a :class:`~tidal.core.cutplan.Plan` built from all nodes' counts and waits; a node whose ranks
+need more answers with their needs, the targets are raised and another park round starts at once, until a
+round raises nothing), ``dump`` (every rank drops its groups, is dumped and stored as that node's part; for
+a stop it stays frozen), then ``finish``: once every part is stored and the job checkpoint committed, kill
+the frozen ranks or let them all rebuild their groups and go on; if a step failed anywhere, let every rank
+go on. docs/distributed.md argues why the cut ends and cannot deadlock.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from tidal.control.regionstores import regions_holding
 from tidal.control.rendezvous import rendezvous
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow
 from tidal.core import DeviceRef, JobState, protocol
+from tidal.core.cutplan import Need, Plan
 from tidal.core.operations import Phase
 from tidal.core.units import size
 from tidal.errors import Conflict
@@ -113,19 +116,76 @@ def cut_done(s: Session, job: JobRow, group: list[ActionRow], failed: list[Actio
     if failed:
         _finish(s, job, "resume", cause, error=err)
         return
-    target = max((int(c) for g in group for c in (g.result or {}).get("counts", {}).values()), default=0)
+    results = [g.result or {} for g in group]
+    if any(r.get("comms") is None for r in results):
+        # An agent that counts the world group only (an older release): its one count, as before, unless
+        # another node's ranks use other communicators, which that agent cannot park them at.
+        others = sorted({k for r in results for k in r.get("comms") or {} if k != r.get("default")})
+        if others:
+            _finish(s, job, "resume", cause, error=f"the job uses sub-groups or point-to-point operations "
+                    f"({others[0]}), which an agent of an older release on one of its nodes cannot cut; upgrade "
+                    "its agents")
+            return
+        target = max((int(c) for r in results for c in r.get("counts", {}).values()), default=0)
+        set_phase(job, Phase.PARK)
+        job.opstate = {**job.opstate, "target": target}
+        op = new_id("o")
+        for node in nodes_of(job.placement):
+            new_action(s, job, node, protocol.Park(job_id=job.id, attempt=job.attempt, epoch=job.opstate["epoch"],
+                                                   target=target), cause, op=op)
+        return
+    plan = Plan.from_counts({k: (int(c["count"]), c["members"]) for k, c in r["comms"].items()} for r in results)
+    default = next((r["default"] for r in results if r.get("default")), None)
+    job.opstate = {**job.opstate, "default": default}
+    _park_round(s, job, plan, cause)
+
+
+def _park_round(s: Session, job: JobRow, plan: Plan, cause: str) -> None:
+    """Send the plan's targets to every node (a park round at the plan's version)."""
+    assert job.opstate is not None
     set_phase(job, Phase.PARK)
-    job.opstate = {**job.opstate, "target": target}
+    default = job.opstate.get("default")
+    job.opstate = {**job.opstate, "plan": plan.message(), "target": plan.target(default)}
     op = new_id("o")
     for node in nodes_of(job.placement):
-        new_action(s, job, node, protocol.Park(job_id=job.id, attempt=job.attempt, epoch=job.opstate["epoch"],
-                                               target=target), cause, op=op)
+        new_action(s, job, node, protocol.Park(
+            job_id=job.id, attempt=job.attempt, epoch=job.opstate["epoch"], target=plan.target(default),
+            targets=plan.targets, members=plan.members, version=plan.version), cause, op=op)
 
 
-def parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: str) -> None:
+def _needs(result: dict[str, Any] | None) -> list[Need]:
+    return [Need(str(n["key"]), tuple(int(m) for m in n["members"]), int(n["count"]))
+            for n in (result or {}).get("needs") or ()]
+
+
+def raised(s: Session, job: JobRow, a: ActionRow, cause: str) -> bool:
+    """A node answered a park round: if its ranks need more than the targets, raise them and start the next
+    round on every node at once (True). The other nodes' answers to this round are not awaited: their ranks
+    may be waiting for the ranks that need more, and would never park at the old targets."""
+    assert job.opstate is not None
+    if a.status != "done" or "plan" not in job.opstate:
+        return False
+    plan = Plan.from_message(job.opstate["plan"])
+    if not plan.raise_for(_needs(a.result)):
+        return False
+    for old in s.scalars(select(ActionRow).where(ActionRow.op == a.op, ActionRow.status == "pending")):
+        old.status = "dropped"  # not sent yet: the next round supersedes it
+    _park_round(s, job, plan, cause)
+    return True
+
+
+def parked(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str,
+           cause: str) -> None:
     assert job.opstate is not None
     if failed:
         _finish(s, job, "resume", cause, error=err)
+        return
+    if "plan" in job.opstate and any(_needs(g.result) for g in group):
+        # Needs that raised nothing (already covered): the ranks that sent them have not parked yet, so
+        # another round at a new version, whose targets they reach.
+        plan = Plan.from_message(job.opstate["plan"])
+        plan.version += 1
+        _park_round(s, job, plan, cause)
         return
     ck = job.opstate["checkpoint_id"]
     nodes = nodes_of(job.placement)
@@ -142,7 +202,9 @@ def parked(s: Session, job: JobRow, failed: list[ActionRow], err: str, cause: st
         new_action(s, job, node, protocol.Checkpoint(
             job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=parts[node], keep_ids=keep_ids,
             rendezvous=rdv, fs=node == holder,
-            cut=protocol.Cut(epoch=job.opstate["epoch"], target=job.opstate["target"])), cause, op=op)
+            cut=protocol.Cut(epoch=job.opstate["epoch"], target=job.opstate["target"],
+                             targets=(job.opstate.get("plan") or {}).get("targets"),
+                             version=(job.opstate.get("plan") or {}).get("version", 0))), cause, op=op)
 
 
 def dumped(s: Session, job: JobRow, group: list[ActionRow], failed: list[ActionRow], err: str, cause: str,

@@ -38,6 +38,8 @@ def on_result(s: Session, a: ActionRow, data: dict[str, Any], keep: int) -> None
     if a.kind not in AWAITS[ph]:
         log.error("job %s: a %s result arrived in phase %s; ignored", job.id, a.kind, ph.value)
         return
+    if ph is Phase.PARK and checkpointing.raised(s, job, a, a.id):
+        return  # the next park round is out
     group = list(s.scalars(select(ActionRow).where(ActionRow.op == a.op)))
     if any(g.status in ("pending", "sent") for g in group):
         return  # the other nodes have not answered yet
@@ -52,7 +54,7 @@ def on_result(s: Session, a: ActionRow, data: dict[str, Any], keep: int) -> None
     elif ph is Phase.CUT:
         checkpointing.cut_done(s, job, group, failed, err, cause)
     elif ph is Phase.PARK:
-        checkpointing.parked(s, job, failed, err, cause)
+        checkpointing.parked(s, job, group, failed, err, cause)
     elif ph in (Phase.CHECKPOINT, Phase.DUMP):
         checkpointing.dumped(s, job, group, failed, err, cause, keep)
     elif ph is Phase.FINISH:

@@ -33,6 +33,12 @@ MAX_ID_CHARS = 64  # agent ids, action ids, region and cluster names, user names
 MAX_HEARTBEAT_JOBS = 1024  # jobs one heartbeat reports on
 MAX_PROGRESS_FIGURES = 32  # figures per job in a heartbeat
 MAX_LOG_OFFSET = 1 << 40  # 1 TiB: where an uploaded log chunk may start
+# A consistent cut over several nodes: the communicators (process groups, point-to-point pairs per tag) of
+# one job a node reports or an order names, their names, and their members all together (so that a report
+# stays well within a request body).
+MAX_COMMUNICATORS = 4096
+MAX_COMMUNICATOR_CHARS = 128
+MAX_CUT_MEMBERS = 65_536
 
 # -- requests -------------------------------------------------------------------------------------------------
 MAX_BODY_BYTES = 1 << 20  # any request body, except a log upload

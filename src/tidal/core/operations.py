@@ -2,12 +2,15 @@
 
 A job has at most one operation at a time: starting its ranks (a launch or a restore), or checkpointing
 them for a purpose (periodic, hold, preempt, migrate, resize). Each phase has the orders of one kind out
-on the job's nodes; the phase advances once every node has answered (docs/architecture.md draws it)::
+on the job's nodes; the phase advances once every node has answered, except that a park answer whose needs
+raise the targets starts the next park round at once (the other nodes' ranks may be waiting for the ranks
+that need more, so their answers would never come; docs/architecture.md draws it)::
 
     idle ─→ starting ─────────────────────────────────→ idle        launch / restore
     idle ─→ precopy ──────────────────────────────────→ idle        a move to another region's store
     idle ─→ checkpoint ───────────────────────────────→ idle        a checkpoint on one node
     idle ─→ cut ─→ park ─→ dump ─→ finish ────────────→ idle        a checkpoint over several nodes
+                    ↺ park                                        a rank needs more: raised targets
               └──────┴───────┴──→ finish (resume: a step failed)
     any live phase ─→ failing ─→ idle                               a rank failed: settle once all ended
     any phase ─→ idle                                               the job was lost, requeued or ended
@@ -32,7 +35,7 @@ class Phase(enum.Enum):
     PRECOPY = "precopy"  # the move's targets copy the last checkpoint into their region's store; the job runs
     CHECKPOINT = "checkpoint"  # the checkpoint order of a job on one node out
     CUT = "cut"  # over several nodes: every rank says how many collectives it announced
-    PARK = "park"  # every rank runs to the largest count and waits
+    PARK = "park"  # every rank runs to the targets and waits; a round that raised them starts another
     DUMP = "dump"  # every node dumps and stores its part
     FINISH = "finish"  # kill the frozen ranks, or let them go on
     FAILING = "failing"  # a rank failed: the others are stopped, the failure settled once all have ended
@@ -67,7 +70,7 @@ STEPS: dict[Phase, frozenset[Phase]] = {
     P.PRECOPY: frozenset({P.IDLE, P.FAILING}),
     P.CHECKPOINT: frozenset({P.IDLE, P.FAILING}),
     P.CUT: frozenset({P.PARK, P.FINISH, P.FAILING, P.IDLE}),
-    P.PARK: frozenset({P.DUMP, P.FINISH, P.FAILING, P.IDLE}),
+    P.PARK: frozenset({P.PARK, P.DUMP, P.FINISH, P.FAILING, P.IDLE}),
     P.DUMP: frozenset({P.FINISH, P.FAILING, P.IDLE}),
     P.FINISH: frozenset({P.IDLE, P.FAILING}),
     P.FAILING: frozenset({P.IDLE}),

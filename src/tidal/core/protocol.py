@@ -139,11 +139,40 @@ class CheckpointRef(Message):
     source: Annotated[str, StringConstraints(max_length=limits.MAX_WORKDIR_BYTES)] | None = None
 
 
+CommKey = Annotated[str, StringConstraints(min_length=1, max_length=limits.MAX_COMMUNICATOR_CHARS)]
+Members = Annotated[list[Rank], Field(min_length=1, max_length=limits.MAX_RANKS)]
+Targets = Annotated[dict[CommKey, Count], Field(max_length=limits.MAX_COMMUNICATORS)]
+
+
+def _members_bounded(groups: Any) -> None:
+    """All members of a cut's communicators together stay within MAX_CUT_MEMBERS."""
+    if sum(len(m) for m in groups) > limits.MAX_CUT_MEMBERS:
+        raise ValueError(f"more than {limits.MAX_CUT_MEMBERS} members of communicators in all")
+
+
+class Comm(Message):
+    """A communicator at a cut: the most ops a rank of this node announced on it, and its members (world ranks)."""
+
+    count: Count
+    members: Members
+
+
+class Need(Message):
+    """A rank held at the target of communicator ``key`` while it owes ops elsewhere: it needs ``count`` there."""
+
+    key: CommKey
+    members: Members
+    count: Count
+
+
 class Cut(Message):
-    """A consistent cut parked across nodes: its epoch and the collective every rank waits after."""
+    """A consistent cut parked across nodes: its epoch and the world group's target (the collective every
+    rank waits after); ``targets`` and ``version``: the targets per communicator every rank parked at."""
 
     epoch: Count
     target: Count
+    targets: Targets | None = None
+    version: Count = 0
 
 
 class _JobOrder(Message):
@@ -195,11 +224,21 @@ class CutCounts(_JobOrder):
 
 
 class Park(_JobOrder):
-    """Second step: let every rank run to collective ``target`` and wait there."""
+    """Second step, in rounds: let every rank run to the ``targets`` per communicator (of ``members``) and
+    wait there, or answer with the needs its ranks raised (:class:`Parked`); ``version`` grows with every
+    raise. Without ``targets`` (a cut of the world group only): run to collective ``target``."""
 
     kind: Literal["park"] = "park"
     epoch: Count
-    target: Count
+    target: Count = 0
+    targets: Targets | None = None
+    members: Annotated[dict[CommKey, Members], Field(max_length=limits.MAX_COMMUNICATORS)] | None = None
+    version: Count = 0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Park:
+        _members_bounded((self.members or {}).values())
+        return self
 
 
 Then = Literal["continue", "kill", "hold"]
@@ -299,10 +338,32 @@ class Started(Message):
 
 
 class Counted(Message):
-    """Collectives announced per rank (rank as a string key) at the cut."""
+    """World-group collectives announced per rank (rank as a string key) at the cut; ``comms``: per
+    communicator of the ranks here, the most ops one announced and its members; ``default``: the world
+    group's communicator."""
 
     counts: Annotated[dict[Annotated[str, StringConstraints(max_length=16)], Count],
                       Field(max_length=limits.MAX_RANKS)]
+    comms: Annotated[dict[CommKey, Comm], Field(max_length=limits.MAX_COMMUNICATORS)] | None = None
+    default: CommKey | None = None
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Counted:
+        _members_bounded(c.members for c in (self.comms or {}).values())
+        return self
+
+
+class Parked(Message):
+    """A park round here: every rank parked at its targets (no ``needs``), or the needs its ranks raised
+    beyond them (the round's end for this node: the control plane raises the targets for another round)."""
+
+    needs: Annotated[list[Need], Field(max_length=limits.MAX_COMMUNICATORS)] = []
+    version: Count = 0
+
+    @model_validator(mode="after")
+    def _bounded(self) -> Parked:
+        _members_bounded(n.members for n in self.needs)
+        return self
 
 
 class Done(Message):
@@ -379,9 +440,9 @@ class Failure(Message):
     unreachable: Unreachable | None = None
 
 
-Result = Started | Counted | Done | Dumped | Killed | Prestaged | Failure
+Result = Started | Counted | Parked | Done | Dumped | Killed | Prestaged | Failure
 RESULTS: dict[str, type[Message]] = {
-    "launch": Started, "restore": Started, "cut": Counted, "park": Done, "checkpoint": Dumped, "finish": Done,
+    "launch": Started, "restore": Started, "cut": Counted, "park": Parked, "checkpoint": Dumped, "finish": Done,
     "kill": Killed, "prestage": Prestaged, "unstage": Done,
 }
 
@@ -565,5 +626,5 @@ def result_of(kind: str, ok: bool, data: Any) -> Result:
     if model is None:
         raise ValidationError(f"no order of kind {kind!r}", field="kind", hint=f"one of {sorted(RESULTS)}")
     out = decode(model, data, f"result of a {kind} order")
-    assert isinstance(out, Started | Counted | Done | Dumped | Killed | Prestaged | Failure)
+    assert isinstance(out, Started | Counted | Parked | Done | Dumped | Killed | Prestaged | Failure)
     return out

@@ -104,3 +104,73 @@ def test_a_rank_failing_during_a_checkpoint_settles_to_idle(two_nodes: tuple[Pla
     assert phase(p, jid) is Phase.IDLE
     j = p.job(jid)
     assert j["state"] == "failed" and j["error"].startswith("rank 0 exited with code 3 (root cause)")
+
+
+def order(act: dict[str, Any]) -> dict[str, Any]:
+    return dict(act.get("payload") or act["order"])
+
+
+def test_a_need_on_one_node_starts_another_park_round_on_every_node_at_once(
+        two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    # Rank 0 (node-1) and rank 1 (node-2) share the world group "0"; rank 0 also sends to rank 1 on "0:0>1:0".
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    assert p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user()).status_code == 200
+    world = {"count": 5, "members": [0, 1]}
+    (cut_a,), (cut_b,) = a.actions(), b.actions()
+    assert a.result(cut_a, counts={"0": 5}, default="0", comms={"0": world, "0:0>1:0": {"count": 2, "members": [0, 1]}})
+    assert b.result(cut_b, counts={"1": 4}, default="0", comms={"0": {**world, "count": 4}})
+    assert phase(p, jid) is Phase.PARK
+    (park_a,), (park_b,) = a.actions(), b.actions()
+    for act in (park_a, park_b):
+        assert {k: order(act)[k] for k in ("target", "targets", "members", "version")} == {
+            "target": 5, "targets": {"0": 5, "0:0>1:0": 2}, "members": {"0": [0, 1], "0:0>1:0": [0, 1]},
+            "version": 0}
+    # node-2's rank 1 must receive once more before it can reach collective 5: node-1's rank waits for it
+    # there, so node-1 does not answer; the next round goes out at once, node-2's answer alone.
+    assert b.result(park_b, version=0, needs=[{"key": "0:0>1:0", "members": [0, 1], "count": 3}])
+    assert phase(p, jid) is Phase.PARK
+    (again_a,), (again_b,) = a.actions(), b.actions()
+    for act in (again_a, again_b):
+        assert order(act)["targets"] == {"0": 5, "0:0>1:0": 3} and order(act)["version"] == 1
+    assert a.result(park_a)  # the first round's late answer counts no more
+    assert phase(p, jid) is Phase.PARK
+    assert a.result(again_a, version=1) and b.result(again_b, version=1)
+    assert phase(p, jid) is Phase.DUMP
+    for ag in (a, b):
+        (act,) = ag.actions()
+        assert kind(act) == "checkpoint"
+        assert order(act)["cut"] == {"epoch": order(again_a)["epoch"], "target": 5,
+                                     "targets": {"0": 5, "0:0>1:0": 3}, "version": 1}
+        assert ag.result(act, **checkpoint_result(order(act)["checkpoint_id"]))
+    answer_all((a, b), "finish")
+    assert phase(p, jid) is Phase.IDLE and p.job(jid)["state"] == "preempted"
+
+
+def test_an_older_agents_world_group_count_parks_at_one_target(two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    (cut_a,), (cut_b,) = a.actions(), b.actions()
+    assert a.result(cut_a, counts={"0": 7})
+    assert b.result(cut_b, counts={"1": 9})
+    for ag in (a, b):
+        (act,) = ag.actions()
+        assert {k: v for k, v in order(act).items() if k in ("target", "targets", "version")} == {
+            "target": 9, "targets": None, "version": 0}
+
+
+def test_sub_groups_with_an_older_agent_on_a_node_fail_the_cut_and_the_job_goes_on(
+        two_nodes: tuple[Plane, FakeAgent, FakeAgent]) -> None:
+    p, a, b = two_nodes
+    jid = launched(p, a, b)
+    p.http.post(f"/v1/jobs/{jid}/preempt", headers=p.as_user())
+    (cut_a,), (cut_b,) = a.actions(), b.actions()
+    assert a.result(cut_a, counts={"0": 7}, default="0", comms={"0": {"count": 7, "members": [0, 1]},
+                                                               "0:0>1:0": {"count": 1, "members": [0, 1]}})
+    assert b.result(cut_b, counts={"1": 7})
+    assert phase(p, jid) is Phase.FINISH
+    answer_all((a, b), "finish")
+    j = p.job(jid)
+    assert j["state"] == "running" and j["checkpoints"] == []
+    assert any("an agent of an older release on one of its nodes cannot cut" in e["detail"] for e in j["events"])

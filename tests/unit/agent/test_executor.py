@@ -284,3 +284,40 @@ def test_only_the_newest_results_are_kept(ex: Executor, client: FakeClient, monk
     assert list(ex.results) == ["k-2", "k-3", "k-4"]  # bounded, oldest forgotten first
     ex.submit({"v": 1, "id": "k-4", "order": kill()})  # a recent one delivered again: its result, not run
     assert client.next()[1].action_id == "k-4" and list(ex.results) == ["k-2", "k-3", "k-4"]
+
+
+class _Rounds:
+    """A job whose park rounds block until a newer round supersedes them (as the ranks' would when they
+    wait for ranks on another node that need more)."""
+
+    def __init__(self) -> None:
+        self.newest = (-1, -1)
+        self.changed = threading.Condition()
+
+    def supersede(self, epoch: int, version: int) -> None:
+        with self.changed:
+            self.newest = max(self.newest, (epoch, version))
+            self.changed.notify_all()
+
+    def park(self, epoch: int, plan: Any) -> list[Any]:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.newest > (epoch, plan.version) or plan.version == 1,
+                                         timeout=10):
+                raise AssertionError(f"round {plan.version} was never superseded")
+        return []
+
+
+def test_a_newer_park_round_ends_the_running_one_at_once(ex: Executor, client: FakeClient) -> None:
+    rounds = _Rounds()
+    ex.jobs["j1"] = Running("j1", 1, rounds, [])  # type: ignore[arg-type]
+
+    def park(version: int) -> dict[str, Any]:
+        return protocol.encode(protocol.Park(job_id="j1", attempt=1, epoch=5, targets={"0": 3},
+                                             members={"0": [0, 1]}, version=version))
+
+    ex.submit({"id": "a-20", "order": park(0)})
+    ex.submit({"id": "a-21", "order": park(1)})  # queued behind the first, which it supersedes
+    answered = [client.next()[1] for _ in range(2)]
+    assert [(r.action_id, r.ok) for r in answered] == [("a-20", True), ("a-21", True)]
+    assert rounds.newest == (5, 1)
+    assert protocol.result_of("park", True, answered[1].data) == protocol.Parked(version=1)

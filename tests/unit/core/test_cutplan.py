@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tidal.core.cutplan import Plan, mismatches
+from tidal.core.cutplan import Need, Plan, Report, mismatches
 
 Op = tuple[str, list[int]]  # (communicator, its members)
 
@@ -179,3 +179,139 @@ def test_a_need_within_the_target_raises_nothing() -> None:
     assert plan.targets == {"g": 3} and plan.version == 0
     assert not plan.need("g", [0, 1], 3)
     assert plan.need("h", [1, 2], 1) and plan.version == 1 and plan.members["h"] == [1, 2]
+
+
+@dataclass
+class Spread(Model):
+    """The same ranks spread over nodes, cut as over several nodes: each node reports its ranks' counts
+    (:class:`Report`), the coordinator builds the plan from the reports and sends it to every node in
+    rounds; a rank's need goes into its node's answer (not into the plan), and the first answer with
+    needs raises the plan and starts the next round on every node at once. Nodes' answers and ranks'
+    moves interleave at random."""
+
+    node_of: list[int] = field(default_factory=list)
+    views: dict[int, Plan] = field(default_factory=dict)  # each node's round: the targets it was sent
+    needs: dict[int, dict[str, Need]] = field(default_factory=dict)
+    rounds: int = 0
+
+    def view(self, r: int) -> Plan:
+        return self.views[self.node_of[r]]
+
+    def at_targets(self, r: int) -> bool:
+        t, members = self.view(r).targets, self.view(r).members
+        return all(self.issued[r].get(k, 0) == n for k, n in t.items() if r in members[k])
+
+    def step(self, r: int) -> bool:
+        if self.pc[r] >= len(self.progs[r]) or self.blocked_in_op(r):
+            return False
+        key, members = self.progs[r][self.pc[r]]
+        if self.pending:
+            if not self.views:
+                return False
+            if self.issued[r].get(key, 0) >= self.view(r).targets.get(key, 0):
+                mine = self.needs.setdefault(self.node_of[r], {})
+                count = self.issued[r].get(key, 0) + 1
+                if not self.at_targets(r) and key not in mine:
+                    mine[key] = Need(key, tuple(members), count)
+                    return True
+                return False
+        self.issued[r][key] = self.issued[r].get(key, 0) + 1
+        self.pc[r] += 1
+        return True
+
+    def step_possible(self, r: int) -> bool:
+        pc, issued = list(self.pc), [dict(i) for i in self.issued]
+        needs = {n: dict(v) for n, v in self.needs.items()}
+        moved = self.step(r)
+        self.pc, self.issued, self.needs = pc, issued, needs
+        return moved
+
+    def cut(self) -> None:
+        self.pending = True
+        reports: dict[int, Report] = {}
+        for r in range(len(self.progs)):
+            members = {k: m for k, m in self.progs[r]}
+            reports.setdefault(self.node_of[r], Report()).add(
+                str(r), {k: (n, members[k]) for k, n in self.issued[r].items()}, None)
+        self.plan = Plan.from_counts(rep.comms for rep in reports.values())
+        self.new_round()
+
+    def new_round(self) -> None:
+        assert self.plan is not None
+        self.rounds += 1
+        self.views = {n: Plan.from_message(self.plan.message()) for n in set(self.node_of)}
+        self.needs = {}
+
+    def answer(self, node: int) -> None:
+        """Node ``node`` answers its round with the needs its ranks raised."""
+        assert self.plan is not None
+        if self.plan.raise_for(self.needs.get(node, {}).values()):
+            self.new_round()
+        else:
+            self.needs.pop(node, None)
+
+    def run_spread(self, rng: random.Random) -> None:
+        while True:
+            ready = [r for r in range(len(self.progs)) if self.step_possible(r)]
+            answering = [n for n, v in self.needs.items() if v]
+            if not ready and not answering:
+                return
+            if answering and (not ready or rng.random() < 0.3):
+                self.answer(rng.choice(answering))
+            else:
+                self.step(rng.choice(ready))
+
+    def resume(self) -> None:
+        super().resume()
+        self.views, self.needs = {}, {}
+
+
+@settings(max_examples=300, deadline=None)
+@given(events=events_st, seed=st.integers(0, 2**32 - 1), fraction=st.floats(0, 1),
+       nodes=st.sampled_from([[0, 0, 1, 1], [0, 1, 0, 1], [0, 1, 2, 3], [0, 0, 0, 1]]))
+def test_the_cut_over_several_nodes_ends_consistent_in_rounds(events: list, seed: int, fraction: float,
+                                                              nodes: list[int]) -> None:
+    progs = programs(4, events)
+    rng = random.Random(seed)
+    m = Spread(progs, node_of=nodes)
+    m.run(rng, moves=int(fraction * sum(len(p) for p in progs)))
+    m.cut()
+    m.run_spread(rng)
+    # Every node holds the last round's plan, every rank parked at it: the same count on every communicator.
+    assert m.plan is not None and all(v.targets == m.plan.targets for v in m.views.values())
+    assert all(m.at_targets(r) and not m.blocked_in_op(r) for r in range(4))
+    assert mismatches(dict(enumerate(m.issued)), m.plan.members) == []
+    m.resume()
+    m.run(rng)
+    assert m.pc == [len(p) for p in progs]
+
+
+def test_a_need_on_one_node_raises_the_targets_of_the_others_in_a_second_round() -> None:
+    # The program of the test above, rank 0 on one node, ranks 1 and 2 on another: rank 1 (node 1) needs
+    # {1, 2} raised; rank 0 (node 0) waits inside {0, 1} meanwhile and never parks in the first round.
+    progs = programs(3, [("c", (1, 2)), ("c", (0, 1))])
+    m = Spread(progs, node_of=[0, 1, 1])
+    m.pc[0], m.issued[0] = 1, {"g0-1": 1}
+    m.cut()
+    assert m.plan is not None and m.plan.targets == {"g0-1": 1}
+    m.run_spread(random.Random(0))
+    assert m.rounds == 2 and m.plan.targets == {"g0-1": 1, "g1-2": 1} and m.plan.version == 1
+    assert all(m.at_targets(r) and not m.blocked_in_op(r) for r in range(3))
+
+
+def test_a_node_report_keeps_the_largest_count_per_communicator_and_each_ranks_world_count() -> None:
+    rep = Report()
+    rep.add("0", {"w": (5, [0, 1, 2, 3]), "w:0>2:0": (2, [0, 2])}, "w")
+    rep.add("1", {"w": (6, [0, 1, 2, 3]), "g": (1, [1, 3])}, "w")
+    rep.add("2", {}, None)  # a rank that has not built its group yet
+    assert rep.comms == {"w": (6, [0, 1, 2, 3]), "w:0>2:0": (2, [0, 2]), "g": (1, [1, 3])}
+    assert rep.counts == {"0": 5, "1": 6, "2": 0} and rep.default == "w"
+
+
+def test_a_plan_raised_by_a_nodes_needs_travels_as_its_message() -> None:
+    plan = Plan.from_counts([{"w": (4, [0, 1, 2, 3])}, {"w": (5, [0, 1, 2, 3]), "g": (1, [1, 3])}])
+    assert not plan.raise_for([Need("w", (0, 1, 2, 3), 5)])
+    assert plan.raise_for([Need("w", (0, 1, 2, 3), 5), Need("h", (0, 2), 1)])
+    assert plan.version == 1 and plan.target("w") == 5 and plan.target(None) == 0
+    again = Plan.from_message(plan.message())
+    assert (again.targets, again.members, again.version) == (plan.targets, plan.members, plan.version)

@@ -60,6 +60,11 @@ def test_the_multi_node_checkpoint_goes_cut_park_dump_finish() -> None:
     assert Phase.DUMP not in STEPS[Phase.CUT]  # the park cannot be skipped
 
 
+def test_a_park_round_that_raised_the_targets_is_followed_by_another() -> None:
+    assert step(Phase.PARK, Phase.PARK) is Phase.PARK
+    assert Phase.CUT not in STEPS[Phase.PARK]  # the counts are taken once: raises only add to them
+
+
 def test_each_phase_awaits_orders_of_the_protocol() -> None:
     kinds = set(typing.get_args(protocol.OrderKind))
     assert set(AWAITS) == set(Phase)

@@ -24,8 +24,12 @@ ORDERS: list[protocol.Message] = [
     protocol.Restore(**START, checkpoint=protocol.CheckpointRef(id="000003-ab", parts=["000003-ab.p0"])),
     protocol.CutCounts(job_id="j1", attempt=2, epoch=2**47),
     protocol.Park(job_id="j1", attempt=2, epoch=7, target=120),
+    protocol.Park(job_id="j1", attempt=2, epoch=7, target=120, targets={"0": 120, "1": 40, "0:1>2:7": 3},
+                  members={"0": [0, 1, 2, 3], "1": [0, 2], "0:1>2:7": [1, 2]}, version=2),
     protocol.Checkpoint(job_id="j1", attempt=2, then="hold", checkpoint_id="000004-cd.p1", keep_ids=["000003-ab"],
                         rendezvous=RDV, fs=False, cut=protocol.Cut(epoch=7, target=120)),
+    protocol.Checkpoint(job_id="j1", attempt=2, then="continue", checkpoint_id="000004-cd.p0", keep_ids=[],
+                        cut=protocol.Cut(epoch=7, target=120, targets={"0": 120, "1": 41}, version=3)),
     protocol.Checkpoint(job_id="j1", attempt=2, then="kill", checkpoint_id="000005-ef", keep_ids=["000004-cd"],
                         restore_here=True, commit_after=True),
     protocol.Finish(job_id="j1", attempt=2, then="resume", rebuild=True, rendezvous=RDV),
@@ -38,6 +42,10 @@ EXIT = protocol.RankExit(rank=1, code=None, signal=9, at=1700000000.5, stopped=T
 RESULTS: list[protocol.Message] = [
     protocol.Started(ranks=[protocol.RankPid(rank=0, pid=4242), protocol.RankPid(rank=1, pid=None)]),
     protocol.Counted(counts={"0": 12, "1": 13}),
+    protocol.Counted(counts={"0": 12, "1": 13}, default="0", comms={
+        "0": protocol.Comm(count=13, members=[0, 1, 2, 3]), "0:1>2:0": protocol.Comm(count=4, members=[1, 2])}),
+    protocol.Parked(),
+    protocol.Parked(version=2, needs=[protocol.Need(key="1", members=[0, 2], count=41)]),
     protocol.Done(),
     protocol.Dumped(checkpoint=protocol.StoredCheckpoint(id="000004-cd", created_at=1.5, bytes=10, stored_bytes=3)),
     protocol.Dumped(checkpoint=protocol.StoredCheckpoint(id="000005-ef", created_at=2.5, bytes=10, stored_bytes=0),
@@ -220,6 +228,48 @@ def test_bounds_are_refused_naming_the_field() -> None:
         protocol.decode(protocol.Heartbeat, {"agent_id": "A", "jobs": {f"j{i}": {} for i in
                                                                      range(limits.MAX_HEARTBEAT_JOBS + 1)}})
     assert e.value.fields["field"] == "jobs"
+
+
+def _park(**kw: Any) -> dict[str, Any]:
+    return {"id": "a-1", "order": {**protocol.encode(ORDERS[3]), **kw}}
+
+
+def test_the_cuts_communicators_are_bounded_naming_the_field() -> None:
+    many = {f"g{i}": 1 for i in range(limits.MAX_COMMUNICATORS + 1)}
+    long = "k" * (limits.MAX_COMMUNICATOR_CHARS + 1)
+    # Fewer communicators than the bound, but more members than all of them together may have.
+    wide = {f"g{i}": list(range(limits.MAX_RANKS))
+            for i in range(limits.MAX_CUT_MEMBERS // limits.MAX_RANKS + 1)}
+    cases = {
+        "order.park.targets": _park(targets=many),
+        f"order.park.targets.{long}.[key]": _park(targets={long: 1}),
+        "order.park.targets.0": _park(targets={"0": -1}),
+        "order.park.members.0.0": _park(members={"0": [limits.MAX_RANKS]}),
+        "order.park.members.0": _park(members={"0": []}),
+        "order.park": _park(members=wide),
+    }
+    for field, wire in cases.items():
+        with pytest.raises(ValidationError) as e:
+            protocol.decode_action(wire)
+        assert e.value.fields["field"] == field, (field, e.value)
+    comm = {"count": 1, "members": [0]}
+    for field, data in {
+        "comms": {"counts": {}, "comms": {k: comm for k in many}},
+        "comms.g0.count": {"counts": {}, "comms": {"g0": {"count": 2**63, "members": [0]}}},
+        "(message)": {"counts": {}, "comms": {k: {"count": 1, "members": m} for k, m in wide.items()}},
+    }.items():
+        with pytest.raises(ValidationError) as e:
+            protocol.result_of("cut", True, data)
+        assert e.value.fields["field"] == field, (field, e.value)
+    with pytest.raises(ValidationError) as e:
+        protocol.result_of("park", True, {"needs": [{"key": "g", "members": [0], "count": 1}] *
+                                          (limits.MAX_COMMUNICATORS + 1)})
+    assert e.value.fields["field"] == "needs"
+
+
+def test_a_park_answer_of_an_agent_that_reports_no_needs_is_read_as_parked() -> None:
+    # An agent that cuts the world group only answers a park with nothing: every rank there parked.
+    assert protocol.result_of("park", True, {}) == protocol.Parked()
 
 
 def test_a_registration_names_cpus_for_any_bad_cpu_set() -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from tidal.core.cutplan import Need, Plan, Report
 from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, Unsupported, ValidationError
 from tidal.mechanisms.criu import resources, shmfiles, tmpfiles
 from tidal.mechanisms.criu.discard import discard
@@ -44,9 +45,12 @@ from tidal.mechanisms.interpose.channel import (
     cut,
     new_epoch,
     park,
+    park_round,
     rebuilt,
+    report,
     resume,
     teardown,
+    wake,
 )
 from tidal.mechanisms.permissions import private_dir
 from tidal.mechanisms.storage import CheckpointInfo, CheckpointReader, CheckpointStore, CheckpointWriter, Entry
@@ -266,6 +270,9 @@ class Job:
         self.cut_timeout = 30.0  # how long ranks get to reach the consistent cut
         self.last_cut: int | None = None  # the collective count at which the last checkpoint cut the job
         self._held: tuple[list[RankProcess], int] | None = None  # frozen after a "hold" checkpoint
+        # The newest park round asked for, (epoch, version): an older one still running gives way to it.
+        self._round = (-1, -1)
+        self._round_lock = threading.Lock()
         self._held_gpu: dict[int, list[int]] = {}  # rank → its processes whose GPU state is in host memory
         self._settling: threading.Thread | None = None  # after a restore, until the ranks' memory is all in
         self._kept: dict[int, LastDump] = {}  # images kept by checkpoint(keep_images=True), until taken
@@ -358,22 +365,53 @@ class Job:
     # A cut across nodes is driven from outside, step by step (each step on every node before the next):
     # counts → park → checkpoint(cut_at=...) → release() or kill(). Until released, the ranks wait at their
     # next collective; except after a checkpoint that lets the job continue: its ranks go on once dumped.
+    # Over every communicator (sub-groups, point-to-point): report → park(plan) in rounds until no rank
+    # needs more → checkpoint(cut_at=...) → release() or kill().
     def counts(self, epoch: int) -> dict[str, int]:
-        """How many collectives each interposed rank here has announced."""
+        """How many collectives each interposed rank here has announced on the world group. A job whose ranks
+        use sub-groups or point-to-point is refused (and let go): :meth:`report` covers them."""
         self._held = ([], epoch)
         return counts(self.channels(), epoch, self.cut_timeout)
 
-    def park(self, epoch: int, target: int) -> None:
-        """Let the ranks here run up to collective ``target`` and wait for it to complete."""
+    def report(self, epoch: int) -> Report:
+        """Step 1 over every communicator: per communicator, the most ops a rank here announced, and its
+        members; :meth:`Plan.from_counts` over every node's ``comms`` gives the first targets."""
         self._held = ([], epoch)
-        park(self.channels(), epoch, target, self.cut_timeout)
+        return report(self.channels(), epoch, self.cut_timeout)
+
+    def park(self, epoch: int, target: int | Plan) -> list[Need]:
+        """Let the ranks here run up to collective ``target`` of the world group and wait for it to complete.
+        With a :class:`Plan` (one round over every communicator): up to its targets; returns the needs its
+        ranks raised beyond them (raise them with :meth:`Plan.raise_for` and park every node again, at the
+        new version), or [] once every rank here has parked. A round superseded meanwhile by a newer one
+        (:meth:`supersede`) returns [] at once: its answer no longer counts."""
+        self._held = ([], epoch)
+        if not isinstance(target, Plan):
+            park(self.channels(), epoch, target, self.cut_timeout)
+            return []
+        with self._round_lock:
+            if (epoch, target.version) < self._round:
+                return []  # a round that came after it already ran
+            self._round = (epoch, target.version)
+        got = park_round(self.channels(), epoch, target, self.cut_timeout,
+                         lambda: self._round > (epoch, target.version))
+        return got or []
+
+    def supersede(self, epoch: int, version: int) -> None:
+        """A park round at ``version`` is on its way: a running round of an older version ends now."""
+        with self._round_lock:
+            if (epoch, version) <= self._round:
+                return
+            self._round = (epoch, version)
+        wake()
 
     def checkpoint(self, then: Then = "continue", keep: int | None = None, *, checkpoint_id: str | None = None,
                    cut_at: tuple[int, int] | None = None, rendezvous: Store | None = None,
                    keep_images: bool = False) -> CheckpointInfo:
         """Take a checkpoint of every rank; ``then`` says whether the job continues, is killed or stays
         frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints.
-        ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`counts` and :meth:`park`; the
+        ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`counts` (or :meth:`report`) and
+        :meth:`park` (``target``: the world group's, only recorded as :attr:`last_cut`); the
         ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
         collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when
         they go on (default: the same store). ``keep_images`` (with ``then="kill"``): keep the images

@@ -13,11 +13,11 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tidal.core.cutplan import Plan
+from tidal.core.cutplan import Need, Plan, Report
 from tidal.errors import CheckpointError, TidalError, Unsupported
 from tidal.mechanisms.criu.logpump import pump
 
@@ -182,18 +182,82 @@ def _others(msg: dict[str, Any]) -> list[str]:
 
 
 def counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[str, int]:
-    """Step 1 of a cut driven across nodes: every rank's count on the world group. Sub-groups and
-    point-to-point are cut only when every rank of the job is owned here (:func:`cut`)."""
+    """Step 1 of a cut driven across nodes by a coordinator of the world group alone: every rank's count on
+    it. Ranks that use sub-groups or point-to-point refuse it (and are let go): :func:`report` and
+    :func:`park_round` cut every communicator."""
     got = _ask_counts(channels, epoch, timeout)
     spread = [f"rank {name}" for name, msg in got.items() if _others(msg)]
     if spread:
         with contextlib.suppress(CheckpointError):
             resume(channels, epoch, None, wait=False)
         raise Unsupported(f"this job cannot be checkpointed while its ranks are on several nodes: {spread[0]} uses "
-                          "sub-groups or point-to-point operations, which are cut only on one node",
-                          hint="resize it onto one node (tidal resize JOB --devices N) or run it on one node; "
-                               "the job goes on")
+                          "sub-groups or point-to-point operations, which a cut of the world group alone would not "
+                          "cover", hint="run it on one node, or under Tidal's control plane, which cuts every "
+                               "communicator; the job goes on")
     return {name: int(msg["count"]) for name, msg in got.items()}
+
+
+def report(channels: Sequence[RankChannel], epoch: int, timeout: float) -> Report:
+    """Step 1 of a cut driven across nodes, over every communicator: what the ranks here announced."""
+    out = Report()
+    for name, msg in _ask_counts(channels, epoch, timeout).items():
+        out.add(name.rsplit(".r", 1)[-1], {k: (int(n), m) for k, (n, m) in (msg.get("comms") or {}).items()},
+                msg.get("default"))
+    return out
+
+
+def wake() -> None:
+    """Wake every cut waiting for replies (so that it sees it was superseded)."""
+    with _replied:
+        _replied.notify_all()
+
+
+#: After a first need, how long a park round goes on gathering the needs of the node's other ranks before it
+#: answers (each answer with needs costs a round through the control plane).
+NEED_GATHER_S = 0.1
+
+
+def park_round(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: float,
+               superseded: Callable[[], bool] = lambda: False) -> list[Need] | None:
+    """One round of step 2 across nodes: the ranks here run to the plan's targets. Returns [] once every one
+    has parked at them, or the needs they raised beyond them (then the targets must be raised on every node:
+    ranks elsewhere may be waiting for these), or None once ``superseded()`` (a newer round came)."""
+    live = _live(channels)
+    deadline = time.monotonic() + timeout
+    for c in live:
+        c.send(op="target", epoch=epoch, **plan.message())
+    parked: set[str] = set()
+    needs: dict[str, Need] = {}
+    needing: set[str] = set()
+    gather_until = float("inf")
+    while len(parked) < len(live):
+        if superseded():
+            return None
+        if needs and (time.monotonic() >= gather_until or len(parked | needing) == len(live)):
+            break
+        waiting = [c.name for c in live if c.name not in parked]
+        got = _next_reply(live, min(deadline, gather_until), waiting, until=superseded,
+                          timeout_at=deadline)
+        if got is None:
+            continue
+        c, msg = got
+        op = msg.get("op")
+        if op == "closed":
+            raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)
+        if op == "error":
+            raise CheckpointError(f"rank {c.name}: interposer error: {msg.get('error')}", object=c.name,
+                                  hint=_SEE_LOG)
+        if msg.get("epoch") != epoch:
+            continue
+        if op == "need":
+            key, count = str(msg["key"]), int(msg["count"])
+            if count > plan.targets.get(key, 0) and count > (needs[key].count if key in needs else 0):
+                needs[key] = Need(key, tuple(int(m) for m in msg["members"]), count)
+                needing.add(c.name)
+                gather_until = min(gather_until, time.monotonic() + NEED_GATHER_S)
+        elif op == "parked" and int(msg.get("version", 0)) == plan.version:
+            parked.add(c.name)
+    return sorted(needs.values(), key=lambda n: n.key) if len(parked) < len(live) else []
 
 
 def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: float) -> None:
@@ -207,18 +271,24 @@ def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: floa
         c.expect(("parked",), epoch, deadline, f"reach the cut at collective {target}")
 
 
-def _next_reply(live: Sequence[RankChannel], deadline: float,
-                waiting: Sequence[str]) -> tuple[RankChannel, dict[str, Any]]:
+def _next_reply(live: Sequence[RankChannel], deadline: float, waiting: Sequence[str],
+                until: Callable[[], bool] = lambda: False,
+                timeout_at: float | None = None) -> tuple[RankChannel, dict[str, Any]] | None:
+    """The next reply of any rank. None at ``deadline`` or once ``until()``, if ``timeout_at`` is later;
+    a CutTimeout at ``timeout_at`` (default: ``deadline``)."""
+    timeout_at = deadline if timeout_at is None else timeout_at
     with _replied:
         while True:
             for c in live:
                 with contextlib.suppress(queue.Empty):
                     return c, c._replies.get_nowait()
-            left = deadline - time.monotonic()
-            if left <= 0:
+            t = time.monotonic()
+            if t >= timeout_at:
                 raise CutTimeout(f"rank {waiting[0]} did not reach the cut in time; is it stopped?",
                                  object=waiting[0], hint="the job goes on; its last good checkpoint is untouched")
-            _replied.wait(min(left, 1.0))
+            if t >= deadline or until():
+                return None
+            _replied.wait(min(deadline - t, 1.0))
 
 
 def park_all(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: float) -> None:
@@ -232,7 +302,9 @@ def park_all(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: f
     parked: dict[str, int] = {}
     while len([n for n, v in parked.items() if v == plan.version]) < len(live):
         waiting = [c.name for c in live if parked.get(c.name) != plan.version]
-        c, msg = _next_reply(live, deadline, waiting)
+        got = _next_reply(live, deadline, waiting)
+        assert got is not None
+        c, msg = got
         op = msg.get("op")
         if op == "closed":
             raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)

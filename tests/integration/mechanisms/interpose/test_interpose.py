@@ -8,6 +8,7 @@ that do not use torch.distributed see no difference."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import re
@@ -17,13 +18,14 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import pytest
 
 from tests.integration.ranks import EXAMPLES, Cluster
+from tidal.core.cutplan import Plan
 from tidal.errors import Unsupported
 from tidal.mechanisms.criu.job import Job, Then
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
@@ -325,6 +327,147 @@ def test_subgroups_and_p2p_cut_at_random_moments_restore_identically(
     assert len(cluster.store.list("job")) == taken
     for r in range(world):
         assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+
+
+def cut_over_nodes(jobs: Sequence[Job], epoch: int,
+                   first_round: Callable[[], None] = lambda: None) -> tuple[int, Plan]:
+    """What the control plane does for a job spread over nodes, one :class:`Job` a node: the counts of every
+    node, then park rounds on every node at once until none raises the targets. The first node that answers
+    with needs raises them, and the round still running on the others gives way to the next one. Returns
+    the world group's target and the plan every rank parked at. ``first_round``: called once the first
+    round is out."""
+    reports = [job.report(epoch) for job in jobs]
+    plan = Plan.from_counts(r.comms for r in reports)
+    default = next((r.default for r in reports if r.default), None)
+    for n in itertools.count():
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            rounds = [pool.submit(job.park, epoch, Plan.from_message(plan.message())) for job in jobs]
+            if n == 0:
+                first_round()
+            needs = []
+            for done in as_completed(rounds):
+                needs = done.result()
+                if needs:
+                    if not plan.raise_for(needs):
+                        plan.version += 1
+                    for job in jobs:
+                        job.supersede(epoch, plan.version)
+                    break
+        if not needs:
+            return plan.target(default), plan
+    raise AssertionError("unreachable")
+
+
+def test_subgroups_and_p2p_spread_over_two_node_roots_cut_in_rounds_restore_identically(
+        cluster: Cluster, rendezvous: RendezvousServer, torchrun: StartRef) -> None:
+    """The steps of the agents of two nodes for a job whose disjoint sub-groups ([0, 2], [1, 3]) and ring of
+    sends cross the nodes: counts per communicator, park rounds, checkpoint at the cut, one part per node;
+    periodic checkpoints at seeded random moments, a stop, a restore with the ranks on other node roots and
+    split otherwise, and the run identical to torchrun."""
+    world, steps, gate = 4, 60, 55
+    release = cluster.root / "release"
+    argv = [str(GROUPS), "--steps", str(steps), "--step-time", "0.03", "--gate", f"{release}:{gate}"]
+    ref = torchrun(argv, world)
+    rng = random.Random(1818)
+    pre = prefix()
+    specs = rank_specs(cluster, [sys.executable, *argv], world, rendezvous.addr, f"{pre}/1")
+    nodes = cluster.nodes
+    jobs = [Job.launch("job", [(s, nodes[0]) for s in specs[:2]], cluster.store),
+            Job.launch("job", [(s, nodes[1]) for s in specs[2:]], cluster.store, track_fs=False)]
+    taken: list[str] = []
+
+    def owner(r: int) -> Job:
+        return next(j for j in jobs if any(rp.spec.rank == r for rp in j.ranks))
+
+    def at_random_moment() -> None:
+        r = rng.randrange(world)
+        wait_step(owner(r), r, min(gate - 1, max(0, last_step(log(owner(r), r).read_bytes())) + rng.randrange(4)))
+
+    def checkpoint(then: Then) -> list[str]:
+        epoch = new_epoch()
+        target, plan = cut_over_nodes(jobs, epoch)
+        assert set(plan.targets) > {"0"}  # the sub-groups' and the pairs' own communicators too
+        ck = f"ck{len(taken) // 2}"
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            infos = list(pool.map(lambda job, part: job.checkpoint(then, checkpoint_id=part, cut_at=(epoch, target)),
+                                  jobs, (f"{ck}.p0", f"{ck}.p1")))
+        parts = [i.id for i in infos]
+        taken.extend(parts)
+        at_cut = [last_step(cluster.store.reader("job", info.id).read_bytes(f"ranks/{rp.spec.rank}/output.log"))
+                  for info, job in zip(infos, jobs, strict=True) for rp in job.ranks]
+        assert max(at_cut) - min(at_cut) <= 2, at_cut
+        for job in jobs:
+            if then == "hold":
+                job.kill()
+            else:
+                job.release()
+        return parts
+
+    try:
+        for _ in range(2):
+            at_random_moment()
+            checkpoint("continue")
+            assert all(r.running for job in jobs for r in job.ranks)
+        at_random_moment()
+        parts = checkpoint("hold")  # a migration: the ranks stay frozen until every part is stored
+        # Ranks 0 and 3 on one node root, 1 and 2 on another: each sub-group and the ring still cross nodes.
+        split = [[specs[0], specs[3]], [specs[1], specs[2]]]
+        jobs = [Job.restore(cluster.store, "job", [(s, nodes[2 - k]) for s in half], checkpoint_id=parts,
+                            rendezvous=Store(rendezvous.addr, f"{pre}/2"), track_fs=k == 0)
+                for k, half in enumerate(split)]
+        at_random_moment()
+        checkpoint("continue")
+        release.touch()
+        assert [s.code for job in jobs for s in job.wait(180)] == [0] * world
+    finally:
+        for job in jobs:
+            job.kill()
+    assert len(cluster.store.list("job")) == len(taken)
+    for r in range(world):
+        assert log(owner(r), r).read_bytes() == ref.log(r), f"rank {r}"
+
+
+NEED = SCRIPTS / "dist_need.py"
+
+
+def test_a_need_on_one_node_raises_the_targets_of_the_other_and_the_cut_ends_identical(
+        cluster: Cluster, rendezvous: RendezvousServer, torchrun: StartRef) -> None:
+    """Rank 0 on one node root waits inside its all-reduce on [0, 1] while rank 1, on the other, must first
+    all-reduce on [1, 2], which no rank had announced at the cut: rank 1's node answers its first park round
+    with that need, rank 0's node's round gives way to the next one, with the target raised, and every rank
+    parks. The job is then stopped, restored with the ranks on other node roots, and ends as under torchrun."""
+    hold, wait = 4, cluster.root / "wait"
+    argv = [str(NEED), "--steps", "8", "--hold", str(hold), "--wait", str(wait)]
+    ref = torchrun([str(NEED), "--steps", "8", "--hold", str(hold)], 3)
+    pre = prefix()
+    specs = rank_specs(cluster, [sys.executable, *argv], 3, rendezvous.addr, f"{pre}/1")
+    nodes = cluster.nodes
+    jobs = [Job.launch("job", [(specs[0], nodes[0])], cluster.store),
+            Job.launch("job", [(s, nodes[1]) for s in specs[1:]], cluster.store, track_fs=False)]
+    try:
+        wait_for_line(log(jobs[0], 0), rf"^rank 0 issued {hold}$", timeout=120)
+        epoch = new_epoch()
+        # Rank 1 comes to the gate of [1, 2] only once let go, after the first round has gone out.
+        target, plan = cut_over_nodes(jobs, epoch, first_round=wait.touch)
+        # Group [1, 2]: built (its first op) and all-reduced once a step before step ``hold``, and one more.
+        (left,) = [k for k, m in plan.members.items() if m == [1, 2]]
+        assert plan.version >= 1 and plan.targets[left] == hold + 2, plan
+        infos = [job.checkpoint("hold", checkpoint_id=f"ck.p{k}", cut_at=(epoch, target))
+                 for k, job in enumerate(jobs)]
+        for job in jobs:
+            job.kill()
+        jobs = [Job.restore(cluster.store, "job", [(specs[0], nodes[2]), (specs[2], nodes[2])],
+                            checkpoint_id=[i.id for i in infos], rendezvous=Store(rendezvous.addr, f"{pre}/2")),
+                Job.restore(cluster.store, "job", [(specs[1], nodes[0])], checkpoint_id=[i.id for i in infos],
+                            rendezvous=Store(rendezvous.addr, f"{pre}/2"), track_fs=False)]
+        assert [s.code for job in jobs for s in job.wait(120)] == [0] * 3
+    finally:
+        for job in jobs:
+            job.kill()
+    for job in jobs:
+        for rp in job.ranks:
+            r = rp.spec.rank
+            assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
 
 
 def test_receive_from_any_source_refuses_the_cut_and_goes_on(cluster: Cluster, rendezvous: RendezvousServer,
