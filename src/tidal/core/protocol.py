@@ -147,7 +147,7 @@ Targets = Annotated[dict[CommKey, Count], Field(max_length=limits.MAX_COMMUNICAT
 def _members_bounded(groups: Any) -> None:
     """All members of a cut's communicators together stay within MAX_CUT_MEMBERS."""
     if sum(len(m) for m in groups) > limits.MAX_CUT_MEMBERS:
-        raise ValueError(f"more than {limits.MAX_CUT_MEMBERS} members of communicators in all")
+        raise InvalidField(f"more than {limits.MAX_CUT_MEMBERS} members of communicators in all")
 
 
 class Comm(Message):

@@ -10,7 +10,8 @@ the secret.
 The coordinator decides how the step starts: from the step's last committed checkpoint (every task restores
 its own ranks: task ``i`` always holds ranks ``i*K`` to ``i*K+K-1``, on whatever node Slurm gave it) or
 anew. On Slurm's signal at any task, it takes a checkpoint over all tasks in the steps the control plane
-uses over several nodes (``counts``, ``park``, ``dump``, ``finish``; docs/distributed.md): each task dumps
+uses over several nodes (``report``, ``park`` rounds over every communicator, ``dump``, ``finish``;
+docs/distributed.md): each task dumps
 its ranks as its own part (``CK.pTASK`` under the job's key); once every part is stored, the coordinator
 commits the step checkpoint, a record naming the parts (under the key ``KEY.step``), and only then are the
 ranks killed. A checkpoint that fails anywhere leaves the last committed one as it was.
@@ -27,11 +28,13 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tidal.errors import CheckpointError, MechanismError, RankExited, TidalError, ValidationError
+from tidal.core import limits
+from tidal.core.cutplan import Need, Plan
+from tidal.errors import CheckpointError, MechanismError, TidalError, ValidationError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.interpose.channel import Store, new_epoch
 from tidal.mechanisms.slurm.stepchannel import ChannelClosed, Connection, accept, connect
@@ -106,6 +109,64 @@ def _text(msg: dict[str, Any], name: str, limit: int = 512) -> str:
     return v
 
 
+def _comms(raw: object) -> dict[str, tuple[int, list[int]]]:
+    """A task's per-communicator counts, as it sent them: bounded and typed, else a clear error."""
+    if not isinstance(raw, dict) or len(raw) > limits.MAX_COMMUNICATORS:
+        raise ValidationError(f"comms must be a mapping of at most {limits.MAX_COMMUNICATORS} communicators",
+                              field="comms")
+    out: dict[str, tuple[int, list[int]]] = {}
+    members = 0
+    for key, value in raw.items():
+        if not isinstance(value, list) or len(value) != 2:
+            raise ValidationError(f"communicator {str(key)[:40]!r}: [count, members] expected", field="comms")
+        count, ms = value
+        out[_key(key)] = (_int({"count": count}, "count"), _members(ms))
+        members += len(ms)
+    if members > limits.MAX_CUT_MEMBERS:
+        raise ValidationError(f"comms name {members} members in all, over {limits.MAX_CUT_MEMBERS}", field="comms")
+    return out
+
+
+def _members(raw: object) -> list[int]:
+    if not isinstance(raw, list) or len(raw) > limits.MAX_CUT_MEMBERS or \
+            not all(isinstance(m, int) and not isinstance(m, bool) and m >= 0 for m in raw):
+        raise ValidationError("members must be a list of rank numbers", field="members")
+    return raw
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str) or not 0 < len(key) <= limits.MAX_COMMUNICATOR_CHARS:
+        raise ValidationError(f"a communicator's name must be 1 to {limits.MAX_COMMUNICATOR_CHARS} characters",
+                              field="comms")
+    return key
+
+
+def _plan(raw: object) -> Plan:
+    """A park round's plan, as the coordinator sent it: bounded and typed, else a clear error."""
+    targets = raw.get("targets") if isinstance(raw, dict) else None
+    members = raw.get("members") if isinstance(raw, dict) else None
+    if not isinstance(raw, dict) or not isinstance(targets, dict) or not isinstance(members, dict) or \
+            len(targets) > limits.MAX_COMMUNICATORS or len(members) > limits.MAX_COMMUNICATORS:
+        raise ValidationError("plan must hold targets and members of at most "
+                              f"{limits.MAX_COMMUNICATORS} communicators", field="plan")
+    ms = {_key(k): _members(v) for k, v in members.items()}
+    if sum(len(v) for v in ms.values()) > limits.MAX_CUT_MEMBERS:
+        raise ValidationError(f"plan names over {limits.MAX_CUT_MEMBERS} members in all", field="plan")
+    return Plan({_key(k): _int({"target": v}, "target") for k, v in targets.items()}, ms, _int(raw, "version"))
+
+
+def _needs(raw: object) -> list[Need]:
+    if not isinstance(raw, list) or len(raw) > limits.MAX_COMMUNICATORS:
+        raise ValidationError(f"needs must be a list of at most {limits.MAX_COMMUNICATORS}", field="needs")
+    out = []
+    for n in raw:
+        if not isinstance(n, dict):
+            raise ValidationError("a need must be an object", field="needs")
+        out.append(Need(_text(n, "key", limits.MAX_COMMUNICATOR_CHARS), tuple(_members(n.get("members"))),
+                        _int(n, "count")))
+    return out
+
+
 def _rendezvous(msg: dict[str, Any]) -> Store | None:
     if msg.get("store_addr") is None:
         return None
@@ -121,12 +182,18 @@ class Share:
 
     def handle(self, msg: dict[str, Any]) -> dict[str, Any]:
         op = msg.get("op")
-        if op == "counts":
+        if op == "report":
             epoch = _int(msg, "epoch")
-            return {"counts": self.job.counts(epoch)}
+            rep = self.job.report(epoch)
+            return {"comms": {k: [c, m] for k, (c, m) in rep.comms.items()}, "default": rep.default}
         if op == "park":
-            epoch, target = _int(msg, "epoch"), _int(msg, "target")
-            self.job.park(epoch, target)
+            epoch = _int(msg, "epoch")
+            plan = _plan(msg.get("plan"))
+            needs = self.job.park(epoch, plan)
+            return {"needs": [{"key": n.key, "members": list(n.members), "count": n.count} for n in needs]}
+        if op == "supersede":
+            epoch, version = _int(msg, "epoch"), _int(msg, "version")
+            self.job.supersede(epoch, version)
             return {}
         if op == "dump":
             then = msg.get("then")
@@ -168,9 +235,6 @@ class _Party:
 class StepFailed(MechanismError):
     """A step of a cut over the step's tasks failed on some task."""
 
-    def __init__(self, message: str, *, rank_exited: bool = False) -> None:
-        super().__init__(message)
-        self.rank_exited = rank_exited
 
 
 def _all(parties: list[_Party], msg: dict[str, Any] | Callable[[_Party], dict[str, Any]],
@@ -181,7 +245,6 @@ def _all(parties: list[_Party], msg: dict[str, Any] | Callable[[_Party], dict[st
         futures = [pool.submit(p.call, msg(p) if callable(msg) else msg, timeout) for p in parties]
         replies: list[dict[str, Any]] = []
         errors: list[str] = []
-        exited = False
         for p, f in zip(parties, futures, strict=True):
             try:
                 r = f.result()
@@ -190,10 +253,9 @@ def _all(parties: list[_Party], msg: dict[str, Any] | Callable[[_Party], dict[st
             replies.append(r)
             if "error" in r:
                 errors.append(f"task {p.task}: {r['error']}")
-                exited = exited or r.get("kind") == RankExited.__name__
     if errors:
         op = (msg(parties[0]) if callable(msg) else msg).get("op")
-        raise StepFailed(f"{op} failed on {'; '.join(errors)}", rank_exited=exited)
+        raise StepFailed(f"{op} failed on {'; '.join(errors)}")
     return replies
 
 
@@ -435,10 +497,12 @@ class StepTask:
         rdv: Store | None = None
         phase = "counts"
         try:
-            replies = _all(parties, {"op": "counts", "epoch": epoch}, CUT_TIMEOUT_S)
-            target = max((int(c) for r in replies for c in (r.get("counts") or {}).values()), default=0)
+            replies = _all(parties, {"op": "report", "epoch": epoch}, CUT_TIMEOUT_S)
+            plan = Plan.from_counts(_comms(r.get("comms")) for r in replies)
+            default = next((str(r["default"]) for r in replies if isinstance(r.get("default"), str)), None)
             phase = "park"
-            _all(parties, {"op": "park", "epoch": epoch, "target": target}, CUT_TIMEOUT_S)
+            self._park(parties, epoch, plan)
+            target = plan.target(default)
             phase = "dump"
             rdv = Store(self.r.rendezvous_addr, f"slurm-{self.key}/{self.run_id}/{ck}")
             then = "hold" if stop else "continue"
@@ -470,6 +534,41 @@ class StepTask:
                        "there when Slurm starts it again")
         else:
             self.r.say(f"periodic checkpoint {ck} of job {self.key} committed")
+
+    @staticmethod
+    def _park(parties: list[_Party], epoch: int, plan: Plan) -> None:
+        """Park rounds on every task at once until none raises the plan's targets. The first task that
+        answers with needs raises them, and the round still running on the others gives way to the next: their
+        ranks may be waiting for the ranks that need more (docs/distributed.md, over several nodes)."""
+        for _ in range(limits.MAX_COMMUNICATORS * 4):
+            msg = {"op": "park", "epoch": epoch, "plan": plan.message()}
+            needs: list[Need] = []
+            with ThreadPoolExecutor(len(parties)) as pool:
+                futures = {pool.submit(p.call, msg, CUT_TIMEOUT_S): p for p in parties}
+                errors = []
+                for done in as_completed(futures):
+                    try:
+                        r = done.result()
+                        if "error" in r:
+                            errors.append(f"task {futures[done].task}: {r['error']}")
+                            continue
+                        got = _needs(r.get("needs") or [])
+                    except TidalError as exc:
+                        errors.append(f"task {futures[done].task}: {exc.message}")
+                        continue
+                    if got and not needs:
+                        needs = got
+                        if not plan.raise_for(needs):
+                            plan.version += 1  # covered already: a new version their ranks reach
+                        for p in parties:
+                            with contextlib.suppress(TidalError):
+                                p.call({"op": "supersede", "epoch": epoch, "version": plan.version},
+                                       CUT_TIMEOUT_S)
+            if errors:
+                raise StepFailed(f"park failed on {'; '.join(errors)}")
+            if not needs:
+                return
+        raise StepFailed("park: the targets kept rising; the cut is given up")
 
     # -- the other tasks ----------------------------------------------------------------------------------
     def _member(self) -> int | None:

@@ -48,8 +48,12 @@ class _NoJob:
 
 
 @pytest.mark.parametrize(("msg", "error"), [
-    ({"op": "counts", "epoch": -1}, "epoch must be a non-negative integer, not -1"),
-    ({"op": "park", "epoch": 1, "target": "9"}, "target must be a non-negative integer, not '9'"),
+    ({"op": "report", "epoch": -1}, "epoch must be a non-negative integer, not -1"),
+    ({"op": "park", "epoch": 1, "plan": {"targets": {"g": "9"}, "members": {}, "version": 0}},
+     "target must be a non-negative integer, not '9'"),
+    ({"op": "park", "epoch": 1, "plan": {"targets": {"x" * 200: 1}, "members": {}, "version": 0}},
+     "a communicator's name must be 1 to 128 characters"),
+    ({"op": "supersede", "epoch": 1, "version": None}, "version must be a non-negative integer, not None"),
     ({"op": "dump", "epoch": 1, "target": 2, "then": "kill", "part": "x"}, "then must be 'continue' or 'hold'"),
     ({"op": "dump", "epoch": 1, "target": 2, "then": "hold", "part": "../x"}, "invalid checkpoint id '../x'"),
     ({"op": "reboot"}, "unknown step order 'reboot'"),
