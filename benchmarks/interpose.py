@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
-from tidal.errors import MechanismError
+from tidal.errors import MechanismError, TidalError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose import SITE_DIR
@@ -190,7 +190,8 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, worklo
             "plain_spread_fraction": (max(plain) - min(plain)) / p}
 
 
-def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workload: str = "ddp") -> dict[str, Any]:
+def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workload: str = "ddp",
+         cut_timeout: float = 30.0) -> dict[str, Any]:
     """Checkpoints (the job goes on) at seeded random moments; steps from each request to its cut; the pause."""
     work = base / f"cut-{workload}-w{world}"
     work.mkdir(parents=True, exist_ok=True)
@@ -201,6 +202,9 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
     pauses: list[float] = []
     dumps: list[float] = []
     cut_only: list[float] = []
+    failed: list[dict[str, Any]] = []
+    # A request that does not reach its cut within this fails (the job goes on): a result, counted as such.
+    job.cut_timeout = cut_timeout
     try:
         wait_for(lambda: min(last_step(p.read_text()) for p in logs) >= 20, 300, "the job to train")
         channel = job.channels()[0]
@@ -217,7 +221,13 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
             target = last_step(logs[r].read_text()) + rng.randint(1, 15)
             wait_for(lambda r=r, target=target: last_step(logs[r].read_text()) >= target, 120, "a step")
             before = [last_step(p.read_text()) for p in logs]
-            info = job.checkpoint(then="continue", keep=1)
+            try:
+                info = job.checkpoint(then="continue", keep=1)
+            except TidalError as exc:
+                say(f"{workload} W={world}: checkpoint request {i + 1} failed: {exc}")
+                failed.append({"request": i, "steps_at_request": before, "error": str(exc),
+                               "steps_after": [last_step(p.read_text()) for p in logs]})
+                continue
             assert job.last_timing is not None
             pauses.append(job.last_timing.pause_s)
             dumps.append(job.last_timing.dump_s)
@@ -227,15 +237,26 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
             # The cut alone (no dump): request, park every rank, tear the groups down; then let them go on.
             epoch = new_epoch()
             t = time.perf_counter()
-            cut(job.channels(), epoch, 60)
+            try:
+                cut(job.channels(), epoch, cut_timeout)
+            except TidalError as exc:  # cut() has let every rank go on
+                say(f"{workload} W={world}: the cut alone after request {i + 1} failed: {exc}")
+                failed.append({"request": i, "cut_alone": True, "error": str(exc)})
+                continue
             cut_only.append(time.perf_counter() - t)
             resume(job.channels(), epoch, None, wait=True)
     finally:
         job.kill()
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
     return {"workload": workload, "collectives_per_step": per_step, "requests": requests, "steps_to_cut": steps_to_cut,
-            "steps_to_cut_max": max(steps_to_cut),
-            "pause_s": pauses, "pause_median_s": statistics.median(pauses), "pause_max_s": max(pauses),
-            "dump_s": dumps, "cut_s": cut_only, "cut_median_s": statistics.median(cut_only)}
+            # None when no request reached its cut; failed requests are in "failed", never in the maximum.
+            "steps_to_cut_max": max(steps_to_cut, default=None), "failed": failed,
+            "failed_requests": len([f for f in failed if not f.get("cut_alone")]),
+            "pause_s": pauses, "pause_median_s": med(pauses), "pause_max_s": max(pauses, default=None),
+            "dump_s": dumps, "cut_s": cut_only, "cut_median_s": med(cut_only)}
 
 
 def checkpoint_over_nodes(jobs: list[Job], checkpoint_id: str) -> dict[str, float]:
@@ -391,6 +412,8 @@ def main() -> int:
     p.add_argument("--reps", type=int, default=4, help="runs of each setup per world size")
     p.add_argument("--requests", type=int, default=8, help="checkpoint requests per world size")
     p.add_argument("--seed", type=int, default=4)
+    p.add_argument("--cut-timeout", type=float, default=30.0,
+                   help="seconds a checkpoint request may take to reach its cut (as the agent's default)")
     p.add_argument("--node-rounds", type=int, default=4,
                    help="rounds of the one-node / two-node checkpoint pause comparison (a fresh job each, 2 "
                         "checkpoints; 0: none)")
@@ -433,7 +456,8 @@ def main() -> int:
             for wl in workloads:
                 # DDP at W = 2 as well: its collectives per step scale the probe's figure below.
                 for w in sorted({2, 4} | set(worlds)) if wl == "ddp" else worlds:
-                    out["workloads"][wl]["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base, wl)
+                    out["workloads"][wl]["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base, wl,
+                                                               args.cut_timeout)
             if args.node_rounds:
                 out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
         finally:
@@ -444,9 +468,13 @@ def main() -> int:
         wl: max((o["overhead_fraction"] for o in r["overhead"].values()), default=None) for wl, r in by.items()}
     out["cpu_overhead_fraction_by_workload"] = {
         wl: max((o["cpu_overhead_fraction"] for o in r["overhead"].values()), default=None) for wl, r in by.items()}
-    out["steps_to_cut_max_by_workload"] = {wl: max(c["steps_to_cut_max"] for c in r["cut"].values())
-                                           for wl, r in by.items()}
-    out["steps_to_cut_max_all"] = max(out["steps_to_cut_max_by_workload"].values())
+    out["steps_to_cut_max_by_workload"] = {
+        wl: max((c["steps_to_cut_max"] for c in r["cut"].values() if c["steps_to_cut_max"] is not None), default=None)
+        for wl, r in by.items()}
+    out["failed_requests_by_workload"] = {wl: sum(c["failed_requests"] for c in r["cut"].values())
+                                          for wl, r in by.items()}
+    out["steps_to_cut_max_all"] = max((v for v in out["steps_to_cut_max_by_workload"].values() if v is not None),
+                                      default=None)
     if "ddp" in workloads:
         out["overhead_fraction"] = out["overhead_fraction_by_workload"]["ddp"]
         out["cpu_overhead_fraction"] = out["cpu_overhead_fraction_by_workload"]["ddp"]
@@ -472,13 +500,17 @@ def main() -> int:
                   f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
                   f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {o['reps']:>5} "
                   f"{o['plain_spread_fraction'] * 100:>23.1f}%")
-    print(f"{'workload':>9} {'W':>3} {'requests':>9} {'steps to cut':>20} {'ops per step':>13} "
-          f"{'pause median s':>15} {'pause max s':>12} {'cut alone s':>12}")
+    def num(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    print(f"{'workload':>9} {'W':>3} {'requests':>9} {'no cut':>7} {'steps to cut (max: each)':>26} "
+          f"{'ops per step':>13} {'pause median s':>15} {'pause max s':>12} {'cut alone s':>12}")
     for wl, r in by.items():
         for w, c in r["cut"].items():
-            print(f"{wl:>9} {w:>3} {c['requests']:>9} {c['steps_to_cut_max']:>4} max, "
-                  f"{','.join(map(str, c['steps_to_cut'])):>10} {c['collectives_per_step']:>13.1f} "
-                  f"{c['pause_median_s']:>15.3f} {c['pause_max_s']:>12.3f} {c['cut_median_s']:>12.3f}")
+            each = f"{num(c['steps_to_cut_max'], 'd')}: {','.join(map(str, c['steps_to_cut']))}"
+            print(f"{wl:>9} {w:>3} {c['requests']:>9} {c['failed_requests']:>7} {each:>26} "
+                  f"{c['collectives_per_step']:>13.1f} {num(c['pause_median_s'], '.3f'):>15} "
+                  f"{num(c['pause_max_s'], '.3f'):>12} {num(c['cut_median_s'], '.3f'):>12}")
     if "nodes" in out:
         print_nodes(out["nodes"])
     pr = out["probe"]
@@ -500,8 +532,10 @@ def main() -> int:
               "and was run again")
     for wl in workloads:
         frac = out["overhead_fraction_by_workload"][wl]
+        nocut = out["failed_requests_by_workload"][wl]
         print(f"{wl}: overhead_fraction {'none' if frac is None else f'{frac:.4f}'} (target ≤ 0.01), "
-              f"steps_to_cut_max {out['steps_to_cut_max_by_workload'][wl]} (target ≤ 2)")
+              f"steps_to_cut_max {out['steps_to_cut_max_by_workload'][wl]} (target ≤ 2)"
+              + (f", {nocut} requests never reached their cut" if nocut else ""))
     if "ddp" in workloads:
         print(f"job_pause_s {out['job_pause_s']:.3f} (DDP, W = 4)")
     write_json(args.json, out)

@@ -46,6 +46,7 @@ def main() -> None:
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(1000 + rank)
     step_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    model: nn.Module
     if args.mode in ("fsdp", "hsdp"):
         from torch.distributed.fsdp import fully_shard
 
@@ -60,7 +61,8 @@ def main() -> None:
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
         mesh = init_device_mesh("cpu", (world,))
-        model = parallelize_module(mlp(args.hidden, args.depth), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        model = parallelize_module(mlp(args.hidden, args.depth), mesh,
+                                   {"0": ColwiseParallel(), "2": RowwiseParallel()})
         gen = torch.Generator().manual_seed(1000)  # every rank of a TP group sees the same batch
     else:  # pipeline
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
