@@ -537,7 +537,7 @@ def main() -> int:
               f"steps_to_cut_max {out['steps_to_cut_max_by_workload'][wl]} (target ≤ 2)"
               + (f", {nocut} requests never reached their cut" if nocut else ""))
     if "ddp" in workloads:
-        print(f"job_pause_s {out['job_pause_s']:.3f} (DDP, W = 4)")
+        print(f"job_pause_s {num(out['job_pause_s'], '.3f')} (DDP, W = 4)")
     write_json(args.json, out)
     return 0
 
