@@ -487,6 +487,11 @@ def main() -> int:
         per_step = out["cut"]["2"]["collectives_per_step"]
         out["overhead_fraction_from_probe"] = {
             w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
+    # The same estimate for every workload: its own ops per step (collectives and point-to-point, as the
+    # interposer counts them in its cut run) against its torchrun step time, per world size measured both ways.
+    out["overhead_fraction_from_probe_by_workload"] = {
+        wl: {w: out["probe"]["added_s"] * r["cut"][w]["collectives_per_step"] / o["plain_median_s"]
+             for w, o in r["overhead"].items() if w in r["cut"]} for wl, r in by.items()}
     out["startup_added_s"] = out["startup"]["added_s"]
     out["startup_added_cpu_s"] = out["startup"]["added_cpu_s"]
     print_machine(out["machine"])
@@ -513,6 +518,10 @@ def main() -> int:
                   f"{num(c['pause_max_s'], '.3f'):>12} {num(c['cut_median_s'], '.3f'):>12}")
     if "nodes" in out:
         print_nodes(out["nodes"])
+    print("the interposer's own cost per step estimated from the probe below (its added CPU per op × ops per step / "
+          "torchrun's step): " + "; ".join(f"{wl} W={w}: {f * 100:.3f} %" for wl, e in
+                                           out["overhead_fraction_from_probe_by_workload"].items()
+                                           for w, f in e.items()))
     pr = out["probe"]
     print(f"per collective (W = 2, {pr['calls']} small all-reduces, paired): wall {pr['wrapped_s'] * 1e6:.1f} us "
           f"through the interposer, {pr['direct_s'] * 1e6:.1f} us on gloo directly; CPU of the calling thread "
