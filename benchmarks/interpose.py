@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""Interposer benchmark: what Tidal's torch.distributed interposer costs a DDP job, in one run.
+"""Interposer benchmark: what Tidal's torch.distributed interposer costs a DDP job, and jobs with sub-groups and
+point-to-point (FSDP2, HSDP, tensor parallel, a pipeline), in one run.
 
-* **Steady-state overhead.** The same DDP job (``benchmarks/ddp_steps.py``: an MLP, gloo on CPU, one line
-  per step with the rank's clock) under plain ``torchrun --nproc-per-node W`` and as W Tidal ranks (PID
-  namespaces, the interposer loaded, Tidal's rendezvous store), no checkpoint in the window. Runs of the
+* **Steady-state overhead.** The same job under plain ``torchrun --nproc-per-node W`` and as W Tidal ranks
+  (PID namespaces, the interposer loaded, Tidal's rendezvous store), no checkpoint in the window, for each
+  workload of ``--workloads``: ``ddp`` (``benchmarks/ddp_steps.py``: an MLP, gloo on CPU, one line per step
+  with the rank's clock), ``fsdp``, ``hsdp``, ``tp``, ``pipeline`` (``benchmarks/parallel_steps.py``: the
+  modes of ``examples/parallel_train.py`` on a model of the same size, with the same step line). Runs of the
   two alternate, so both see the same machine; the step time of a run is its mean over the measured
   steps (the first ones, warm-up, are left out), the figure per setup the median over its runs.
-* **Steps from a checkpoint request to the cut.** Checkpoints of a running W-rank job requested at
-  seeded random moments: each rank's last printed step when the request is made, against the last step
-  in the output stored with the checkpoint (the output up to the dump).
+* **Steps from a checkpoint request to the cut**, per workload. Checkpoints of a running W-rank job
+  requested at seeded random moments: each rank's last printed step when the request is made, against the
+  last step in the output stored with the checkpoint (the output up to the dump).
 * **Pause of a W = 4 job checkpoint** (the job keeps running afterwards): from the request until every
   rank runs again (cut, freeze, dump, working directory), and the cut alone.
 * **Start-up of a Python process** with and without the interposer's ``sitecustomize``.
 
 Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
-Targets: overhead ≤ 1 %, cut within 2 steps.
+Targets: overhead ≤ 1 %, cut within 2 steps, for every workload.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import BenchmarkError, arguments, base_env, host_ranks, machine, run, say, wait_for, workspace, write_json
-from tidal.errors import MechanismError
+from tidal.errors import MechanismError, TidalError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.interpose import SITE_DIR
@@ -41,7 +44,15 @@ from tidal.mechanisms.interpose.channel import cut, new_epoch, resume
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 from tidal.mechanisms.storage import CheckpointStore
 
-WORKLOAD = Path(__file__).resolve().with_name("ddp_steps.py")
+HERE = Path(__file__).resolve().parent
+WORKLOAD = HERE / "ddp_steps.py"
+PARALLEL = HERE / "parallel_steps.py"
+#: The workloads (``--workloads``): the script and its arguments before ``--steps``. DDP uses only the world
+#: group; the others add sub-groups (the dimensions of a DeviceMesh) and point-to-point (the pipeline).
+WORKLOADS: dict[str, list[str]] = {
+    "ddp": [str(WORKLOAD)],
+    **{m: [str(PARALLEL), "--mode", m] for m in ("fsdp", "hsdp", "tp", "pipeline")},
+}
 LINE = re.compile(r"^rank (\d+) step (\d+) t ([0-9.]+) cpu ([0-9.]+) ", re.M)
 
 
@@ -87,18 +98,19 @@ class Tidal:
         self.other = NodeRoot("bench-b", base / "node-b")  # the second node of a job spread over two
         self.launches = 0
 
-    def launch_specs(self, world: int, args: list[str], workdir: Path) -> tuple[str, list[RankSpec]]:
+    def launch_specs(self, world: int, args: list[str], workdir: Path,
+                     workload: str = "ddp") -> tuple[str, list[RankSpec]]:
         self.launches += 1
         prefix = f"bench-{self.launches}"
-        specs = [RankSpec(f"bench{self.launches}", r, (sys.executable, str(WORKLOAD), *args), workdir, {
+        specs = [RankSpec(f"bench{self.launches}", r, (sys.executable, *WORKLOADS[workload], *args), workdir, {
             **base_env(), "RANK": str(r), "WORLD_SIZE": str(world), "LOCAL_RANK": str(r),
             "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
             "TIDAL_STORE": self.server.addr, "TIDAL_STORE_PREFIX": prefix,
         }) for r in range(world)]
         return specs[0].job_id, specs
 
-    def launch(self, world: int, args: list[str], workdir: Path) -> tuple[Job, list[RankSpec]]:
-        job_id, specs = self.launch_specs(world, args, workdir)
+    def launch(self, world: int, args: list[str], workdir: Path, workload: str = "ddp") -> tuple[Job, list[RankSpec]]:
+        job_id, specs = self.launch_specs(world, args, workdir, workload)
         return Job.launch(job_id, [(s, self.node) for s in specs], self.store), specs
 
     def launch_spread(self, world: int, args: list[str], workdir: Path) -> list[Job]:
@@ -109,8 +121,8 @@ class Tidal:
         return [Job.launch(job, [(s, self.node) for s in specs[:half]], self.store),
                 Job.launch(job, [(s, self.other) for s in specs[half:]], self.store, track_fs=False)]
 
-    def run(self, world: int, args: list[str], workdir: Path) -> str:
-        job, specs = self.launch(world, args, workdir)
+    def run(self, world: int, args: list[str], workdir: Path, workload: str = "ddp") -> str:
+        job, specs = self.launch(world, args, workdir, workload)
         status = job.wait(600)
         if any(not s.ok for s in status):
             raise MechanismError(f"Tidal ranks failed: {[str(s) for s in status]}: "
@@ -126,14 +138,14 @@ class Tidal:
 RETRIED: list[dict[str, str]] = []
 
 
-def torchrun(world: int, args: list[str], workdir: Path) -> str:
+def torchrun(world: int, args: list[str], workdir: Path, workload: str = "ddp") -> str:
     """Rank 0's output of a plain ``torchrun`` run. A run that fails (a plain rank was seen aborting with SIGABRT
     on a busy machine) is reported and run once more, so that one crash does not lose the other figures."""
     for attempt in (1, 2):
         logs = workdir / "logs"
         shutil.rmtree(logs, ignore_errors=True)
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                              "--log-dir", str(logs), "--redirects", "3", str(WORKLOAD), *args],
+                              "--log-dir", str(logs), "--redirects", "3", *WORKLOADS[workload], *args],
                              cwd=workdir, env=base_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                              text=True, timeout=600)
         if out.returncode == 0:
@@ -141,24 +153,26 @@ def torchrun(world: int, args: list[str], workdir: Path) -> str:
             return rank0.read_text()
         tail = out.stderr[-1000:]
         if attempt == 1:
-            say(f"the reference torchrun (W={world}) failed with exit code {out.returncode}; running it again. "
-                f"The end of its output:\n{tail}")
-            RETRIED.append({"world": str(world), "exit_code": str(out.returncode), "output_tail": tail})
-    raise BenchmarkError(f"the reference torchrun (W={world}) failed twice: {tail}",
+            say(f"the reference torchrun ({workload}, W={world}) failed with exit code {out.returncode}; running it "
+                f"again. The end of its output:\n{tail}")
+            RETRIED.append({"workload": workload, "world": str(world), "exit_code": str(out.returncode),
+                            "output_tail": tail})
+    raise BenchmarkError(f"the reference torchrun ({workload}, W={world}) failed twice: {tail}",
                          hint="the end of its output is above; the reference runs need torch (`make venv`)")
 
 
-def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path) -> dict[str, Any]:
+def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, workload: str = "ddp") -> dict[str, Any]:
     args = ["--steps", str(steps)]
-    work = base / f"overhead-w{world}"
+    work = base / f"overhead-{workload}-w{world}"
     work.mkdir(parents=True, exist_ok=True)
     warmup = min(50, steps // 4)
     runs: dict[str, list[str]] = {"plain": [], "tidal": []}
     for i in range(reps):
         order = ("plain", "tidal") if i % 2 == 0 else ("tidal", "plain")
         for which in order:
-            say(f"W={world}: run {i + 1} of {reps}, {which}")
-            runs[which].append(torchrun(world, args, work) if which == "plain" else tidal.run(world, args, work))
+            say(f"{workload} W={world}: run {i + 1} of {reps}, {which}")
+            runs[which].append(torchrun(world, args, work, workload) if which == "plain"
+                               else tidal.run(world, args, work, workload))
     plain = [mean_step(x, warmup) for x in runs["plain"]]
     ours = [mean_step(x, warmup) for x in runs["tidal"]]
     plain10 = [p10_step(x, warmup) for x in runs["plain"]]
@@ -166,7 +180,7 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path) -> dic
     plain_cpu = [cpu_step(x, warmup) for x in runs["plain"]]
     ours_cpu = [cpu_step(x, warmup) for x in runs["tidal"]]
     p, t = statistics.median(plain), statistics.median(ours)
-    return {"steps": steps, "measured_steps": steps - 1 - warmup, "reps": reps,
+    return {"workload": workload, "steps": steps, "measured_steps": steps - 1 - warmup, "reps": reps,
             "plain_step_s": plain, "tidal_step_s": ours, "plain_median_s": p, "tidal_median_s": t,
             "overhead_fraction": t / p - 1, "plain_p10_step_s": plain10, "tidal_p10_step_s": ours10,
             "overhead_fraction_p10": statistics.median(ours10) / statistics.median(plain10) - 1,
@@ -176,17 +190,21 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path) -> dic
             "plain_spread_fraction": (max(plain) - min(plain)) / p}
 
 
-def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict[str, Any]:
+def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workload: str = "ddp",
+         cut_timeout: float = 30.0) -> dict[str, Any]:
     """Checkpoints (the job goes on) at seeded random moments; steps from each request to its cut; the pause."""
-    work = base / f"cut-w{world}"
+    work = base / f"cut-{workload}-w{world}"
     work.mkdir(parents=True, exist_ok=True)
-    job, specs = tidal.launch(world, ["--steps", "1000000"], work)
+    job, specs = tidal.launch(world, ["--steps", "1000000"], work, workload)
     logs = [tidal.node.log_path(s) for s in specs]
     rng = random.Random(seed)
     steps_to_cut: list[int] = []
     pauses: list[float] = []
     dumps: list[float] = []
     cut_only: list[float] = []
+    failed: list[dict[str, Any]] = []
+    # A request that does not reach its cut within this fails (the job goes on): a result, counted as such.
+    job.cut_timeout = cut_timeout
     try:
         wait_for(lambda: min(last_step(p.read_text()) for p in logs) >= 20, 300, "the job to train")
         channel = job.channels()[0]
@@ -197,13 +215,19 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict
         assert stat is not None
         per_step = stat["collectives"] / max(1, stat["steps"])
         for i in range(requests):
-            say(f"W={world}: checkpoint request {i + 1} of {requests}")
+            say(f"{workload} W={world}: checkpoint request {i + 1} of {requests}")
             # A random moment: a random rank reaches a random step 1..15 ahead of where it was.
             r = rng.randrange(world)
             target = last_step(logs[r].read_text()) + rng.randint(1, 15)
             wait_for(lambda r=r, target=target: last_step(logs[r].read_text()) >= target, 120, "a step")
             before = [last_step(p.read_text()) for p in logs]
-            info = job.checkpoint(then="continue", keep=1)
+            try:
+                info = job.checkpoint(then="continue", keep=1)
+            except TidalError as exc:
+                say(f"{workload} W={world}: checkpoint request {i + 1} failed: {exc}")
+                failed.append({"request": i, "steps_at_request": before, "error": str(exc),
+                               "steps_after": [last_step(p.read_text()) for p in logs]})
+                continue
             assert job.last_timing is not None
             pauses.append(job.last_timing.pause_s)
             dumps.append(job.last_timing.dump_s)
@@ -213,15 +237,26 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path) -> dict
             # The cut alone (no dump): request, park every rank, tear the groups down; then let them go on.
             epoch = new_epoch()
             t = time.perf_counter()
-            cut(job.channels(), epoch, 60)
+            try:
+                cut(job.channels(), epoch, cut_timeout)
+            except TidalError as exc:  # cut() has let every rank go on
+                say(f"{workload} W={world}: the cut alone after request {i + 1} failed: {exc}")
+                failed.append({"request": i, "cut_alone": True, "error": str(exc)})
+                continue
             cut_only.append(time.perf_counter() - t)
             resume(job.channels(), epoch, None, wait=True)
     finally:
         job.kill()
-    return {"collectives_per_step": per_step, "requests": requests, "steps_to_cut": steps_to_cut,
-            "steps_to_cut_max": max(steps_to_cut),
-            "pause_s": pauses, "pause_median_s": statistics.median(pauses), "pause_max_s": max(pauses),
-            "dump_s": dumps, "cut_s": cut_only, "cut_median_s": statistics.median(cut_only)}
+
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    return {"workload": workload, "collectives_per_step": per_step, "requests": requests, "steps_to_cut": steps_to_cut,
+            # None when no request reached its cut; failed requests are in "failed", never in the maximum.
+            "steps_to_cut_max": max(steps_to_cut, default=None), "failed": failed,
+            "failed_requests": len([f for f in failed if not f.get("cut_alone")]),
+            "pause_s": pauses, "pause_median_s": med(pauses), "pause_max_s": max(pauses, default=None),
+            "dump_s": dumps, "cut_s": cut_only, "cut_median_s": med(cut_only)}
 
 
 def checkpoint_over_nodes(jobs: list[Job], checkpoint_id: str) -> dict[str, float]:
@@ -371,20 +406,34 @@ def print_nodes(n: dict[str, Any]) -> None:
 def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench-interpose")
     p.add_argument("--worlds", default="2,4", help="world sizes for the overhead comparison")
+    p.add_argument("--workloads", default="ddp,fsdp,pipeline",
+                   help=f"workloads for the overhead and steps-to-cut figures, of {','.join(WORKLOADS)}")
     p.add_argument("--steps", type=int, default=400, help="steps per overhead run")
     p.add_argument("--reps", type=int, default=4, help="runs of each setup per world size")
     p.add_argument("--requests", type=int, default=8, help="checkpoint requests per world size")
     p.add_argument("--seed", type=int, default=4)
+    p.add_argument("--cut-timeout", type=float, default=30.0,
+                   help="seconds a checkpoint request may take to reach its cut (as the agent's default)")
     p.add_argument("--node-rounds", type=int, default=4,
                    help="rounds of the one-node / two-node checkpoint pause comparison (a fresh job each, 2 "
-                        "checkpoints)")
+                        "checkpoints; 0: none)")
     p.add_argument("--only-nodes", action="store_true",
                    help="only the one-node / two-node checkpoint pause comparison")
     args = p.parse_args()
-    host_ranks()
     worlds = [int(w) for w in args.worlds.split(",")]
+    workloads = args.workloads.split(",")
+    unknown = [w for w in workloads if w not in WORKLOADS]
+    if unknown:
+        raise BenchmarkError(f"unknown workloads {unknown}", hint=f"choose among {', '.join(WORKLOADS)}")
+    host_ranks()
+    # "overhead", "overhead_failed" and "cut" hold the DDP figures by world size (as before there were others);
+    # "workloads" holds every workload's, DDP's included.
     out: dict[str, Any] = {"machine": machine(with_torch=True), "overhead": {}, "overhead_failed": {}, "cut": {},
+                           "workloads": {w: {"overhead": {}, "overhead_failed": {}, "cut": {}} for w in workloads},
                            "torchrun_retried": RETRIED}
+    if "ddp" in workloads:
+        out["workloads"]["ddp"] = {"overhead": out["overhead"], "overhead_failed": out["overhead_failed"],
+                                   "cut": out["cut"]}
     with workspace(args.dir) as base:
         tidal = Tidal(base)
         try:
@@ -398,62 +447,106 @@ def main() -> int:
             out["startup"] = startup(20)
             out["probe"] = probe(tidal, 4000, base)
             for w in worlds:
-                try:
-                    out["overhead"][str(w)] = overhead(tidal, w, args.steps, args.reps, base)
-                except BenchmarkError as exc:  # the other figures are kept
-                    say(f"W={w}: no overhead figure: {exc}")
-                    out["overhead_failed"][str(w)] = str(exc)
-            for w in sorted({2, 4} | set(worlds)):
-                out["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base)
-            out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
+                for wl in workloads:
+                    try:
+                        out["workloads"][wl]["overhead"][str(w)] = overhead(tidal, w, args.steps, args.reps, base, wl)
+                    except BenchmarkError as exc:  # the other figures are kept
+                        say(f"{wl} W={w}: no overhead figure: {exc}")
+                        out["workloads"][wl]["overhead_failed"][str(w)] = str(exc)
+            for wl in workloads:
+                # DDP at W = 2 as well: its collectives per step scale the probe's figure below.
+                for w in sorted({2, 4} | set(worlds)) if wl == "ddp" else worlds:
+                    out["workloads"][wl]["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base, wl,
+                                                               args.cut_timeout)
+            if args.node_rounds:
+                out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
         finally:
             tidal.close()
     out["machine"]["load_average_at_end"] = os.getloadavg()
-    out["overhead_fraction"] = max((o["overhead_fraction"] for o in out["overhead"].values()), default=None)
-    out["cpu_overhead_fraction"] = max((o["cpu_overhead_fraction"] for o in out["overhead"].values()), default=None)
-    out["steps_to_cut_max"] = max(c["steps_to_cut_max"] for c in out["cut"].values())
-    out["job_pause_s"] = out["cut"]["4"]["pause_median_s"]
-    out["job_pause_max_s"] = out["cut"]["4"]["pause_max_s"]
-    out["cut_s"] = out["cut"]["4"]["cut_median_s"]
+    by = out["workloads"]
+    out["overhead_fraction_by_workload"] = {
+        wl: max((o["overhead_fraction"] for o in r["overhead"].values()), default=None) for wl, r in by.items()}
+    out["cpu_overhead_fraction_by_workload"] = {
+        wl: max((o["cpu_overhead_fraction"] for o in r["overhead"].values()), default=None) for wl, r in by.items()}
+    out["steps_to_cut_max_by_workload"] = {
+        wl: max((c["steps_to_cut_max"] for c in r["cut"].values() if c["steps_to_cut_max"] is not None), default=None)
+        for wl, r in by.items()}
+    out["failed_requests_by_workload"] = {wl: sum(c["failed_requests"] for c in r["cut"].values())
+                                          for wl, r in by.items()}
+    out["steps_to_cut_max_all"] = max((v for v in out["steps_to_cut_max_by_workload"].values() if v is not None),
+                                      default=None)
+    if "ddp" in workloads:
+        out["overhead_fraction"] = out["overhead_fraction_by_workload"]["ddp"]
+        out["cpu_overhead_fraction"] = out["cpu_overhead_fraction_by_workload"]["ddp"]
+        out["steps_to_cut_max"] = out["steps_to_cut_max_by_workload"]["ddp"]
+        out["job_pause_s"] = out["cut"]["4"]["pause_median_s"]
+        out["job_pause_max_s"] = out["cut"]["4"]["pause_max_s"]
+        out["cut_s"] = out["cut"]["4"]["cut_median_s"]
+        # The interposer's own cost per step: its added cost per collective times the collectives of a step,
+        # against the step time (the paired measurement, free of the run-to-run noise of the comparison).
+        per_step = out["cut"]["2"]["collectives_per_step"]
+        out["overhead_fraction_from_probe"] = {
+            w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
+    # The same estimate for every workload: its own ops per step (collectives and point-to-point, as the
+    # interposer counts them in its cut run) against its torchrun step time, per world size measured both ways.
+    out["overhead_fraction_from_probe_by_workload"] = {
+        wl: {w: out["probe"]["added_s"] * r["cut"][w]["collectives_per_step"] / o["plain_median_s"]
+             for w, o in r["overhead"].items() if w in r["cut"]} for wl, r in by.items()}
     out["startup_added_s"] = out["startup"]["added_s"]
     out["startup_added_cpu_s"] = out["startup"]["added_cpu_s"]
-    # The interposer's own cost per step: its added cost per collective times the collectives of a step,
-    # against the step time (the paired measurement, free of the run-to-run noise of the comparison).
-    per_step = out["cut"]["2"]["collectives_per_step"]
-    out["overhead_fraction_from_probe"] = {
-        w: out["probe"]["added_s"] * per_step / o["plain_median_s"] for w, o in out["overhead"].items()}
     print_machine(out["machine"])
-    print(f"{'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} {'CPU/step torchrun ms':>21} "
-          f"{'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5} {'spread of torchrun runs':>24}")
-    for w, o in out["overhead"].items():
-        print(f"{w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
-              f"{o['overhead_fraction'] * 100:>8.2f}% {statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
-              f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} {o['cpu_overhead_fraction'] * 100:>12.2f}% "
-              f"{o['reps']:>5} {o['plain_spread_fraction'] * 100:>23.1f}%")
-    print(f"{'W':>3} {'requests':>9} {'steps to cut (max)':>19} {'pause median s':>15} {'pause max s':>12} "
-          f"{'cut alone s':>12}")
-    for w, c in out["cut"].items():
-        print(f"{w:>3} {c['requests']:>9} {c['steps_to_cut_max']:>19} {c['pause_median_s']:>15.3f} "
-              f"{c['pause_max_s']:>12.3f} {c['cut_median_s']:>12.3f}")
-    print_nodes(out["nodes"])
+    print(f"{'workload':>9} {'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} "
+          f"{'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5} "
+          f"{'spread of torchrun runs':>24}")
+    for wl, r in by.items():
+        for w, o in r["overhead"].items():
+            print(f"{wl:>9} {w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
+                  f"{o['overhead_fraction'] * 100:>8.2f}% {statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
+                  f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
+                  f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {o['reps']:>5} "
+                  f"{o['plain_spread_fraction'] * 100:>23.1f}%")
+    def num(x: float | None, spec: str) -> str:
+        return "-" if x is None else format(x, spec)
+
+    print(f"{'workload':>9} {'W':>3} {'requests':>9} {'no cut':>7} {'steps to cut (max: each)':>26} "
+          f"{'ops per step':>13} {'pause median s':>15} {'pause max s':>12} {'cut alone s':>12}")
+    for wl, r in by.items():
+        for w, c in r["cut"].items():
+            each = f"{num(c['steps_to_cut_max'], 'd')}: {','.join(map(str, c['steps_to_cut']))}"
+            print(f"{wl:>9} {w:>3} {c['requests']:>9} {c['failed_requests']:>7} {each:>26} "
+                  f"{c['collectives_per_step']:>13.1f} {num(c['pause_median_s'], '.3f'):>15} "
+                  f"{num(c['pause_max_s'], '.3f'):>12} {num(c['cut_median_s'], '.3f'):>12}")
+    if "nodes" in out:
+        print_nodes(out["nodes"])
+    print("the interposer's own cost per step estimated from the probe below (its added CPU per op × ops per step / "
+          "torchrun's step): " + "; ".join(f"{wl} W={w}: {f * 100:.3f} %" for wl, e in
+                                           out["overhead_fraction_from_probe_by_workload"].items()
+                                           for w, f in e.items()))
     pr = out["probe"]
     print(f"per collective (W = 2, {pr['calls']} small all-reduces, paired): wall {pr['wrapped_s'] * 1e6:.1f} us "
           f"through the interposer, {pr['direct_s'] * 1e6:.1f} us on gloo directly; CPU of the calling thread "
           f"{pr['wrapped_cpu_s'] * 1e6:.1f} us against {pr['direct_cpu_s'] * 1e6:.1f} us "
-          f"(+{pr['added_s'] * 1e6:.1f} us); "
-          f"{per_step:.2f} collectives per step → " + ", ".join(
-              f"W={w}: {f * 100:.3f} % of a step" for w, f in out["overhead_fraction_from_probe"].items()))
+          f"(+{pr['added_s'] * 1e6:.1f} us)" + ("" if "ddp" not in workloads else
+          f"; DDP: {per_step:.2f} collectives per step → " + ", ".join(
+              f"W={w}: {f * 100:.3f} % of a step" for w, f in out["overhead_fraction_from_probe"].items())))
     s = out["startup"]
     print(f"python start-up: wall {s['plain_median_s'] * 1e3:.1f} ms plain, {s['tidal_median_s'] * 1e3:.1f} ms with "
           f"the interposer (+{s['added_s'] * 1e3:.1f} ms); CPU {s['plain_cpu_median_s'] * 1e3:.1f} ms against "
           f"{s['tidal_cpu_median_s'] * 1e3:.1f} ms (+{s['added_cpu_s'] * 1e3:.1f} ms)")
-    for w, why in out["overhead_failed"].items():
-        print(f"W={w}: no overhead figure ({why})")
-    for r in RETRIED:
-        print(f"a reference torchrun (W={r['world']}) failed once (exit code {r['exit_code']}) and was run again")
-    frac = out["overhead_fraction"]
-    print(f"overhead_fraction {'none' if frac is None else f'{frac:.4f}'} (target ≤ 0.01), steps_to_cut_max "
-          f"{out['steps_to_cut_max']} (target ≤ 2), job_pause_s {out['job_pause_s']:.3f} (W = 4)")
+    for wl, r in by.items():
+        for w, why in r["overhead_failed"].items():
+            print(f"{wl} W={w}: no overhead figure ({why})")
+    for rt in RETRIED:
+        print(f"a reference torchrun ({rt['workload']}, W={rt['world']}) failed once (exit code {rt['exit_code']}) "
+              "and was run again")
+    for wl in workloads:
+        frac = out["overhead_fraction_by_workload"][wl]
+        nocut = out["failed_requests_by_workload"][wl]
+        print(f"{wl}: overhead_fraction {'none' if frac is None else f'{frac:.4f}'} (target ≤ 0.01), "
+              f"steps_to_cut_max {out['steps_to_cut_max_by_workload'][wl]} (target ≤ 2)"
+              + (f", {nocut} requests never reached their cut" if nocut else ""))
+    if "ddp" in workloads:
+        print(f"job_pause_s {num(out['job_pause_s'], '.3f')} (DDP, W = 4)")
     write_json(args.json, out)
     return 0
 
