@@ -225,10 +225,15 @@ class Interposer:
                     return
                 self.cond.wait()
             works = list(self.works)
-        # Polled, not waited: a second wait() on a point-to-point work the script waits on too can block
-        # for ever although the work has completed (seen with torch.distributed.pipelining).
+        # A point-to-point work is waited on (once: TidalWork remembers it, and the script's own wait() then
+        # returns at once): gloo reports it completed only after a wait(), and a script may wait on its sends
+        # only later (a pipeline schedule, after its last micro-batch's forward), past the cut. Collectives
+        # are polled.
         delay = 0.001
         for w in works:
+            if getattr(w, "_p2p", False):
+                w.wait()
+                continue
             while not _done(w):
                 if not w._p2p and delay >= 0.05:
                     # gloo's reduce-scatter never says it completed: a collective is waited on (again).
@@ -375,14 +380,21 @@ def _make_work_class(dist: Any) -> type:
             self._p2p = p2p
             self._finished = False  # a wait() returned: done, whatever is_completed() says
             self._fut: Any = None
+            # One wait() on the inner work at a time, and none once one returned: the cut waits on a
+            # point-to-point work the script has not waited on yet (gloo says such a work completed only once
+            # waited on), and a second wait() on it can block for ever (seen with torch.distributed.pipelining).
+            self._waiting = threading.Lock()
 
         def wait(self, timeout: Any = None) -> bool:
             w = self._w
             if w is None:
                 return True
-            ok = bool(w.wait() if timeout is None else w.wait(timeout))
-            self._finished = self._finished or ok
-            return ok
+            with self._waiting:
+                if self._finished:
+                    return True
+                ok = bool(w.wait() if timeout is None else w.wait(timeout))
+                self._finished = self._finished or ok
+                return ok
 
         def is_completed(self) -> bool:
             w = self._w
