@@ -32,13 +32,14 @@ from tidal.mechanisms.criu.rank import NodeRoot, RankSpec
 from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.interpose.channel import CutTimeout, Store, new_epoch
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
-from tidal.testing import wait_for_line
+from tidal.testing import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 
 DDP = EXAMPLES / "ddp_train.py"
 SCRIPTS = Path(__file__).with_name("scripts")
 UNSUPPORTED = SCRIPTS / "dist_unsupported.py"
+LATE_WAIT = SCRIPTS / "late_wait.py"
 STEP_LINE = re.compile(rb"^rank \d+ step (\d+) ", re.M)
 
 
@@ -468,6 +469,27 @@ def test_a_need_on_one_node_raises_the_targets_of_the_other_and_the_cut_ends_ide
         for rp in job.ranks:
             r = rp.spec.rank
             assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
+
+
+def test_sends_not_yet_waited_on_are_waited_at_the_cut(cluster: Cluster, rendezvous: RendezvousServer,
+                                                       torchrun: StartRef, tmp_path: Path) -> None:
+    # Gloo says a send completed only once waited on: a rank cut while it holds sends its script waits on
+    # later (a pipeline schedule's forward sends) once never parked, and every checkpoint timed out.
+    gate = tmp_path / "gate"
+    opened = tmp_path / "open"
+    opened.touch()
+    ref = torchrun([str(LATE_WAIT), "--gate", str(opened)], 2)
+    specs = rank_specs(cluster, [sys.executable, str(LATE_WAIT), "--gate", str(gate)], 2, rendezvous.addr, prefix())
+    job = Job.launch("job", [(s, cluster.nodes[0]) for s in specs], cluster.store)
+    job.cut_timeout = 15.0
+    wait_until(lambda: all(Path(f"{gate}.{r}").exists() for r in range(2)), timeout=120,
+               what="both ranks at the gate, rank 0 holding four sends not waited on")
+    info = job.checkpoint("continue")
+    assert [i.id for i in cluster.store.list("job")] == [info.id]
+    gate.touch()
+    assert [s.code for s in job.wait(120)] == [0, 0]
+    for r in range(2):
+        assert log(job, r).read_bytes() == ref.log(r), f"rank {r}"
 
 
 def test_receive_from_any_source_refuses_the_cut_and_goes_on(cluster: Cluster, rendezvous: RendezvousServer,
