@@ -242,11 +242,7 @@ def park_round(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout:
             continue
         c, msg = got
         op = msg.get("op")
-        if op == "closed":
-            raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)
-        if op == "error":
-            raise CheckpointError(f"rank {c.name}: interposer error: {msg.get('error')}", object=c.name,
-                                  hint=_SEE_LOG)
+        _refuse_failed(c, op, msg)
         if msg.get("epoch") != epoch:
             continue
         if op == "need":
@@ -269,6 +265,15 @@ def park(channels: Sequence[RankChannel], epoch: int, target: int, timeout: floa
         c.send(op="target", epoch=epoch, target=target)
     for c in live:
         c.expect(("parked",), epoch, deadline, f"reach the cut at collective {target}")
+
+
+def _refuse_failed(c: RankChannel, op: Any, msg: dict[str, Any]) -> None:
+    """A rank's reply during the cut that ends it: the rank exited, or its interposer failed."""
+    if op == "closed":
+        raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)
+    if op == "error":
+        raise CheckpointError(f"rank {c.name}: interposer error: {msg.get('error')}", object=c.name,
+                              hint=_SEE_LOG)
 
 
 def _next_reply(live: Sequence[RankChannel], deadline: float, waiting: Sequence[str],
@@ -306,11 +311,7 @@ def park_all(channels: Sequence[RankChannel], epoch: int, plan: Plan, timeout: f
         assert got is not None
         c, msg = got
         op = msg.get("op")
-        if op == "closed":
-            raise CheckpointError(f"rank {c.name} exited during the cut", object=c.name, hint=_SEE_LOG)
-        if op == "error":
-            raise CheckpointError(f"rank {c.name}: interposer error: {msg.get('error')}", object=c.name,
-                                  hint=_SEE_LOG)
+        _refuse_failed(c, op, msg)
         if msg.get("epoch") != epoch:
             continue
         if op == "need" and plan.need(str(msg["key"]), msg["members"], int(msg["count"])):

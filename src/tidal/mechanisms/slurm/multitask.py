@@ -434,12 +434,7 @@ class StepTask:
             if ev.get("event") == "stop" and self.r.stop_signal is None:
                 self.r.stop_signal = str(ev.get("signal", "SIGTERM"))[:16]
                 self.r.wake.set()
-            if ev.get("event") == "exited":
-                ended[task] = int(ev.get("code", 1)) if isinstance(ev.get("code"), int) else 1
-            if 0 not in ended:
-                code = self._exit_code()
-                if code is not None:
-                    ended[0] = code
+            self._note_end(ended, task, ev)
             bad = {t: c for t, c in ended.items() if c != 0}
             if bad:
                 t, c = min(bad.items())
@@ -466,19 +461,24 @@ class StepTask:
                     self._checkpoint(parties, stop=False)
                 next_at = time.monotonic() + (every or 0)
 
+    def _note_end(self, ended: dict[int, int], task: int, ev: dict[str, Any]) -> None:
+        """Record in ``ended`` (task → exit code) a task's report that its ranks ended, and this task's own."""
+        if ev.get("event") == "exited":
+            ended[task] = ev["code"] if isinstance(ev.get("code"), int) else 1
+        if 0 not in ended:
+            code = self._exit_code()
+            if code is not None:
+                ended[0] = code
+
     def _all_ended(self, parties: list[_Party], ended: dict[int, int]) -> bool:
         while True:
             try:
                 task, ev = self.events.get_nowait()
             except queue.Empty:
-                break
-            if ev.get("event") == "exited":
-                ended[task] = int(ev.get("code", 1)) if isinstance(ev.get("code"), int) else 1
-        if 0 not in ended:
-            code = self._exit_code()
-            if code is not None:
-                ended[0] = code
-        return len(ended) == len(parties)
+                task, ev = -1, {}
+            self._note_end(ended, task, ev)
+            if task < 0:
+                return len(ended) == len(parties)
 
     def _stop_all(self, parties: list[_Party], skip: list[int]) -> None:
         live = [p for p in parties if p.task not in skip and (p.conn is None or not p.conn.closed.is_set())]
