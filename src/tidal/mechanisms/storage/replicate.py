@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 from tidal.errors import CheckpointError, StorageError
 
-from .chunks import chunk_key
 from .manifest import MANIFEST
 from .retry import reading_from
 from .store import CheckpointStore
@@ -94,9 +93,9 @@ def replicate(source: CheckpointStore, target: CheckpointStore, job_id: str, che
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
-    # Asked in the pool: on an object store each question is a request.
-    found = target.pool.map(lambda h: target.backend.exists(chunk_key(h)), list(unique))
-    present = {h for h, ok in zip(unique, found, strict=True) if ok}
+    # The chunks of the job's newest checkpoint in the target (a pre-copy's replica) are known to be there;
+    # only the others are asked about, in the pool: on an object store each question is a request.
+    present = writer.present(set(unique))
     total = sum(n for h, n in unique.items() if h not in present)
     mu = threading.Lock()
     done = [0, 0, 0]  # logical bytes, stored bytes, chunks

@@ -169,7 +169,7 @@ class CheckpointWriter:
         if entry.kind == "symlink":
             return self._add_entry(entry)
         sizes = dict(entry.chunks)
-        present = set(sizes) & set(present) if present is not None else self._present(set(sizes))
+        present = set(sizes) & set(present) if present is not None else self.present(set(sizes))
         claimed: set[str] = set()
         futures: list[Future[tuple[str, int]]] = []
         for digest, n in entry.chunks:
@@ -229,7 +229,7 @@ class CheckpointWriter:
         futures: list[Future[tuple[str, int]]] = []
         failed = threading.Event()
         try:
-            present = self._present({hashed[s] for s in segments if s in hashed})
+            present = self.present({hashed[s] for s in segments if s in hashed})
             for off, n in segments:
                 if failed.is_set():
                     break
@@ -259,8 +259,9 @@ class CheckpointWriter:
             raise
         return self._collect(futures, claimed)
 
-    def _present(self, digests: set[str]) -> set[str]:
-        """Which of these chunks the store holds (or this writer relies on already). Asked all at once, in
+    def present(self, digests: set[str]) -> set[str]:
+        """Which of these chunks the store holds (or this writer relies on already: the job's newest committed
+        checkpoint's, which its first refs protect, are not asked about). The others are asked all at once, in
         the pool: on an object store each question is a request, and most chunks of a periodic checkpoint are
         unchanged."""
         ask = sorted(digests - self._seen)
