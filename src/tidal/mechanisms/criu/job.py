@@ -32,7 +32,6 @@ from tidal.mechanisms.criu.discard import discard
 from tidal.mechanisms.criu.fsstate import FsSnapshot, FsTracker
 from tidal.mechanisms.criu.images import page_file_windows, window_boundaries
 from tidal.mechanisms.criu.lastdump import LastDump
-from tidal.mechanisms.criu.memory import mem_available
 from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.criu.priority import in_background, yield_cpu
 from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
@@ -451,7 +450,7 @@ class Job:
         node = self.ranks[0].node
         self._await_restored()
         need = sum(r.image_estimate() for r in self.ranks)
-        if not self._compares(then, local, need):
+        if not self.compare_last:
             for last in self._last.values():
                 # Its pages are then the ones CRIU's new images go into. Small pages (restored images)
                 # would take tenths of a second to free here, and are of little use to a large-page dump.
@@ -587,19 +586,6 @@ class Job:
         if keep is not None:
             self.store.retain(self.job_id, keep)
         return info
-
-    def _compares(self, then: Then, local: bool, need: int) -> bool:
-        """Whether this checkpoint's commit compares the new images with the last dump's (kept until then)
-        instead of hashing them all. Always with ``compare_last``. Else for a checkpoint that stops the job
-        and commits before anything restores it (a move to another node): its commit is part of the job's
-        downtime, and comparing saves most of it (hashing a 1.25 GiB image took about 3 s on two loaded
-        cores) where memory holds both dumps; a job that goes on pauses less by reusing the last dump's
-        memory instead (see the class)."""
-        if self.compare_last:
-            return True
-        if then == "continue" or local or not any(last.dir is not None for last in self._last.values()):
-            return False
-        return mem_available() >= need * 1.25 + (1 << 30)
 
     def _refuse_unsupported(self) -> None:
         """:class:`Unsupported` naming what the ranks hold that CRIU cannot dump (a socket, io_uring)."""
