@@ -389,17 +389,18 @@ class Job:
             park(self.channels(), epoch, target, self.cut_timeout)
             return []
         with self._round_lock:
-            if (epoch, target.version) < self._round:
+            # Versions order the rounds of one cut only: epochs are random, and a new epoch is a new cut.
+            if self._round[0] == epoch and target.version < self._round[1]:
                 return []  # a round that came after it already ran
             self._round = (epoch, target.version)
         got = park_round(self.channels(), epoch, target, self.cut_timeout,
-                         lambda: self._round > (epoch, target.version))
+                         lambda: self._round != (epoch, target.version))
         return got or []
 
     def supersede(self, epoch: int, version: int) -> None:
         """A park round at ``version`` is on its way: a running round of an older version ends now."""
         with self._round_lock:
-            if (epoch, version) <= self._round:
+            if self._round[0] == epoch and version <= self._round[1]:
                 return
             self._round = (epoch, version)
         wake()
