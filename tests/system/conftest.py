@@ -18,9 +18,40 @@ from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing.hosts import TestNet
 from tidal.testing.hostsweep import sweep
 
+LOG_TAIL = 6000  # characters of each process log shown with a failed test
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Remember each phase's outcome on the test item: a fixture's teardown shows more when the test failed."""
+    report: pytest.TestReport = yield
+    setattr(item, f"outcome_{report.when}", report)
+    return report
+
+
+def _failed(request: pytest.FixtureRequest) -> bool:
+    return any(getattr(getattr(request.node, f"outcome_{w}", None), "failed", False) for w in ("setup", "call"))
+
+
+def _describe(c: LiveCluster) -> None:
+    """Print what a failed test's cluster held: its jobs with their events, and the tail of each log (pytest
+    shows it under "Captured stdout teardown")."""
+    try:
+        with c.api("admin") as api:
+            jobs = api.get("/v1/jobs", params={"all": True}).json()
+        for j in jobs:
+            print(f"--- job {j['id']}: {j['state']}")
+            print(c.cli("events", "--job", j["id"], check=False, timeout=30).stdout)
+    except Exception as exc:  # the control plane may be what failed
+        print(f"--- jobs: not readable ({exc})")
+    for log in sorted((c.home / "logs").glob("*.log")):
+        print(f"--- {log.name} (last {LOG_TAIL} characters)")
+        print(log.read_text(errors="replace")[-LOG_TAIL:])
+
 
 @pytest.fixture
-def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveCluster]]:
+def make_cluster(request: pytest.FixtureRequest,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveCluster]]:
     find_criu()  # no skip: `make test` provisions CRIU
     made: list[LiveCluster] = []
 
@@ -45,6 +76,9 @@ def make_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[
         return c
 
     yield make
+    if _failed(request):
+        for c in made:
+            _describe(c)
     for c in made:
         down(c.settings)
         latest = load(c.home)
