@@ -24,7 +24,6 @@ import json
 import queue
 import secrets
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -37,6 +36,7 @@ from tidal.core.cutplan import Need, Plan
 from tidal.errors import CheckpointError, MechanismError, TidalError, ValidationError
 from tidal.mechanisms.criu.job import Job
 from tidal.mechanisms.interpose.channel import Store, new_epoch
+from tidal.mechanisms.slurm import scontrol
 from tidal.mechanisms.slurm.stepchannel import ChannelClosed, Connection, accept, connect
 from tidal.mechanisms.storage import CheckpointStore
 from tidal.mechanisms.storage.manifest import check_id, new_checkpoint_id, sequence_of
@@ -262,12 +262,9 @@ def _all(parties: list[_Party], msg: dict[str, Any] | Callable[[_Party], dict[st
 # -- the two roles -----------------------------------------------------------------------------------------
 def _node_addr(node: str) -> str:
     """The address the other nodes reach ``node`` at: its ``NodeAddr`` in Slurm, else its name resolved."""
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["scontrol", "-o", "show", "node", node], capture_output=True, text=True, timeout=30,
-                             check=False).stdout
-        for field in out.split():
-            if field.startswith("NodeAddr="):
-                return field.split("=", 1)[1]
+    addr = scontrol.show("node", node).get("NodeAddr")
+    if addr:
+        return addr
     try:
         return socket.gethostbyname(node)
     except OSError as exc:

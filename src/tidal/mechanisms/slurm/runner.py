@@ -35,7 +35,7 @@ from tidal.mechanisms.criu.provision import find_criu
 from tidal.mechanisms.criu.rank import NodeRoot, RankSpec, become_subreaper
 from tidal.mechanisms.interpose.channel import Store
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
-from tidal.mechanisms.slurm import multitask
+from tidal.mechanisms.slurm import multitask, scontrol
 from tidal.mechanisms.slurm.step import SlurmStep
 from tidal.mechanisms.storage import CheckpointStore, store_options
 from tidal.waiting import wait_until
@@ -388,11 +388,7 @@ class SlurmRun:
         """``scontrol show job`` of this job, as its fields (empty outside Slurm, or where it fails)."""
         if self.step.job_id is None:
             return {}
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            out = subprocess.run(["scontrol", "-o", "show", "job", self.step.job_id], capture_output=True,
-                                 text=True, check=False, timeout=60).stdout
-            return dict(f.split("=", 1) for f in out.split() if "=" in f)
-        return {}
+        return scontrol.show("job", self.step.job_id, timeout=60)
 
     def _output_files(self) -> list[Path]:
         """The job's ``--output`` and ``--error`` files: under ``srun`` this task's standard streams are pipes

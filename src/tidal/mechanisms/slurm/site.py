@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 
 from tidal.mechanisms.checks import Check, Planned, need, run_command
+from tidal.mechanisms.slurm.scontrol import fields
 from tidal.mechanisms.slurm.step import expand_hostlist
 
 MIN_SLURM = (20, 11)
@@ -32,9 +33,9 @@ def parse_partitions(text: str) -> dict[str, dict[str, str]]:
     """``scontrol -o show partition``: each partition's ``Key=Value`` fields."""
     parts = {}
     for line in text.splitlines():
-        fields = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
-        if "PartitionName" in fields:
-            parts[fields["PartitionName"]] = fields
+        record = fields(line)
+        if "PartitionName" in record:
+            parts[record["PartitionName"]] = record
     return parts
 
 
