@@ -40,7 +40,6 @@ from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
 from tidal.mechanisms.interpose.channel import (
     RankChannel,
     Store,
-    counts,
     cut,
     new_epoch,
     park,
@@ -362,16 +361,10 @@ class Job:
 
     # -- checkpoint -------------------------------------------------------------------------------------
     # A cut across nodes is driven from outside, step by step (each step on every node before the next):
-    # counts → park → checkpoint(cut_at=...) → release() or kill(). Until released, the ranks wait at their
-    # next collective; except after a checkpoint that lets the job continue: its ranks go on once dumped.
-    # Over every communicator (sub-groups, point-to-point): report → park(plan) in rounds until no rank
-    # needs more → checkpoint(cut_at=...) → release() or kill().
-    def counts(self, epoch: int) -> dict[str, int]:
-        """How many collectives each interposed rank here has announced on the world group. A job whose ranks
-        use sub-groups or point-to-point is refused (and let go): :meth:`report` covers them."""
-        self._held = ([], epoch)
-        return counts(self.channels(), epoch, self.cut_timeout)
-
+    # report → park(plan) in rounds until no rank needs more → checkpoint(cut_at=...) → release() or kill().
+    # Until released, the ranks wait at their next op; except after a checkpoint that lets the job continue:
+    # its ranks go on once dumped. (park(target), to collective ``target`` of the world group, is what a
+    # control plane of an older release asks for.)
     def report(self, epoch: int) -> Report:
         """Step 1 over every communicator: per communicator, the most ops a rank here announced, and its
         members; :meth:`Plan.from_counts` over every node's ``comms`` gives the first targets."""
@@ -410,7 +403,7 @@ class Job:
                    keep_images: bool = False) -> CheckpointInfo:
         """Take a checkpoint of every rank; ``then`` says whether the job continues, is killed or stays
         frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints.
-        ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`counts` (or :meth:`report`) and
+        ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`report` and
         :meth:`park` (``target``: the world group's, only recorded as :attr:`last_cut`); the
         ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
         collective). Else the cut is made here. ``rendezvous``: where the ranks rebuild their group when

@@ -176,27 +176,6 @@ def _ask_counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> 
     return out
 
 
-def _others(msg: dict[str, Any]) -> list[str]:
-    """The communicators a rank reported besides the world group."""
-    return sorted(k for k in (msg.get("comms") or {}) if k != msg.get("default"))
-
-
-def counts(channels: Sequence[RankChannel], epoch: int, timeout: float) -> dict[str, int]:
-    """Step 1 of a cut driven across nodes by a coordinator of the world group alone: every rank's count on
-    it. Ranks that use sub-groups or point-to-point refuse it (and are let go): :func:`report` and
-    :func:`park_round` cut every communicator."""
-    got = _ask_counts(channels, epoch, timeout)
-    spread = [f"rank {name}" for name, msg in got.items() if _others(msg)]
-    if spread:
-        with contextlib.suppress(CheckpointError):
-            resume(channels, epoch, None, wait=False)
-        raise Unsupported(f"this job cannot be checkpointed while its ranks are on several nodes: {spread[0]} uses "
-                          "sub-groups or point-to-point operations, which a cut of the world group alone would not "
-                          "cover", hint="run it on one node, or under Tidal's control plane, which cuts every "
-                               "communicator; the job goes on")
-    return {name: int(msg["count"]) for name, msg in got.items()}
-
-
 def report(channels: Sequence[RankChannel], epoch: int, timeout: float) -> Report:
     """Step 1 of a cut driven across nodes, over every communicator: what the ranks here announced."""
     out = Report()

@@ -243,7 +243,7 @@ def test_ranks_cut_over_two_node_roots_go_on_once_dumped(cluster: Cluster, rende
         for job, r in ((a, 0), (a, 1), (b, 2), (b, 3)):
             wait_step(job, r, 10)
         epoch = new_epoch()
-        target = max(n for job in (a, b) for n in job.counts(epoch).values())
+        target = max(n for job in (a, b) for n in job.report(epoch).counts.values())
         with ThreadPoolExecutor(2) as pool:  # every node at once, as the control plane orders them
             list(pool.map(lambda job: job.park(epoch, target), (a, b)))
             infos = list(pool.map(lambda job, ck: job.checkpoint("continue", checkpoint_id=ck, cut_at=(epoch, target)),
