@@ -34,9 +34,11 @@ are never asserted in tests.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from crosshost import last_step, plain_migration, rank_log, tidal_migration
@@ -49,6 +51,9 @@ REGIONS = {"west": ("s3w", ["w1"]), "east": ("s3e", ["e1"])}
 NODE = {"west": "w1", "east": "e1"}
 OTHER = {"west": "east", "east": "west"}
 CROSSED = re.compile(r"(\d+) chunk\(s\), ([\d.]+) (B|KiB|MiB|GiB) crossed")
+STEP_AT = re.compile(rb"^step \d+ \d+ t ([\d.]+)$", re.M)
+TIMING = re.compile(r"checkpoint (?P<id>\S+): ranks held (?P<held_s>[\d.]+) s \(dump (?P<dump_s>[\d.]+) s, files "
+                    r"(?P<files_s>[\d.]+) s\), commit (?P<commit_s>[\d.]+) s, in all (?P<total_s>[\d.]+) s")
 UNIT = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
 
 
@@ -70,7 +75,27 @@ def move(cluster: HostCluster, job: str, to_region: str) -> dict[str, Any]:
         if m:
             crossed.append({"ahead": "ahead of the move" in e["detail"], "chunks": int(m.group(1)),
                             "bytes": float(m.group(2)) * UNIT[m.group(3)], "at_s": e["time"] - t0})
-    return {**out, "stopped_to_running_s": back - stop, "stopped_at_s": stop - t0, "crossed": crossed}
+    ck = (out["checkpoint"] or {}).get("id")
+    times = step_times(rank_log(cluster, NODE[to_region], job))
+    # Since the request only (a pre-copied job was preempted once before).
+    gap = max((b - a for a, b in itertools.pairwise(times) if b >= t0), default=0.0)
+    return {**out, "stopped_to_running_s": back - stop, "stopped_at_s": stop - t0, "crossed": crossed,
+            "standstill_s": gap, "source_checkpoint": checkpoint_timing(cluster, NODE[OTHER[to_region]], ck)}
+
+
+def step_times(log: Path) -> list[float]:
+    """The wall-clock time of each step line of the holder's log (restored with it, so its whole history)."""
+    return [float(t) for t in STEP_AT.findall(log.read_bytes())] if log.exists() else []
+
+
+def checkpoint_timing(cluster: HostCluster, node: str, checkpoint_id: str | None) -> dict[str, float] | None:
+    """Where the source's checkpoint for the move spent its time, as its agent logs it."""
+    if checkpoint_id is None:
+        return None
+    for m in TIMING.finditer(cluster.agents[node].log.read_text(errors="replace")):
+        if m.group("id") == checkpoint_id:
+            return {k: float(v) for k, v in m.groupdict().items() if k != "id"}
+    return None
 
 
 def placed_region(cluster: HostCluster, job: str) -> str:
@@ -151,6 +176,16 @@ def main() -> int:
         r = out[key]
         print(f"{label:34}{r['to_running_s']:>21.2f}{r['stopped_to_running_s']:>21.2f}{r['stopped_vs_plain']:>10.2f}"
               f"{r['crossed_bytes'] / MB:>13.0f}{r['crossed_while_stopped_bytes'] / MB:>15.1f}")
+    print("\nthe job's standstill (the longest gap between two of its steps, 50 ms apart while it runs): "
+          + ", ".join(f"{label} {out[key]['standstill_s']:.2f} s" for label, key in
+                      (("without pre-copy", "without_precopy"), ("with pre-copy", "with_precopy"))))
+    print(f"\nplain CRIU's own steps: dump {pl['dump_s']:.2f} s, copy {pl['copy_s']:.2f} s, restore "
+          f"{pl['restore_s']:.2f} s")
+    for label, key in (("without pre-copy", "without_precopy"), ("with pre-copy", "with_precopy")):
+        t = out[key]["source_checkpoint"]
+        if t is not None:
+            print(f"tidal {label}, the source's checkpoint: ranks held {t['held_s']:.2f} s (dump {t['dump_s']:.2f} s, "
+                  f"files {t['files_s']:.2f} s), commit {t['commit_s']:.2f} s, in all {t['total_s']:.2f} s")
     write_json(args.json, out)
     return 0
 

@@ -21,14 +21,15 @@ from tidal.waiting import wait_until
 T = TypeVar("T")
 
 # A CPU job whose image is about ``mb`` MiB (``HOLDER.format(mb=...)``, run by ``python -c``): it holds that
-# many random (incompressible) bytes and prints a step line every 50 ms.
+# many random (incompressible) bytes and prints a step line every 50 ms, with the wall-clock time (a move's
+# real standstill is the longest gap between two steps).
 HOLDER = """
 import os, time
 blob = bytearray(os.urandom({mb} << 20))
 i = 0
 while True:
     i += 1
-    print("step", i, blob[i % len(blob)], flush=True)
+    print("step", i, blob[i % len(blob)], "t", "%.3f" % time.time(), flush=True)
     time.sleep(0.05)
 """
 

@@ -78,6 +78,20 @@ class LiveCluster:
 
         return wait_until(ok, timeout=timeout, what=f"job {job_id} to be {'/'.join(states)}")
 
+    def migrate_rank(self, job_id: str, rank: int, to: str, timeout: float = 300.0) -> None:
+        """``tidal migrate JOB --rank R --to NODE``, once the node has a free device: jobs cycling side by side
+        hold and free the nodes' devices meanwhile, and a refusal for want of a device is right then."""
+        def moved() -> bool | None:
+            p = self.cli("migrate", job_id, "--rank", str(rank), "--to", to, check=False, timeout=timeout)
+            if p.returncode == 0:
+                return True
+            if f"node {to} has no free device" in p.stderr:
+                return None
+            raise AssertionError(f"tidal migrate {job_id} --rank {rank} --to {to} exited {p.returncode}:\n"
+                                 f"{p.stdout}\n{p.stderr}")
+
+        wait_until(moved, timeout=timeout, what=f"a free device on {to} for rank {rank} of job {job_id}", interval=1.0)
+
     def become(self, unix_user: str, name: str = "ordinary") -> str:
         """From now on, "user" (the CLI and :meth:`api`) is a new user mapped to ``unix_user``."""
         with self.api("admin") as api:

@@ -99,7 +99,7 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
         assert c.wait_state(job, "running", timeout=300)["devices"] == 1
         here = c.job(job)["placement"][1]["node"]
         to = "node-2" if here == "node-1" else "node-1"
-        c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
+        c.migrate_rank(job, 1, to)
         j = c.wait_state(job, "running", timeout=300)
         # Rank 1 moved, rank 0 stayed: on 2 devices again.
         assert j["placement"][1]["node"] == to and j["placement"][0]["node"] == here, j["placement"]

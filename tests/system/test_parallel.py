@@ -62,7 +62,7 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
         assert c.wait_state(job, "running", timeout=300)["devices"] == 2
         here = c.job(job)["placement"][1]["node"]
         to = "node-3" if here != "node-3" else "node-1"
-        c.cli("migrate", job, "--rank", "1", "--to", to, timeout=300)
+        c.migrate_rank(job, 1, to)
         assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
         g.touch()
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout

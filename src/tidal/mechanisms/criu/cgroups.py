@@ -261,6 +261,10 @@ class Cgroup(ABC):
             return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
         except FileNotFoundError:
             return []
+        except OSError as exc:
+            if exc.errno == errno.ENODEV:  # removed between the open and the read (its last process ended)
+                return []
+            raise
 
     def freeze(self, timeout: float = 20.0, attempts: int = 4) -> None:
         """Freeze every task and wait until the kernel says the group is frozen. A task in a sleep the

@@ -265,10 +265,11 @@ class Interposer:
         with self.cond:
             self.issued[key] = self.issued.get(key, 0) + 1
             if work is not None:
-                # Completed works need no waiting at the cut: keep the list short.
+                # Completed works need no waiting at the cut, and must not keep their tensors alive: drop them.
                 self.works = [w for w in self.works if not _done(w)]
                 self.works.append(work)
-            self.cond.notify_all()
+            if self.pending:  # only a cut waits on the counts (set under this lock)
+                self.cond.notify_all()
 
 
 TEARDOWN_WAIT_S = 10.0  # how long a teardown waits for the dropped groups' sockets to close

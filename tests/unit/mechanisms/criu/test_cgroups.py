@@ -3,6 +3,8 @@ files a cgroup2 device group gets, written into a stand-in tree."""
 
 from __future__ import annotations
 
+import errno
+import os
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,30 @@ def test_v1_rank_groups(tmp_path: Path) -> None:
     assert [g.path.name for g in h.rank_groups("n1")] == ["job.r0", "job.r1"]
     with pytest.raises(MechanismError, match="cpu controller"):
         h.device_path("n1", 0)
+
+
+def test_a_group_removed_while_its_processes_are_read_is_empty(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group removed between the open of its cgroup.procs and the read (its last process ended, and its
+    owner removed it) reads ENODEV: it holds nothing, and a fence waiting for it to empty is done (seen once
+    when a new agent fenced the ranks of a dead one). Any other error stays an error."""
+    h = V2(tmp_path)
+    (tmp_path / "tidal" / "n1" / "job.r0").mkdir(parents=True)
+    (group,) = h.rank_groups("n1")
+    procs = group.path / "cgroup.procs"
+    procs.write_text("41\n42\n")
+    assert group.procs() == [41, 42]
+    real = Path.read_text
+    error = {"errno": errno.ENODEV}
+
+    def read_text(self: Path, *args: object, **kw: object) -> str:
+        if self == procs:
+            raise OSError(error["errno"], os.strerror(error["errno"]))
+        return real(self, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    assert group.procs() == []
+    assert group.wait_empty(1.0) is True
+    error["errno"] = errno.EACCES
+    with pytest.raises(PermissionError):
+        group.procs()
