@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidal.errors import ConfigError, TidalError
+from tidal.mechanisms.slurm.scontrol import fields as parse_record
 from tidal.testing.netns import nsenter_argv
 from tidal.waiting import wait_until
 
@@ -63,12 +63,6 @@ class SlurmNode:
     addr: str = "127.0.0.1"
     netns: str | None = None  # the network namespace its slurmd runs in
     cpus: int = 1
-
-
-def parse_record(text: str) -> dict[str, str]:
-    """``Key=Value`` pairs of one ``scontrol show`` record (values without spaces, as Slurm prints them;
-    a value with spaces, such as ``Command=``, keeps its first word)."""
-    return {m.group(1): m.group(2) for m in re.finditer(r"(\w[\w:/]*)=(\S*)", text)}
 
 
 class SlurmCluster:

@@ -6,11 +6,12 @@ import contextlib
 import re
 import subprocess
 
-_FIELD = re.compile(r"(\w+)=(\S*)")
+_FIELD = re.compile(r"(\w[\w:/]*)=(\S*)")  # keys such as TRES/gres:gpu too
 
 
 def fields(line: str) -> dict[str, str]:
-    """The ``Key=Value`` fields of one ``scontrol -o show`` line (a value ends at the next space)."""
+    """The ``Key=Value`` fields of one ``scontrol -o show`` record (a value ends at the next space: one with
+    spaces, such as ``Command=``, keeps its first word)."""
     return {m.group(1): m.group(2) for m in _FIELD.finditer(line)}
 
 
