@@ -269,7 +269,7 @@ def checkpoint_over_nodes(jobs: list[Job], checkpoint_id: str) -> dict[str, floa
     epoch = new_epoch()
     t0 = time.perf_counter()
     with ThreadPoolExecutor(len(jobs)) as pool:
-        counted = list(pool.map(lambda j: j.counts(epoch), jobs))
+        counted = [r.counts for r in pool.map(lambda j: j.report(epoch), jobs)]
         target = max(n for c in counted for n in c.values())
         list(pool.map(lambda j: j.park(epoch, target), jobs))
         t_parked = time.perf_counter()
