@@ -10,8 +10,10 @@ point-to-point (FSDP2, HSDP, tensor parallel, a pipeline), in one run.
   two alternate, so both see the same machine; the step time of a run is its mean over the measured
   steps (the first ones, warm-up, are left out), the figure per setup the median over its runs.
 * **Steps from a checkpoint request to the cut**, per workload. Checkpoints of a running W-rank job
-  requested at seeded random moments: each rank's last printed step when the request is made, against the
-  last step in the output stored with the checkpoint (the output up to the dump).
+  requested at seeded random moments: each rank's last step done at the request, by the step clock in its
+  own lines (this machine's monotonic clock), against the last step in the output stored with the
+  checkpoint (the output up to the dump). Also counted from the steps the ranks' logs showed at the request
+  ("from the logs"), which lag behind by the time the output takes to reach them.
 * **Pause of a W = 4 job checkpoint** (the job keeps running afterwards): from the request until every
   rank runs again (cut, freeze, dump, working directory), and the cut alone.
 * **Start-up of a Python process** with and without the interposer's ``sitecustomize``.
@@ -199,6 +201,7 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
     logs = [tidal.node.log_path(s) for s in specs]
     rng = random.Random(seed)
     steps_to_cut: list[int] = []
+    from_logs: list[int] = []  # the same, counted from the steps the logs showed at the request
     pauses: list[float] = []
     dumps: list[float] = []
     cut_only: list[float] = []
@@ -221,6 +224,7 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
             target = last_step(logs[r].read_text()) + rng.randint(1, 15)
             wait_for(lambda r=r, target=target: last_step(logs[r].read_text()) >= target, 120, "a step")
             before = [last_step(p.read_text()) for p in logs]
+            requested = time.perf_counter()  # the ranks' step clock is this machine's monotonic clock too
             try:
                 info = job.checkpoint(then="continue", keep=1)
             except TidalError as exc:
@@ -232,8 +236,14 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
             pauses.append(job.last_timing.pause_s)
             dumps.append(job.last_timing.dump_s)
             reader = tidal.store.reader(specs[0].job_id, info.id)
-            at_cut = [last_step(reader.read_bytes(f"ranks/{s.rank}/output.log").decode()) for s in specs]
-            steps_to_cut.append(max(a - b for a, b in zip(at_cut, before, strict=True)))
+            outputs = [reader.read_bytes(f"ranks/{s.rank}/output.log").decode() for s in specs]
+            at_cut = [last_step(text) for text in outputs]
+            # Each rank's last step done at the request, by its own clock: what its log showed then lags by
+            # however long the output took to reach the log (the agent's pump, on a busy machine).
+            at_request = [max((n for n, t in step_times(text).items() if t <= requested), default=-1)
+                          for text in outputs]
+            steps_to_cut.append(max(a - b for a, b in zip(at_cut, at_request, strict=True)))
+            from_logs.append(max(a - b for a, b in zip(at_cut, before, strict=True)))
             # The cut alone (no dump): request, park every rank, tear the groups down; then let them go on.
             epoch = new_epoch()
             t = time.perf_counter()
@@ -253,7 +263,8 @@ def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workloa
 
     return {"workload": workload, "collectives_per_step": per_step, "requests": requests, "steps_to_cut": steps_to_cut,
             # None when no request reached its cut; failed requests are in "failed", never in the maximum.
-            "steps_to_cut_max": max(steps_to_cut, default=None), "failed": failed,
+            "steps_to_cut_max": max(steps_to_cut, default=None), "steps_to_cut_from_logs": from_logs,
+            "steps_to_cut_from_logs_max": max(from_logs, default=None), "failed": failed,
             "failed_requests": len([f for f in failed if not f.get("cut_alone")]),
             "pause_s": pauses, "pause_median_s": med(pauses), "pause_max_s": max(pauses, default=None),
             "dump_s": dumps, "cut_s": cut_only, "cut_median_s": med(cut_only)}
@@ -509,11 +520,12 @@ def main() -> int:
         return "-" if x is None else format(x, spec)
 
     print(f"{'workload':>9} {'W':>3} {'requests':>9} {'no cut':>7} {'steps to cut (max: each)':>26} "
-          f"{'ops per step':>13} {'pause median s':>15} {'pause max s':>12} {'cut alone s':>12}")
+          f"{'from the logs':>20} {'ops per step':>13} {'pause median s':>15} {'pause max s':>12} {'cut alone s':>12}")
     for wl, r in by.items():
         for w, c in r["cut"].items():
             each = f"{num(c['steps_to_cut_max'], 'd')}: {','.join(map(str, c['steps_to_cut']))}"
-            print(f"{wl:>9} {w:>3} {c['requests']:>9} {c['failed_requests']:>7} {each:>26} "
+            logs = f"{num(c['steps_to_cut_from_logs_max'], 'd')}: {','.join(map(str, c['steps_to_cut_from_logs']))}"
+            print(f"{wl:>9} {w:>3} {c['requests']:>9} {c['failed_requests']:>7} {each:>26} {logs:>20} "
                   f"{c['collectives_per_step']:>13.1f} {num(c['pause_median_s'], '.3f'):>15} "
                   f"{num(c['pause_max_s'], '.3f'):>12} {num(c['cut_median_s'], '.3f'):>12}")
     if "nodes" in out:

@@ -36,6 +36,7 @@ from tidal.mechanisms.criu.prehash import PreHash
 from tidal.mechanisms.criu.priority import in_background, yield_cpu
 from tidal.mechanisms.criu.rank import ExitStatus, NodeRoot, RankDump, RankProcess, RankSpec
 from tidal.mechanisms.criu.runner import CriuRunner
+from tidal.mechanisms.criu.warmup import Warmup
 from tidal.mechanisms.gpu.devicestate import DeviceState, remap_for
 from tidal.mechanisms.interpose.channel import (
     RankChannel,
@@ -444,24 +445,54 @@ class Job:
         node = self.ranks[0].node
         self._await_restored()
         need = sum(r.image_estimate() for r in self.ranks)
+        freeing: list[LastDump] = []
         if not self.compare_last:
             for last in self._last.values():
-                # Its pages are then the ones CRIU's new images go into. Small pages (restored images)
-                # would take tenths of a second to free here, and are of little use to a large-page dump.
-                last.drop(now=last.large_pages)
+                # Its pages are then the ones CRIU's new images go into (freed while the cut is made, which
+                # the ranks run on through). Small pages (restored images) would take tenths of a second to
+                # free, and are of little use to a large-page dump: they go in the background.
+                if last.large_pages and last.dir is not None:
+                    freeing.append(last)
+                else:
+                    last.drop()
+
+        def free() -> None:
+            for last in freeing:
+                last.drop(now=True)
+
+        dropping = threading.Thread(target=free, daemon=True, name=f"tidal-drop-{self.job_id}") if freeing else None
+        if dropping is not None:
+            dropping.start()
+        name = f"{self.job_id}-{uuid.uuid4().hex[:8]}"
+        staging: Path | None = None
+        warmup = None
+        if then == "kill" and cut_at is None and not freeing and need:
+            # Nothing to write into, and the job stops: its memory is made ready while the ranks run on,
+            # before the cut, so that the dump (the job's standstill) does not wait for fresh pages.
+            staging = node.staging(name, need)
+            warmup = Warmup(staging, need) if node.in_memory(staging) else None
         t0 = time.perf_counter()
         # Bring torch.distributed to a consistent cut first (ranks without it have nothing to cut). It
         # leaves every rank as it was if it fails.
         channels = self.channels()
         let_go = cut_at is None
-        if cut_at is None:
-            epoch = new_epoch()
-            self.last_cut = cut(channels, epoch, self.cut_timeout)
-        else:
-            epoch, self.last_cut = cut_at
-            self._held = ([], epoch)
-            teardown(channels, epoch, self.cut_timeout)
-        staging = node.staging(f"{self.job_id}-{uuid.uuid4().hex[:8]}", need)
+        try:
+            if cut_at is None:
+                epoch = new_epoch()
+                self.last_cut = cut(channels, epoch, self.cut_timeout)
+            else:
+                epoch, self.last_cut = cut_at
+                self._held = ([], epoch)
+                teardown(channels, epoch, self.cut_timeout)
+        except BaseException:
+            if staging is not None:
+                _remove_staging(staging)
+            raise
+        finally:
+            if dropping is not None:
+                dropping.join()  # the staging area below counts on the memory it frees
+        if staging is None:
+            staging = node.staging(name, need)
         frozen: list[RankProcess] = []
         suspended: dict[int, list[int]] = {}
         gpus: dict[int, list[str]] = {}
@@ -483,6 +514,8 @@ class Job:
             # Again, frozen: what a rank opened since the first look would make CRIU fail with a far less
             # clear error (thawed at once below, the job goes on).
             self._refuse_unsupported()
+            if warmup is not None:
+                warmup.release()
             # CRIU dumps on one core; the chunks it has written are hashed on another meanwhile.
             prehash = PreHash(staging, self.store.chunk_size, background=then == "continue" or local)
             dumps = _each(self.ranks, lambda r: r.dump(staging / f"rank-{r.spec.rank}", self.runner,

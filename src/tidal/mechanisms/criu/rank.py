@@ -152,6 +152,10 @@ class NodeRoot:
                 return private_dir((self._fetched if fetched else self._fast) / name, below=FAST_STAGING)
         return private_dir(self.root / "staging" / name)
 
+    def in_memory(self, staging: Path) -> bool:
+        """Whether a staging area of :meth:`staging` for a dump is in memory (Tidal's large-page tmpfs)."""
+        return staging.is_relative_to(self._fast)
+
 
 def _allocated(top: Path) -> int:
     """Bytes allocated to the files below ``top`` (none where it does not exist); what is removed while it is
