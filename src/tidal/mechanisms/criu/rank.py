@@ -98,7 +98,8 @@ class NodeRoot:
     CRIU images are staged in memory (under ``/dev/shm``; ``TIDAL_FAST_STAGING`` moves it) when it has
     room for them: they are written once and read once, and on the store's disk they would only add to
     what the commit has to flush. A dump goes to Tidal's large-page tmpfs (``tidal/``, see
-    :mod:`~tidal.mechanisms.criu.ramdisk`), into the memory of the job's last dump, freed just before;
+    :mod:`~tidal.mechanisms.criu.ramdisk`), into the memory of the job's last dump, freed just before (or,
+    for a job that stops and has none, memory made ready while it ran: :mod:`~tidal.mechanisms.criu.warmup`);
     images fetched from the store go to 4 KiB pages (``tidal-fetched/``). On a virtual machine that
     returns free memory to its host, fresh large pages are the slowest to get: fetching 1.25 GiB took
     2.3–3.8 s into large pages and 1.4–1.5 s into small ones on the reference machine."""
