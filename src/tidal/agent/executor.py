@@ -552,7 +552,7 @@ class Executor:
         try:
             info = run.job.checkpoint(order.then, checkpoint_id=order.checkpoint_id,
                                       cut_at=(order.cut.epoch, order.cut.target) if order.cut else None,
-                                      rendezvous=_store(order.rendezvous), keep_images=keep)
+                                      rendezvous=_store(order.rendezvous), keep_images=keep, warm=order.warm)
         except BaseException:
             self._unstop(run)
             raise

@@ -79,7 +79,7 @@ def checkpoint(s: Session, job: JobRow, purpose: str, cause: str | None, *,
         new_action(s, job, nodes[0], protocol.Checkpoint(
             job_id=job.id, attempt=job.attempt, then=then, checkpoint_id=ck, keep_ids=_keep_ids(s, job, [ck]),
             rendezvous=rendezvous(s, job, ck), restore_here=nodes[0] in targets,
-            commit_after=targets == {nodes[0]}), cause, op=op)
+            commit_after=targets == {nodes[0]}, warm=prestaged is not None), cause, op=op)
     else:
         epoch = secrets.randbelow(1 << 48)
         set_phase(job, Phase.CUT)

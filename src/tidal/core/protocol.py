@@ -262,6 +262,9 @@ class Checkpoint(_JobOrder):
     cut: Cut | None = None
     restore_here: bool = False
     commit_after: bool = False
+    # A move after a pre-copy (the job ran on through a copy between regions): make the dump's memory ready
+    # before the cut, where no last dump is there to write into; a shorter standstill, a later cut.
+    warm: bool = False
 
 
 class Finish(_JobOrder):

@@ -70,6 +70,7 @@ def test_a_move_to_another_region_copies_the_checkpoint_there_first(plane: Plane
     r = migrate(plane, jid, region=there.region)
     assert r.status_code == 200 and r.json()["to"] == there.name, r.text
     (ck,) = [a for a in here.actions() if a["kind"] == "checkpoint"]
+    assert ck["payload"]["warm"] is False  # no pre-copy: the cut comes at once
     assert here.result(ck, **checkpoint_result("000001-a"))
     # While it copies, its node reports what is left (tidal show: "copying its checkpoint ... to go").
     attempt = plane.job(jid)["attempt"]
@@ -169,6 +170,8 @@ def test_a_move_to_another_region_pre_copies_the_last_checkpoint_while_the_job_r
     # Then the move's checkpoint; what the copy prestaged stays for the restore (no second prestage).
     (ck,) = w.actions()
     assert ck["kind"] == "checkpoint" and j["state"] == "checkpointing"
+    # The job ran on through the copy: its dump's memory is made ready before the cut as well.
+    assert ck["payload"]["warm"] is True
     assert w.result(ck, **checkpoint_result("000002-b"))
     restore = started(e, 20, replicated_bytes=1 << 20, replicated_chunks=3, replicated_s=0.5)
     assert restore["payload"]["checkpoint"]["source"] == "s3://ck-west/t"

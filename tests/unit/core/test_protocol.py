@@ -31,7 +31,7 @@ ORDERS: list[protocol.Message] = [
     protocol.Checkpoint(job_id="j1", attempt=2, then="continue", checkpoint_id="000004-cd.p0", keep_ids=[],
                         cut=protocol.Cut(epoch=7, target=120, targets={"0": 120, "1": 41}, version=3)),
     protocol.Checkpoint(job_id="j1", attempt=2, then="kill", checkpoint_id="000005-ef", keep_ids=["000004-cd"],
-                        restore_here=True, commit_after=True),
+                        restore_here=True, commit_after=True, warm=True),
     protocol.Finish(job_id="j1", attempt=2, then="resume", rebuild=True, rendezvous=RDV),
     protocol.Kill(job_id="j1", attempt=2, report=True),
     protocol.Prestage(job_id="j1", attempt=2, checkpoint=protocol.CheckpointRef(id="000003-ab", parts=["000003-ab"]),

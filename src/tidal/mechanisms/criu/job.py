@@ -401,9 +401,11 @@ class Job:
 
     def checkpoint(self, then: Then = "continue", keep: int | None = None, *, checkpoint_id: str | None = None,
                    cut_at: tuple[int, int] | None = None, rendezvous: Store | None = None,
-                   keep_images: bool = False) -> CheckpointInfo:
+                   keep_images: bool = False, warm: bool = False) -> CheckpointInfo:
         """Take a checkpoint of every rank; ``then`` says whether the job continues, is killed or stays
-        frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints.
+        frozen after the commit. ``keep``: retain only the newest ``keep`` committed checkpoints. ``warm``
+        (with ``then="kill"`` and the cut made here): where no last dump is there to write into, first make
+        the dump's memory ready while the ranks run on (:mod:`.warmup`): a shorter standstill, a later cut.
         ``cut_at``: (epoch, target) of a cut parked across nodes by :meth:`report` and
         :meth:`park` (``target``: the world group's, only recorded as :attr:`last_cut`); the
         ranks then wait for :meth:`release` whatever happens (a thawed rank runs until its next
@@ -414,7 +416,8 @@ class Job:
         if keep_images and then != "kill":
             raise ValidationError("keep_images is for a checkpoint that kills the job", field="keep_images",
                                   hint="a job that goes on keeps its last dump by itself")
-        info = self._checkpoint(then, keep, checkpoint_id, cut_at, rendezvous, local=False, keep_images=keep_images)
+        info = self._checkpoint(then, keep, checkpoint_id, cut_at, rendezvous, local=False, keep_images=keep_images,
+                                warm=warm)
         assert isinstance(info, CheckpointInfo)
         return info
 
@@ -437,7 +440,7 @@ class Job:
         return dump
 
     def _checkpoint(self, then: Then, keep: int | None, checkpoint_id: str | None, cut_at: tuple[int, int] | None,
-                    rendezvous: Store | None, *, local: bool, keep_images: bool = False,
+                    rendezvous: Store | None, *, local: bool, keep_images: bool = False, warm: bool = False,
                     on_commit: Callable[[LocalDump], None] | None = None) -> CheckpointInfo | LocalDump:
         if then not in ("continue", "kill", "hold"):
             raise ValidationError(f"then must be 'continue', 'kill' or 'hold', not {then!r}", field="then",
@@ -466,7 +469,7 @@ class Job:
         name = f"{self.job_id}-{uuid.uuid4().hex[:8]}"
         staging: Path | None = None
         warmup = None
-        if then == "kill" and cut_at is None and not freeing and need:
+        if warm and then == "kill" and cut_at is None and not freeing and need:
             # Nothing to write into, and the job stops: its memory is made ready while the ranks run on,
             # before the cut, so that the dump (the job's standstill) does not wait for fresh pages.
             staging = node.staging(name, need)
