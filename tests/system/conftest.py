@@ -15,10 +15,9 @@ from tidal.config import Settings
 from tidal.control.clusterfile import load
 from tidal.control.localcluster import down, up
 from tidal.mechanisms.criu.provision import find_criu
+from tidal.testing.hostcluster import tail
 from tidal.testing.hosts import TestNet
 from tidal.testing.hostsweep import sweep
-
-LOG_TAIL = 6000  # characters of each process log shown with a failed test
 
 
 @pytest.hookimpl(wrapper=True)
@@ -45,8 +44,8 @@ def _describe(c: LiveCluster) -> None:
     except Exception as exc:  # the control plane may be what failed
         print(f"--- jobs: not readable ({exc})")
     for log in sorted((c.home / "logs").glob("*.log")):
-        print(f"--- {log.name} (last {LOG_TAIL} characters)")
-        print(log.read_text(errors="replace")[-LOG_TAIL:])
+        print(f"--- {log.name} (its end)")
+        print(tail(log))
 
 
 @pytest.fixture

@@ -5,9 +5,12 @@ pages is part of the pause. Large pages the machine has not used for a while are
 virtual machine that reports free memory to its host (virtio-balloon free page reporting, which reports
 free blocks of large-page size) faults each one in again. A job's next dump normally goes into the memory
 of its last one, freed just before (:mod:`~tidal.mechanisms.criu.lastdump`). A job without a last dump
-in large pages (its first checkpoint, or its first since a restore) gets the same here: before the cut, a
-file as large as the dump is written in the dump's staging area, while the ranks still run, and removed
-right before CRIU writes; its pages are the ones CRIU's images then go into.
+in large pages (its first checkpoint, or its first since a restore) can get the same here: before the cut,
+a file as large as the dump is written in the dump's staging area, while the ranks still run, and removed
+right before CRIU writes; its pages are the ones CRIU's images then go into. That delays the cut by the
+time the writing takes (seconds per GiB of fresh pages), so only a move after a pre-copy asks for it
+(``Job.checkpoint(warm=True)``): its job has just run on through a copy between regions, and its
+standstill is what the move is judged by.
 """
 
 from __future__ import annotations
