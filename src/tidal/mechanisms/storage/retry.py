@@ -6,6 +6,12 @@ the server answered with a 5xx, a 408 or a 429 (S3's ``InternalError``, ``Servic
 number of times; then it fails with a :class:`StorageError` that says what failed, how often it was tried
 and what to do. Anything else (access denied, no such bucket, a bad request) fails at once.
 
+A request that broke on a connection the client had kept open (reset or closed by the other end before it
+answered) is tried again at once and does not count as a try: after a network fault, every connection in
+the pool may be dead without the client knowing (a NAT or load balancer that lost its state answers only
+when one is used), and one dead connection per try would spend the tries before a fresh one is made. Such
+free tries are bounded too (:attr:`RetryPolicy.stale`, the pool's size).
+
 The classification reads exception class names and the HTTP answer that botocore attaches
 (``response``), so this module imports neither botocore nor aiohttp.
 """
@@ -39,6 +45,11 @@ _TRANSIENT_TYPES = frozenset({
     "ClientPayloadError",  # aiohttp: the body ended before its Content-Length
     "ServerTimeoutError",
 })
+
+#: Failures of a connection that was open (aiohttp's ``ClientOSError`` on a kept connection, or the server
+#: closing it), as opposed to one that could not be made (``ClientConnectorError``, a ``ClientOSError`` too).
+_BROKEN_TYPES = frozenset({"ServerDisconnectedError", "ClientOSError", "RemoteDisconnected"})
+_CONNECT_TYPES = frozenset({"ClientConnectorError"})
 
 #: Error codes of answers that mean "try again" (S3 and S3-compatible servers).
 _TRANSIENT_CODES = frozenset({
@@ -84,6 +95,12 @@ def answer(exc: BaseException) -> tuple[int | None, str | None]:
     return None, None
 
 
+def broken_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` says an open connection broke before the answer (not that none could be made)."""
+    names = {c.__name__ for e in _chain(exc) for c in type(e).__mro__}
+    return bool(names & _BROKEN_TYPES) and not names & _CONNECT_TYPES
+
+
 def transient(exc: BaseException) -> bool:
     """Whether another try of the request that raised ``exc`` may succeed."""
     status, code = answer(exc)
@@ -95,11 +112,14 @@ def transient(exc: BaseException) -> bool:
 @dataclass(frozen=True)
 class RetryPolicy:
     """At most ``attempts`` tries; before try k+1, a pause of ``base * 2**(k-1)`` seconds (at most ``cap``),
-    of which the second half is random (so that many workers that failed together do not retry together)."""
+    of which the second half is random (so that many workers that failed together do not retry together).
+    Besides, up to ``stale`` tries at once, not counted, after a kept connection broke (the module says why;
+    S3's pool holds 64 connections by default)."""
 
     attempts: int = 6
     base: float = 0.25
     cap: float = 8.0
+    stale: int = 64
 
     def pause(self, attempt: int) -> float:
         full = min(self.cap, self.base * 2.0 ** (attempt - 1))
@@ -123,12 +143,18 @@ def retrying(
     the tries run out, :class:`StorageError` (``reason="unavailable"``) with the last failure as its cause."""
     t0 = time.monotonic()
     attempt = 1
+    stale = 0
     while True:
         try:
             return fn()
         except Exception as e:
             if not transient(e):
                 raise
+            if stale < policy.stale and broken_connection(e):
+                stale += 1
+                log.info("%s %s failed on a kept connection (%s: %s); trying again at once", what, where,
+                         type(e).__name__, e)
+                continue
             if attempt >= policy.attempts:
                 status, code = answer(e)
                 said = f"{code or status}: " if code or status else ""

@@ -119,6 +119,55 @@ def test_retrying_does_not_retry_what_cannot_succeed() -> None:
     assert len(calls) == 1
 
 
+#: Named like aiohttp's: a failure on an open connection, and (a subclass) one that could not be made.
+ClientOSError = type("ClientOSError", (ConnectionResetError,), {})
+ClientConnectorError = type("ClientConnectorError", (ClientOSError,), {})
+
+
+def broken(cls: type[BaseException]) -> EndpointConnectionError:
+    """botocore's wrapping of an aiohttp failure: the aiohttp exception is the cause."""
+    e = EndpointConnectionError("Could not connect to the endpoint URL")
+    e.__cause__ = cls("Connection reset by peer")
+    return e
+
+
+def test_kept_connections_that_broke_are_tried_again_at_once_and_not_counted() -> None:
+    # Ten dead connections in the pool, then a fresh one: two counted tries would not have reached it.
+    calls, pauses = [], []
+
+    def pooled() -> str:
+        calls.append(1)
+        if len(calls) <= 10:
+            raise broken(ClientOSError)
+        return "ok"
+
+    p = RetryPolicy(attempts=2, base=0.1, cap=1.0)
+    assert retrying(pooled, p, "reading", "s3://b/k", hint="h", sleep=pauses.append) == "ok"
+    assert len(calls) == 11 and pauses == []
+
+
+def test_connections_that_could_not_be_made_count_and_free_tries_are_bounded() -> None:
+    calls = []
+
+    def refused() -> None:
+        calls.append(1)
+        raise broken(ClientConnectorError)
+
+    with pytest.raises(StorageError, match="tried 4 times"):
+        retrying(refused, FAST, "reading", "k", hint="h", sleep=lambda _: None)
+    assert len(calls) == 4
+    calls.clear()
+
+    def always_broken() -> None:
+        calls.append(1)
+        raise broken(ClientOSError)
+
+    p = RetryPolicy(attempts=3, base=0.001, cap=0.002, stale=5)
+    with pytest.raises(StorageError, match="tried 3 times"):
+        retrying(always_broken, p, "reading", "k", hint="h", sleep=lambda _: None)
+    assert len(calls) == 5 + 3
+
+
 class FlakyFileSystem(MemoryFileSystem):
     """A memory filesystem whose requests fail on the way: the first ``fail_first`` of each kind, or every
     one while ``down``."""
