@@ -163,6 +163,16 @@ def torchrun(world: int, args: list[str], workdir: Path, workload: str = "ddp") 
                          hint="the end of its output is above; the reference runs need torch (`make venv`)")
 
 
+def interval(plain: list[float], ours: list[float], seed: int = 0, draws: int = 4000) -> tuple[float, float]:
+    """A 90 % bootstrap interval of ``median(ours) / median(plain) - 1``: the runs of each side resampled with
+    replacement. It says what the runs resolve: a 1 % target is shown met only if the interval's top is
+    below it."""
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(ours, k=len(ours))) /
+                    statistics.median(rng.choices(plain, k=len(plain))) - 1 for _ in range(draws))
+    return ratios[int(0.05 * draws)], ratios[int(0.95 * draws) - 1]
+
+
 def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, workload: str = "ddp") -> dict[str, Any]:
     args = ["--steps", str(steps)]
     work = base / f"overhead-{workload}-w{world}"
@@ -188,6 +198,7 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, worklo
             "overhead_fraction_p10": statistics.median(ours10) / statistics.median(plain10) - 1,
             "plain_cpu_step_s": plain_cpu, "tidal_cpu_step_s": ours_cpu,
             "cpu_overhead_fraction": statistics.median(ours_cpu) / statistics.median(plain_cpu) - 1,
+            "overhead_interval90": interval(plain, ours), "cpu_overhead_interval90": interval(plain_cpu, ours_cpu),
             # How far apart runs of the very same setup were: the resolution of the comparison here.
             "plain_spread_fraction": (max(plain) - min(plain)) / p}
 
@@ -344,18 +355,22 @@ def one_and_two_nodes(tidal: Tidal, rounds: int, per_job: int, seed: int, base: 
 
 
 def probe(tidal: Tidal, calls: int, base: Path) -> dict[str, Any]:
-    """The interposer's own cost per collective, measured in the ranks of one W = 2 job (see ddp_steps.py)."""
+    """The interposer's own cost per op, measured in the ranks of one W = 2 job (see ddp_steps.py): per kind
+    (``collective``, ``p2p``) the wall and CPU time per op through it and on a gloo group of torch's own;
+    ``added_s``, the larger of the two kinds' added CPU, is what the estimates below multiply."""
     work = base / "probe"
     work.mkdir(parents=True, exist_ok=True)
     out = tidal.run(2, ["--steps", "1", "--probe", str(calls)], work)
-    m = re.search(r"^probe wrapped_us ([0-9.]+) direct_us ([0-9.]+) wrapped_cpu_us ([0-9.]+) direct_cpu_us ([0-9.]+)$",
-                  out, re.M)
-    if m is None:
+    kinds: dict[str, dict[str, float]] = {}
+    for m in re.finditer(r"^probe (\w+) through_us ([0-9.]+) native_us ([0-9.]+) through_cpu_us ([0-9.]+) "
+                         r"native_cpu_us ([0-9.]+)$", out, re.M):
+        through, native, through_cpu, native_cpu = (float(m[i]) * 1e-6 for i in range(2, 6))
+        kinds[m[1]] = {"through_s": through, "native_s": native, "through_cpu_s": through_cpu,
+                       "native_cpu_s": native_cpu, "added_s": through_cpu - native_cpu}
+    if set(kinds) != {"collective", "p2p"}:
         raise BenchmarkError(f"no probe result in {out[-500:]!r}",
-                             hint="benchmarks/ddp_steps.py --probe prints one; see the output above")
-    wrapped, direct, wrapped_cpu, direct_cpu = (float(m[i]) * 1e-6 for i in range(1, 5))
-    return {"calls": calls, "wrapped_s": wrapped, "direct_s": direct, "wrapped_cpu_s": wrapped_cpu,
-            "direct_cpu_s": direct_cpu, "added_s": wrapped_cpu - direct_cpu}
+                             hint="benchmarks/ddp_steps.py --probe prints one per kind; see the output above")
+    return {"calls": calls, "kinds": kinds, "added_s": max(k["added_s"] for k in kinds.values())}
 
 
 def startup(reps: int) -> dict[str, Any]:
@@ -430,6 +445,8 @@ def main() -> int:
                         "checkpoints; 0: none)")
     p.add_argument("--only-nodes", action="store_true",
                    help="only the one-node / two-node checkpoint pause comparison")
+    p.add_argument("--only-probe", type=int, default=0, metavar="N",
+                   help="only the per-op probe, N times over (a fresh W = 2 job each): its spread from job to job")
     args = p.parse_args()
     worlds = [int(w) for w in args.worlds.split(",")]
     workloads = args.workloads.split(",")
@@ -453,6 +470,16 @@ def main() -> int:
                 out["machine"]["load_average_at_end"] = os.getloadavg()
                 print_machine(out["machine"])
                 print_nodes(out["nodes"])
+                write_json(args.json, out)
+                return 0
+            if args.only_probe:
+                runs = [probe(tidal, 4000, base) for _ in range(args.only_probe)]
+                out["probes"] = runs
+                out["machine"]["load_average_at_end"] = os.getloadavg()
+                print_machine(out["machine"])
+                for r in runs:
+                    print(" ".join(f"{kind}: +{k['added_s'] * 1e6:.1f} us CPU ({k['through_cpu_s'] * 1e6:.1f} against "
+                                   f"{k['native_cpu_s'] * 1e6:.1f})" for kind, k in r["kinds"].items()))
                 write_json(args.json, out)
                 return 0
             out["startup"] = startup(20)
@@ -506,15 +533,20 @@ def main() -> int:
     out["startup_added_s"] = out["startup"]["added_s"]
     out["startup_added_cpu_s"] = out["startup"]["added_cpu_s"]
     print_machine(out["machine"])
+
+    def span(iv: tuple[float, float]) -> str:
+        return f"{iv[0] * 100:+.2f}..{iv[1] * 100:+.2f}%"
+
     print(f"{'workload':>9} {'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} "
-          f"{'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} {'runs':>5} "
-          f"{'spread of torchrun runs':>24}")
+          f"{'90 % interval':>17} {'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} "
+          f"{'90 % interval':>17} {'runs':>5} {'spread of torchrun runs':>24}")
     for wl, r in by.items():
         for w, o in r["overhead"].items():
             print(f"{wl:>9} {w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
-                  f"{o['overhead_fraction'] * 100:>8.2f}% {statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
+                  f"{o['overhead_fraction'] * 100:>8.2f}% {span(o['overhead_interval90']):>17} "
+                  f"{statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
                   f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
-                  f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {o['reps']:>5} "
+                  f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {span(o['cpu_overhead_interval90']):>17} {o['reps']:>5} "
                   f"{o['plain_spread_fraction'] * 100:>23.1f}%")
     def num(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -535,12 +567,14 @@ def main() -> int:
                                            out["overhead_fraction_from_probe_by_workload"].items()
                                            for w, f in e.items()))
     pr = out["probe"]
-    print(f"per collective (W = 2, {pr['calls']} small all-reduces, paired): wall {pr['wrapped_s'] * 1e6:.1f} us "
-          f"through the interposer, {pr['direct_s'] * 1e6:.1f} us on gloo directly; CPU of the calling thread "
-          f"{pr['wrapped_cpu_s'] * 1e6:.1f} us against {pr['direct_cpu_s'] * 1e6:.1f} us "
-          f"(+{pr['added_s'] * 1e6:.1f} us)" + ("" if "ddp" not in workloads else
-          f"; DDP: {per_step:.2f} collectives per step → " + ", ".join(
-              f"W={w}: {f * 100:.3f} % of a step" for w, f in out["overhead_fraction_from_probe"].items())))
+    print(f"per op (W = 2, {pr['calls']} each, paired with a gloo group of torch's own in the same processes): " +
+          "; ".join(f"{kind}: wall {k['through_s'] * 1e6:.1f} us through the interposer, {k['native_s'] * 1e6:.1f} us "
+                    f"native; CPU of the calling thread {k['through_cpu_s'] * 1e6:.1f} us against "
+                    f"{k['native_cpu_s'] * 1e6:.1f} us (+{k['added_s'] * 1e6:.1f} us)"
+                    for kind, k in pr["kinds"].items())
+          + ("" if "ddp" not in workloads else
+             f"; DDP: {per_step:.2f} collectives per step → " + ", ".join(
+                 f"W={w}: {f * 100:.3f} % of a step" for w, f in out["overhead_fraction_from_probe"].items())))
     s = out["startup"]
     print(f"python start-up: wall {s['plain_median_s'] * 1e3:.1f} ms plain, {s['tidal_median_s'] * 1e3:.1f} ms with "
           f"the interposer (+{s['added_s'] * 1e3:.1f} ms); CPU {s['plain_cpu_median_s'] * 1e3:.1f} ms against "

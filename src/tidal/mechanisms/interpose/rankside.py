@@ -449,6 +449,7 @@ def _make_group_class(dist: Any) -> type:
             self._inner: Any = None
             self._store: Any = None
             self._opened: set[str] = set()
+            self._p2p_keys: dict[tuple[int, int, int], tuple[str, list[int]]] = {}
 
         def getBackendName(self) -> str:
             return "tidal"
@@ -460,6 +461,7 @@ def _make_group_class(dist: Any) -> type:
 
         def _set_group_name(self, name: str) -> None:
             self._key = name
+            self._p2p_keys.clear()  # they hold the name
 
         @property
         def group_desc(self) -> str:
@@ -511,8 +513,12 @@ def _make_group_class(dist: Any) -> type:
             del inner
 
         def _p2p_key(self, src: int, dst: int, tag: int) -> tuple[str, list[int]]:
-            a, b = self._ranks[src], self._ranks[dst]
-            return f"{self._key}:{a}>{b}:{tag}", [a, b]
+            # Made once per pair and tag: a pipeline issues many point-to-point ops per step.
+            found = self._p2p_keys.get((src, dst, tag))
+            if found is None:
+                a, b = self._ranks[src], self._ranks[dst]
+                found = self._p2p_keys[(src, dst, tag)] = (f"{self._key}:{a}>{b}:{tag}", [a, b])
+            return found
 
         def _call(self, key: str, members: list[int], name: str, args: Any, kw: Any) -> Any:
             assert IP is not None
