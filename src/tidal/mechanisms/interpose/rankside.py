@@ -81,7 +81,8 @@ class Interposer:
         self.targets: dict[str, int] | None = None
         self.version = 0
         self.asked: set[tuple[str, int]] = set()  # (key, version) a raise was asked for
-        self.works: list[Any] = []
+        self.works: list[Any] = []  # handed to the script and not known to have completed
+        self._prune_at = 8  # works kept, at which those left are asked whether they completed
         self.unsupported: str | None = None
         self.store_addr = store  # "host:port" of the rendezvous store, changed by each resume
         self.base_prefix = prefix  # of the store keys: the launch's, or the last resume's with a store
@@ -266,8 +267,16 @@ class Interposer:
             self.issued[key] = self.issued.get(key, 0) + 1
             if work is not None:
                 # Completed works need no waiting at the cut, and must not keep their tensors alive: drop them.
-                self.works = [w for w in self.works if not _done(w)]
-                self.works.append(work)
+                # Those waited on (most) are known from an attribute; asking torch whether each of the others
+                # completed (a call per work, every op, and a pipeline keeps several sends open) is done only
+                # once the list has doubled since (completed works of DDP's, never waited on, meanwhile keep
+                # only its persistent buckets).
+                works = [w for w in self.works if not w._finished]
+                if len(works) >= self._prune_at:
+                    works = [w for w in works if not _done(w)]
+                    self._prune_at = 2 * len(works) + 8
+                works.append(work)
+                self.works = works
             if self.pending:  # only a cut waits on the counts (set under this lock)
                 self.cond.notify_all()
 
