@@ -180,18 +180,27 @@ def test_pre_dump_where_supported_else_unsupported(cluster: Cluster) -> None:
 
 
 class _StalledPager(CriuRunner):
-    """Its lazy-pages daemon is stopped as soon as the restore is done, before the rank resumes (its
-    memory, 0.4 GB, takes the daemon tenths of a second to push): the rank then waits on its first page
-    fault until the test kills the daemon."""
+    """Its lazy-pages daemon is stopped by the restore's post-restore action script: after the restore has
+    handed it the rank's memory, before the restore tells it that it is finished, which is when it starts to
+    push pages in the background (stopped once the restore had exited, it had pushed all 0.4 GB first on a
+    busy machine). The rank then waits on its first page fault until the test kills the daemon."""
 
-    def restore(self, images: Path, *, pidfile: Path, inherit: dict[int, str],
-                lazy: bool = False) -> subprocess.Popen[bytes] | None:
-        pager = super().restore(images, pidfile=pidfile, inherit=inherit, lazy=lazy)
-        assert pager is not None
-        os.kill(pager.pid, signal.SIGSTOP)
-        assert pager.poll() is None, "the daemon was done before it could be stopped"
-        self.pager = pager
-        return pager
+    def _start_pager(self, images: Path, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        self.pager = super()._start_pager(images, timeout)
+        return self.pager
+
+    def _run(self, args: list[str], log: Path, pass_fds: tuple[int, ...] = (), what: str = "criu",
+             timeout: float = 600, preload: Path | None = None) -> None:
+        if args[0] == "restore":
+            script = log.parent / "stop-pager.sh"
+            script.write_text('#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = post-restore ] || exit 0\n'
+                              f"exec kill -STOP {self.pager.pid}\n")
+            script.chmod(0o700)
+            args = [*args, "--action-script", str(script)]
+        super()._run(args, log, pass_fds, what, timeout, preload)
+        if args[0] == "restore":
+            state = Path(f"/proc/{self.pager.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            assert state == "T", f"the lazy-pages daemon is not stopped after the restore (state {state})"
 
 
 def test_a_lazy_restore_whose_pager_dies_kills_the_job(cluster: Cluster, caplog: pytest.LogCaptureFixture) -> None:
