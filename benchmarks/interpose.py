@@ -429,6 +429,24 @@ def print_nodes(n: dict[str, Any]) -> None:
           f"{n['two_nodes_held_median_s'] / n['one_node_pause_median_s']:.2f}x")
 
 
+def print_overheads(by: dict[str, Any]) -> None:
+    """The steady-state comparison's table, a row per workload and world size."""
+    def span(iv: tuple[float, float]) -> str:
+        return f"{iv[0] * 100:+.2f}..{iv[1] * 100:+.2f}%"
+
+    print(f"{'workload':>9} {'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} "
+          f"{'90 % interval':>17} {'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} "
+          f"{'90 % interval':>17} {'runs':>5} {'spread of torchrun runs':>24}")
+    for wl, r in by.items():
+        for w, o in r["overhead"].items():
+            print(f"{wl:>9} {w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
+                  f"{o['overhead_fraction'] * 100:>8.2f}% {span(o['overhead_interval90']):>17} "
+                  f"{statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
+                  f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
+                  f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {span(o['cpu_overhead_interval90']):>17} {o['reps']:>5} "
+                  f"{o['plain_spread_fraction'] * 100:>23.1f}%")
+
+
 def main() -> int:
     p = arguments(__doc__, "/var/tmp/tidal-bench-interpose")
     p.add_argument("--worlds", default="2,4", help="world sizes for the overhead comparison")
@@ -445,6 +463,8 @@ def main() -> int:
                         "checkpoints; 0: none)")
     p.add_argument("--only-nodes", action="store_true",
                    help="only the one-node / two-node checkpoint pause comparison")
+    p.add_argument("--only-overhead", action="store_true",
+                   help="only the steady-state overhead comparison (no probe, checkpoints or pauses)")
     p.add_argument("--only-probe", type=int, default=0, metavar="N",
                    help="only the per-op probe, N times over (a fresh W = 2 job each): its spread from job to job")
     args = p.parse_args()
@@ -482,8 +502,9 @@ def main() -> int:
                                    f"{k['native_cpu_s'] * 1e6:.1f})" for kind, k in r["kinds"].items()))
                 write_json(args.json, out)
                 return 0
-            out["startup"] = startup(20)
-            out["probe"] = probe(tidal, 4000, base)
+            if not args.only_overhead:
+                out["startup"] = startup(20)
+                out["probe"] = probe(tidal, 4000, base)
             for w in worlds:
                 for wl in workloads:
                     try:
@@ -491,12 +512,18 @@ def main() -> int:
                     except BenchmarkError as exc:  # the other figures are kept
                         say(f"{wl} W={w}: no overhead figure: {exc}")
                         out["workloads"][wl]["overhead_failed"][str(w)] = str(exc)
+            if args.only_overhead:
+                out["machine"]["load_average_at_end"] = os.getloadavg()
+                print_machine(out["machine"])
+                print_overheads(out["workloads"])
+                write_json(args.json, out)
+                return 0
             for wl in workloads:
                 # DDP at W = 2 as well: its collectives per step scale the probe's figure below.
                 for w in sorted({2, 4} | set(worlds)) if wl == "ddp" else worlds:
                     out["workloads"][wl]["cut"][str(w)] = cuts(tidal, w, args.requests, args.seed + w, base, wl,
                                                                args.cut_timeout)
-            if args.node_rounds:
+            if args.node_rounds and not args.only_overhead:
                 out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
         finally:
             tidal.close()
@@ -534,20 +561,8 @@ def main() -> int:
     out["startup_added_cpu_s"] = out["startup"]["added_cpu_s"]
     print_machine(out["machine"])
 
-    def span(iv: tuple[float, float]) -> str:
-        return f"{iv[0] * 100:+.2f}..{iv[1] * 100:+.2f}%"
+    print_overheads(by)
 
-    print(f"{'workload':>9} {'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} "
-          f"{'90 % interval':>17} {'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} "
-          f"{'90 % interval':>17} {'runs':>5} {'spread of torchrun runs':>24}")
-    for wl, r in by.items():
-        for w, o in r["overhead"].items():
-            print(f"{wl:>9} {w:>3} {o['plain_median_s'] * 1e3:>17.2f} {o['tidal_median_s'] * 1e3:>14.2f} "
-                  f"{o['overhead_fraction'] * 100:>8.2f}% {span(o['overhead_interval90']):>17} "
-                  f"{statistics.median(o['plain_cpu_step_s']) * 1e3:>21.2f} "
-                  f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
-                  f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {span(o['cpu_overhead_interval90']):>17} {o['reps']:>5} "
-                  f"{o['plain_spread_fraction'] * 100:>23.1f}%")
     def num(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 

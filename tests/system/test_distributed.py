@@ -21,6 +21,7 @@ import pytest
 from tests.system.cluster import LiveCluster
 from tests.system.cluster import free_port as _free_port
 from tidal.testing import owned_dir, pid_alive, wait_until
+from tidal.testing.torchrun import torchrun as plain_torchrun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -31,36 +32,9 @@ def torchrun(tmp_path: Path, world: int, args: list[str]) -> tuple[dict[int, lis
     """Each rank's step lines and the final parameters under plain torchrun on one machine."""
     ref = tmp_path / "torchrun"
     ref.mkdir()
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world),
-                        "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), "--log-dir",
-                        str(ref / "logs"), "--redirects", "3", str(DDP), *args], cwd=ref,
-                       env={**os.environ, **ENV}, capture_output=True, timeout=600)
-    assert p.returncode == 0 or _aborted_after_done(ref, world), \
-        f"the torchrun reference exited {p.returncode}:\n{p.stderr.decode()[-3000:]}"
-    out = {}
-    for r in range(world):
-        (log,) = (ref / "logs").glob(f"*/attempt_0/{r}/stdout.log")
-        out[r] = _steps(log.read_text())
-    return out, (ref / "params.bin").read_bytes()
-
-
-# What torch 2.13 prints when a plain rank aborts at interpreter exit, after destroy_process_group (a thread
-# of gloo's still joinable then; seen in about one run of the suite in three, never in Tidal's code).
-EXIT_ABORT = "terminate called without an active exception\n"
-
-
-def _aborted_after_done(ref: Path, world: int) -> bool:
-    """Whether plain torchrun failed only because some ranks aborted at exit as above: every rank printed
-    its last line and rank 0 wrote the parameters. Their output is then complete and still compared."""
-    logs = (ref / "logs")
-    for r in range(world):
-        (rank_dir,) = logs.glob(f"*/attempt_0/{r}")
-        lines = (rank_dir / "stdout.log").read_text().splitlines()
-        if not lines or not lines[-1].startswith(f"rank {r} done, world {world}"):
-            return False
-        if (rank_dir / "stderr.log").read_text() not in ("", EXIT_ABORT):
-            return False
-    return (ref / "params.bin").exists()
+    run = plain_torchrun([str(DDP), *args], nproc=world, cwd=ref, env={**os.environ, **ENV},
+                         options=["--master-addr", "127.0.0.1", "--master-port", str(_free_port())])
+    return {r: _steps(run.stdout(r)) for r in range(world)}, (ref / "params.bin").read_bytes()
 
 
 def gated(tmp_path: Path, world: int, steps: int, held: int, *extra: str,

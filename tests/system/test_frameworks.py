@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +20,7 @@ import pytest
 from tests.system.cluster import free_port as _free_port
 from tests.system.cluster import rank_lines as _lines
 from tidal.testing import wait_until
+from tidal.testing.torchrun import TorchRun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "frameworks"
@@ -65,10 +65,8 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
     for name in JOBS:
         d = tmp_path / f"ref-{name}"
         d.mkdir()
-        refs[name] = (d, subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
-             str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", *args(name, open_gate)],
-            cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        refs[name] = (d, TorchRun(args(name, open_gate), nproc=WORLD, cwd=d, logs=d / "logs",
+                                  env={**os.environ, **ENV}, options=["--master-port", str(_free_port())]))
 
     c = make_cluster(nodes=2, devices=4)
     # The compiled job's compiler cache (a temporary directory, apart from the references'): it is removed while
@@ -112,13 +110,11 @@ def test_transformers_lightning_and_compiled_jobs_survive_preempt_resize_and_a_r
     gate.touch()
     for name, job in jobs.items():
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
-        d, p = refs[name]
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, f"torchrun {name}: {err.decode()[-2000:]}"
+        d, ref = refs[name]
+        ref.wait(600)
         work = tmp_path / f"work-{name}"
         for r in range(WORLD):
-            (log,) = (d / "logs").glob(f"*/attempt_0/{r}/stdout.log")
-            assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(log.read_text()), (name, r)
+            assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(ref.stdout(r)), (name, r)
             assert (work / f"params-{r}.bin").read_bytes() == (d / f"params-{r}.bin").read_bytes(), (name, r)
     # What the frameworks wrote besides: the Trainer's checkpoints (the two newest kept) and final model; Lightning's
     # logs and checkpoint; one TensorBoard event file per writer, with every step's scalar in order.

@@ -7,7 +7,6 @@ rank's per-step output and the final parameters stay byte-identical to that torc
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import pytest
 from tidal.testing import pid_alive, wait_until
 from tidal.testing.hostcluster import STORE_PREFIX, HostCluster
 from tidal.testing.hosts import Host, TestNet
+from tidal.testing.torchrun import TorchRun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -36,21 +36,13 @@ def torchrun(hosts: list[Host], ref: Path, args: list[str]) -> tuple[dict[int, l
     """Each rank's step lines and the final parameters under plain torchrun, one agent per host in
     ``hosts`` (static rendezvous on the first one's address)."""
     ref.mkdir()
-    procs = []
-    for i, host in enumerate(hosts):
-        argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(hosts)), "--nproc-per-node",
-                str(PER_NODE), "--node-rank", str(i), "--master-addr", hosts[0].addr, "--master-port",
-                str(MASTER_PORT), "--log-dir", str(ref / f"logs-{i}"), "--redirects", "3", str(DDP), *args]
-        procs.append(host.popen(argv, cwd=ref, env={**os.environ, **ENV}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT))
-    for i, p in enumerate(procs):
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, f"torchrun node {i} exited {p.returncode}:\n{out.decode()[-3000:]}"
-    steps = {}
-    for i in range(len(hosts)):
-        for local in range(PER_NODE):
-            (log,) = (ref / f"logs-{i}").glob(f"*/attempt_0/{local}/stdout.log")
-            steps[i * PER_NODE + local] = _steps(log.read_text())
+    runs = [TorchRun([str(DDP), *args], nproc=PER_NODE, cwd=ref, logs=ref / f"logs-{i}", env={**os.environ, **ENV},
+                     options=["--nnodes", str(len(hosts)), "--node-rank", str(i), "--master-addr", hosts[0].addr,
+                              "--master-port", str(MASTER_PORT)], first_rank=i * PER_NODE, popen=host.popen)
+            for i, host in enumerate(hosts)]
+    for run in runs:
+        run.wait(300)
+    steps = {run.first_rank + local: _steps(run.stdout(local)) for run in runs for local in range(PER_NODE)}
     return steps, (ref / "params.bin").read_bytes()
 
 

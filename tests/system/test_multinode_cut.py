@@ -6,7 +6,6 @@ resumed, has a rank migrated to a third node, and every rank's step lines equal 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from tests.system.cluster import free_port, rank_lines
 from tidal.testing import wait_until
+from tidal.testing.torchrun import TorchRun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[1] / "integration" / "mechanisms" / "interpose" / "scripts" / "dist_groups.py"
@@ -32,10 +32,8 @@ def test_subgroups_and_p2p_across_nodes_checkpointed_preempted_migrated_identica
 
     ref = tmp_path / "ref"
     ref.mkdir()
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
-         str(free_port()), "--log-dir", str(ref / "logs"), "--redirects", "3", str(SCRIPT), *args(opened)],
-        cwd=ref, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    torchrun = TorchRun([str(SCRIPT), *args(opened)], nproc=WORLD, cwd=ref, logs=ref / "logs",
+                        env={**os.environ, **ENV}, options=["--master-port", str(free_port())])
 
     c = make_cluster(nodes=3, devices=2)
     work = tmp_path / "work"
@@ -66,10 +64,8 @@ def test_subgroups_and_p2p_across_nodes_checkpointed_preempted_migrated_identica
     assert steps() < HELD, "the job reached its gate before the operations: slow it down"
     gate.touch()
     assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
-    _, err = torchrun.communicate(timeout=600)
-    assert torchrun.returncode == 0, err.decode()[-2000:]
+    torchrun.wait(600)
     events = [e["detail"] for e in c.show(job)["events"]]
     assert not [e for e in events if "checkpoint failed" in e], events
     for r in range(WORLD):
-        (log,) = (ref / "logs").glob(f"*/attempt_0/{r}/stdout.log")
-        assert rank_lines(c.cli("logs", job, "--rank", str(r)).stdout) == rank_lines(log.read_text()), r
+        assert rank_lines(c.cli("logs", job, "--rank", str(r)).stdout) == rank_lines(torchrun.stdout(r)), r

@@ -7,7 +7,6 @@ references run meanwhile."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 from tests.system.cluster import free_port as _free_port
 from tests.system.cluster import rank_lines as _lines
 from tidal.testing import wait_until
+from tidal.testing.torchrun import TorchRun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 SCRIPT = Path(__file__).resolve().parents[2] / "examples" / "parallel_train.py"
@@ -37,10 +37,8 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
     for m in MODES:
         d = tmp_path / f"ref-{m}"
         d.mkdir()
-        refs[m] = (d, subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
-             str(_free_port()), "--log-dir", str(d / "logs"), "--redirects", "3", str(SCRIPT), *args(m, open_gate)],
-            cwd=d, env={**os.environ, **ENV}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        refs[m] = (d, TorchRun([str(SCRIPT), *args(m, open_gate)], nproc=WORLD, cwd=d, logs=d / "logs",
+                               env={**os.environ, **ENV}, options=["--master-port", str(_free_port())]))
 
     # Two jobs of 4 ranks at a time, on nodes 1 and 2; node 3 has room for the ranks they move.
     c = make_cluster(nodes=3, devices=4)
@@ -66,12 +64,10 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
         assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
         g.touch()
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
-        d, p = refs[m]
-        _, err = p.communicate(timeout=600)
-        assert p.returncode == 0, f"torchrun {m}: {err.decode()[-2000:]}"
+        d, ref = refs[m]
+        ref.wait(600)
         for r in range(WORLD):
-            (log,) = (d / "logs").glob(f"*/attempt_0/{r}/stdout.log")
-            assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(log.read_text()), (m, r)
+            assert _lines(c.cli("logs", job, "--rank", str(r)).stdout) == _lines(ref.stdout(r)), (m, r)
             assert (work / f"params-{r}.bin").read_bytes() == (d / f"params-{r}.bin").read_bytes(), (m, r)
 
     # Two jobs at a time, each through its whole cycle.

@@ -20,6 +20,7 @@ import pytest
 
 from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing.slurm import SlurmCluster, missing_binaries
+from tidal.testing.torchrun import torchrun
 from tidal.waiting import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.slow]
@@ -274,12 +275,9 @@ def test_ddp_ranks_of_a_requeued_job_finish_identical_to_torchrun(slurm: SlurmCl
     ref.mkdir()
     (ref / "ddp_train.py").write_bytes(example.read_bytes())
     # Per rank, as torchrun writes them with --redirects (on one stdout, the ranks' lines can run together).
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--log-dir",
-                    str(tmp_path / "torchrun-logs"), "--redirects", "1", "ddp_train.py", "--steps", str(steps)],
-                   cwd=ref, capture_output=True, check=True,
+    run = torchrun(["ddp_train.py", "--steps", str(steps)], nproc=2, cwd=ref,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    want = {rank: next((tmp_path / "torchrun-logs").glob(f"**/attempt_0/{rank}/stdout.log")).read_bytes()
-            for rank in (0, 1)}
+    want = {rank: run.stdout(rank).encode() for rank in (0, 1)}
     d = tmp_path / "job"
     d.mkdir()
     (d / "ddp_train.py").write_bytes(example.read_bytes())

@@ -6,7 +6,6 @@ every rank's output and the final parameters identical to plain ``torchrun`` on 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from tidal.mechanisms.criu.provision import find_criu
 from tidal.testing import WaitTimeout
 from tidal.testing.hosts import TestNet
 from tidal.testing.slurm import SlurmCluster, SlurmNode, missing_binaries
+from tidal.testing.torchrun import torchrun
 from tidal.waiting import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
@@ -29,20 +29,9 @@ def _torchrun(tmp: Path) -> tuple[dict[int, bytes], bytes]:
     ref = tmp / "reference"
     ref.mkdir()
     (ref / "ddp_train.py").write_bytes(DDP.read_bytes())
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--log-dir",
-                        str(tmp / "torchrun-logs"), "--redirects", "1", "ddp_train.py", "--steps", str(STEPS)],
-                       cwd=ref, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    out = {rank: next((tmp / "torchrun-logs").glob(f"**/attempt_0/{rank}/stdout.log")).read_bytes()
-           for rank in range(4)}
-    if p.returncode != 0:
-        # Plain torch (no Tidal here) has been seen to abort a rank with SIGABRT in destroy_process_group,
-        # after the script's last line: the reference is then complete, and only its exit failed. Anything
-        # else is a failed reference.
-        finished = all(out[r].endswith(f"rank {r} done, world 4\n".encode()) for r in range(4))
-        if not (finished and "SIGABRT" in p.stderr and (ref / "params.bin").exists()):
-            raise AssertionError(f"the reference torchrun failed (exit code {p.returncode}):\n{p.stderr[-3000:]}")
-    return out, (ref / "params.bin").read_bytes()
+    run = torchrun(["ddp_train.py", "--steps", str(STEPS)], nproc=4, cwd=ref,
+                   env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return {r: run.stdout(r).encode() for r in range(4)}, (ref / "params.bin").read_bytes()
 
 
 @pytest.mark.parametrize("test_net", [["n1", "n2", "n3"]], indirect=True)

@@ -7,7 +7,6 @@ that do not use torch.distributed see no difference."""
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
@@ -33,6 +32,7 @@ from tidal.mechanisms.criu.tasks import descendants
 from tidal.mechanisms.interpose.channel import CutTimeout, Store, new_epoch
 from tidal.mechanisms.interpose.storeserver import RendezvousServer
 from tidal.testing import wait_for_line, wait_until
+from tidal.testing.torchrun import EXIT_ABORT, TorchRun
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 
@@ -62,24 +62,17 @@ class Reference:
     stdout and the params.bin it wrote."""
 
     def __init__(self, root: Path, argv: list[str], world: int) -> None:
-        self.out, self.world = root, world
         root.mkdir()
-        with open(root / "torchrun.err", "wb") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                                          str(world), "--log-dir", str(root / "logs"), "--redirects", "3", *argv],
-                                         cwd=root, env=_env(), stdout=subprocess.DEVNULL, stderr=err,
-                                         start_new_session=True)
+        self.run, self.world = TorchRun(argv, nproc=world, cwd=root, logs=root / "logs", env=_env()), world
         self._logs: list[bytes] | None = None
 
     def _finish(self) -> list[bytes]:
         if self._logs is None:
-            self.proc.wait(300)
-            assert self.proc.returncode == 0, (self.out / "torchrun.err").read_text(errors="replace")[-2000:]
+            self.run.wait(300)
             self._logs = []
             for r in range(self.world):
-                (rank_dir,) = (self.out / "logs").glob(f"*/attempt_0/{r}")
-                assert (rank_dir / "stderr.log").read_bytes() == b""
-                self._logs.append((rank_dir / "stdout.log").read_bytes())
+                assert self.run.stderr(r) in ("", EXIT_ABORT), self.run.stderr(r)
+                self._logs.append(self.run.stdout(r).encode())
         return self._logs
 
     def log(self, rank: int) -> bytes:
@@ -88,13 +81,10 @@ class Reference:
     @property
     def params(self) -> bytes:
         self._finish()
-        return (self.out / "params.bin").read_bytes()
+        return (self.run.cwd / "params.bin").read_bytes()
 
     def kill(self) -> None:
-        # The whole session: torchrun's workers outlive a killed torchrun (a gated one would wait forever).
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait()
+        self.run.kill()
 
 
 StartRef = Callable[[list[str], int], Reference]
