@@ -82,9 +82,12 @@ class TorchRun:
         codes = _EXITCODE.findall(self.errors.read_text(errors="replace"))
         if not codes or any(int(c) != -signal.SIGABRT for c in codes):
             return False
-        if not any(self.stderr(r).endswith(EXIT_ABORT) for r in range(self.nproc)):
+        try:
+            if not any(self.stderr(r).endswith(EXIT_ABORT) for r in range(self.nproc)):
+                return False
+            return all(done(self.first_rank + r, self.stdout(r)) for r in range(self.nproc))
+        except (ValueError, OSError):  # a rank's logs are missing: it never ran to the end
             return False
-        return all(done(self.first_rank + r, self.stdout(r)) for r in range(self.nproc))
 
     def _tail(self) -> str:
         text = self.errors.read_text(errors="replace")[-2500:]

@@ -64,3 +64,9 @@ def test_any_other_failure_fails_with_the_ranks_stderr(tmp_path: Path) -> None:
 def test_an_abort_not_seen_in_any_rank_s_stderr_is_not_forgiven(tmp_path: Path) -> None:
     with pytest.raises(AssertionError, match="exited 1"):
         run(tmp_path, 1, ABORTED, {0: ("rank 0 done\n", ""), 1: ("rank 1 done\n", "")})
+
+
+def test_a_rank_without_logs_fails_with_torchrun_s_report(tmp_path: Path) -> None:
+    ref = TorchRun(["x.py"], nproc=2, cwd=tmp_path, popen=fake(1, ABORTED, {0: ("rank 0 done\n", EXIT_ABORT)}))
+    with pytest.raises(AssertionError, match=r"(?s)exited 1:.*exitcode  : -6"):
+        ref.wait(30)
