@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tidal.testing.torchrun import EXIT_ABORT, TorchRun
+from tidal.testing.torchrun import EXIT_ABORT, ReferenceFailed, TorchRun
 
 ABORTED = """Root Cause (first observed failure):
 [0]:
@@ -19,6 +19,12 @@ ABORTED = """Root Cause (first observed failure):
   traceback : Signal 6 (SIGABRT) received by PID 4242
 """
 FAILED = ABORTED.replace("exitcode  : -6", "exitcode  : 1")
+# torchrun stops the other ranks with SIGTERM once one failed, and reports them too.
+STOPPED = """Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 4241)  (SIGTERM)
+""" + ABORTED.replace("rank      : 0 (local_rank: 0)", "rank      : 1 (local_rank: 1)")
 
 
 def fake(rc: int, report: str, ranks: dict[int, tuple[str, str]]) -> Callable[..., subprocess.Popen[bytes]]:
@@ -51,22 +57,35 @@ def test_ranks_aborted_at_exit_after_their_last_line_are_forgiven(tmp_path: Path
     assert ref.stdout(0).endswith("rank 0 done, world 2\n")
 
 
+def test_ranks_torchrun_stopped_after_the_abort_are_forgiven_once_done(tmp_path: Path) -> None:
+    ref = run(tmp_path, 1, STOPPED, {0: ("rank 0 done, world 2\n", ""), 1: ("rank 1 done, world 2\n", EXIT_ABORT)})
+    assert ref.stdout(1) == "rank 1 done, world 2\n"
+    with pytest.raises(ReferenceFailed, match="exited 1"):
+        run(tmp_path / "cut", 1, STOPPED, {0: ("rank 0 step 9\n", ""), 1: ("rank 1 done\n", EXIT_ABORT)})
+
+
+def test_a_stop_without_an_abort_is_not_forgiven(tmp_path: Path) -> None:
+    with pytest.raises(ReferenceFailed, match="exited 1"):
+        run(tmp_path, 1, STOPPED.replace("-6 (pid", "-15 (pid"),
+            {0: ("rank 0 done\n", ""), 1: ("rank 1 done\n", EXIT_ABORT)})
+
+
 def test_an_abort_before_a_rank_s_last_line_fails_with_torchrun_s_report(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError, match=r"(?s)the torchrun reference exited 1:.*exitcode  : -6"):
+    with pytest.raises(ReferenceFailed, match=r"(?s)the torchrun reference exited 1:.*exitcode  : -6"):
         run(tmp_path, 1, ABORTED, {0: ("rank 0 done\n", EXIT_ABORT), 1: ("rank 1 step 1\n", "")})
 
 
 def test_any_other_failure_fails_with_the_ranks_stderr(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError, match=r"(?s)exited 1:.*--- rank 1 stderr:\nTraceback"):
+    with pytest.raises(ReferenceFailed, match=r"(?s)exited 1:.*--- rank 1 stderr:\nTraceback"):
         run(tmp_path, 1, FAILED, {0: ("rank 0 done\n", EXIT_ABORT), 1: ("rank 1 done\n", "Traceback\n")})
 
 
 def test_an_abort_not_seen_in_any_rank_s_stderr_is_not_forgiven(tmp_path: Path) -> None:
-    with pytest.raises(AssertionError, match="exited 1"):
+    with pytest.raises(ReferenceFailed, match="exited 1"):
         run(tmp_path, 1, ABORTED, {0: ("rank 0 done\n", ""), 1: ("rank 1 done\n", "")})
 
 
 def test_a_rank_without_logs_fails_with_torchrun_s_report(tmp_path: Path) -> None:
     ref = TorchRun(["x.py"], nproc=2, cwd=tmp_path, popen=fake(1, ABORTED, {0: ("rank 0 done\n", EXIT_ABORT)}))
-    with pytest.raises(AssertionError, match=r"(?s)exited 1:.*exitcode  : -6"):
+    with pytest.raises(ReferenceFailed, match=r"(?s)exited 1:.*exitcode  : -6"):
         ref.wait(30)
