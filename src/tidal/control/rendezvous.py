@@ -44,16 +44,31 @@ class RendezvousHost:
             self._idle_at = db.generation
             if self._addr is None and not _distributed_jobs(db):
                 return
-            try:
-                self._addr = f"{self.advertise}:{storeserver.shared().port}"
-                self._idle_at = None
-            except (TidalError, OSError, ImportError) as exc:
-                # No torch here: only scripts that use torch.distributed will miss it.
-                log.warning("no rendezvous store for distributed jobs: %s", exc)
-                self._addr = None
+            self._start()
+
+    def _start(self) -> None:
+        """Under ``_mu``: start or adopt the store and note its address."""
+        from tidal.mechanisms.interpose import storeserver
+
+        try:
+            self._addr = f"{self.advertise}:{storeserver.shared().port}"
+            self._idle_at = None
+        except (TidalError, OSError, ImportError) as exc:
+            # No torch here: only scripts that use torch.distributed will miss it.
+            log.warning("no rendezvous store for distributed jobs: %s", exc)
+            self._addr = None
 
     def addr(self) -> str | None:
         return self._addr
+
+    def ensure(self) -> str | None:
+        """The store's address, the store started now if :meth:`prepare` has not yet: a distributed job
+        committed just after a pass's :meth:`prepare` looked can be placed by that same pass. Starting the
+        store inside that transaction is a rare wait; ranks launched without a store all fail."""
+        with self._mu:
+            if self._addr is None:
+                self._start()
+            return self._addr
 
 
 def _distributed_jobs(db: Database) -> bool:
@@ -68,7 +83,7 @@ def rendezvous(s: Session, job: JobRow, tag: str) -> protocol.Rendezvous | None:
     if job.ranks < 2:
         return None
     host = s.info.get("rendezvous")
-    addr = host.addr() if isinstance(host, RendezvousHost) else None
+    addr = (host.addr() or host.ensure()) if isinstance(host, RendezvousHost) else None
     if addr is None:
         log.warning("no rendezvous store for job %s", job.id)
         return None

@@ -40,3 +40,20 @@ def test_a_started_store_is_given_at_the_advertised_address(monkeypatch: pytest.
     host = rendezvous.RendezvousHost(advertise="198.18.0.1")
     host.prepare(db)  # type: ignore[arg-type]
     assert host.addr() == "198.18.0.1:4321"
+
+
+def test_a_job_placed_before_any_pass_saw_it_gets_the_store_started_then(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pass's look found no distributed job (it was committed just after), and the same pass places it:
+    the store is started for it rather than its ranks launched without one (they all fail)."""
+    db = SimpleNamespace(generation=1)
+    monkeypatch.setattr(rendezvous, "_distributed_jobs", lambda d: False)
+    monkeypatch.setattr(storeserver, "shared", lambda: SimpleNamespace(port=4321))
+    monkeypatch.setattr(storeserver, "shared_alive", lambda: True)
+    host = rendezvous.RendezvousHost(advertise="198.18.0.1")
+    host.prepare(db)  # type: ignore[arg-type]
+    assert host.addr() is None
+    s = SimpleNamespace(info={"rendezvous": host})
+    job = SimpleNamespace(id="j1", attempt=1, ranks=2)
+    rdv = rendezvous.rendezvous(s, job, "start")  # type: ignore[arg-type]
+    assert rdv is not None and rdv.addr == "198.18.0.1:4321" and rdv.prefix == "j1/1/start"
+    assert host.addr() == "198.18.0.1:4321"
