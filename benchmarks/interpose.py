@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -445,6 +446,18 @@ def print_overheads(by: dict[str, Any]) -> None:
                   f"{statistics.median(o['tidal_cpu_step_s']) * 1e3:>9.2f} "
                   f"{o['cpu_overhead_fraction'] * 100:>12.2f}% {span(o['cpu_overhead_interval90']):>17} {o['reps']:>5} "
                   f"{o['plain_spread_fraction'] * 100:>23.1f}%")
+    for wl, r in by.items():
+        for w, why in r["overhead_failed"].items():
+            print(f"{wl} W={w}: no overhead figure ({why})")
+
+
+def finish_early(out: dict[str, Any], json_path: Any, show: Callable[[], None]) -> int:
+    """The end of a run of one part only (``--only-…``): the machine, that part's figures, the JSON."""
+    out["machine"]["load_average_at_end"] = os.getloadavg()
+    print_machine(out["machine"])
+    show()
+    write_json(json_path, out)
+    return 0
 
 
 def main() -> int:
@@ -487,21 +500,16 @@ def main() -> int:
         try:
             if args.only_nodes:
                 out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
-                out["machine"]["load_average_at_end"] = os.getloadavg()
-                print_machine(out["machine"])
-                print_nodes(out["nodes"])
-                write_json(args.json, out)
-                return 0
+                return finish_early(out, args.json, lambda: print_nodes(out["nodes"]))
             if args.only_probe:
                 runs = [probe(tidal, 4000, base) for _ in range(args.only_probe)]
                 out["probes"] = runs
-                out["machine"]["load_average_at_end"] = os.getloadavg()
-                print_machine(out["machine"])
-                for r in runs:
-                    print(" ".join(f"{kind}: +{k['added_s'] * 1e6:.1f} us CPU ({k['through_cpu_s'] * 1e6:.1f} against "
-                                   f"{k['native_cpu_s'] * 1e6:.1f})" for kind, k in r["kinds"].items()))
-                write_json(args.json, out)
-                return 0
+
+                def show_probes() -> None:
+                    for r in runs:
+                        print(" ".join(f"{kind}: +{k['added_s'] * 1e6:.1f} us CPU ({k['through_cpu_s'] * 1e6:.1f} "
+                                       f"against {k['native_cpu_s'] * 1e6:.1f})" for kind, k in r["kinds"].items()))
+                return finish_early(out, args.json, show_probes)
             if not args.only_overhead:
                 out["startup"] = startup(20)
                 out["probe"] = probe(tidal, 4000, base)
@@ -513,11 +521,7 @@ def main() -> int:
                         say(f"{wl} W={w}: no overhead figure: {exc}")
                         out["workloads"][wl]["overhead_failed"][str(w)] = str(exc)
             if args.only_overhead:
-                out["machine"]["load_average_at_end"] = os.getloadavg()
-                print_machine(out["machine"])
-                print_overheads(out["workloads"])
-                write_json(args.json, out)
-                return 0
+                return finish_early(out, args.json, lambda: print_overheads(out["workloads"]))
             for wl in workloads:
                 # DDP at W = 2 as well: its collectives per step scale the probe's figure below.
                 for w in sorted({2, 4} | set(worlds)) if wl == "ddp" else worlds:
@@ -594,9 +598,6 @@ def main() -> int:
     print(f"python start-up: wall {s['plain_median_s'] * 1e3:.1f} ms plain, {s['tidal_median_s'] * 1e3:.1f} ms with "
           f"the interposer (+{s['added_s'] * 1e3:.1f} ms); CPU {s['plain_cpu_median_s'] * 1e3:.1f} ms against "
           f"{s['tidal_cpu_median_s'] * 1e3:.1f} ms (+{s['added_cpu_s'] * 1e3:.1f} ms)")
-    for wl, r in by.items():
-        for w, why in r["overhead_failed"].items():
-            print(f"{wl} W={w}: no overhead figure ({why})")
     for rt in RETRIED:
         print(f"a reference torchrun ({rt['workload']}, W={rt['world']}) failed once (exit code {rt['exit_code']}) "
               "and was run again")

@@ -83,7 +83,7 @@ def rendezvous(s: Session, job: JobRow, tag: str) -> protocol.Rendezvous | None:
     if job.ranks < 2:
         return None
     host = s.info.get("rendezvous")
-    addr = (host.addr() or host.ensure()) if isinstance(host, RendezvousHost) else None
+    addr = host.ensure() if isinstance(host, RendezvousHost) else None
     if addr is None:
         log.warning("no rendezvous store for job %s", job.id)
         return None

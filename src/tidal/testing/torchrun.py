@@ -32,6 +32,7 @@ _FORGIVEN = {-signal.SIGABRT, -signal.SIGTERM}
 class ReferenceFailed(TidalError):
     """The plain ``torchrun`` run that a test compares Tidal with failed: the comparison cannot be made."""
 
+
 Done = Callable[[int, str], bool]
 
 
