@@ -17,6 +17,10 @@ point-to-point (FSDP2, HSDP, tensor parallel, a pipeline), in one run.
 * **Pause of a W = 4 job checkpoint** (the job keeps running afterwards): from the request until every
   rank runs again (cut, freeze, dump, working directory), and the cut alone.
 * **Start-up of a Python process** with and without the interposer's ``sitecustomize``.
+* **The interposer's cost in the same processes** (``--only-paired B``, FSDP2 and the pipeline): one job trains
+  the model on the interposer's group and a copy on a gloo group of torch's own, in turns of B steps
+  (``parallel_steps.py --paired``), so that neighbouring blocks see the same machine; the same job under plain
+  ``torchrun`` (two gloo groups of torch's) is the control, which must show nothing.
 
 Run as root with CRIU provisioned (``make criu``). Prints a table and writes JSON (``--json FILE``).
 Targets: overhead ≤ 1 %, cut within 2 steps, for every workload.
@@ -202,6 +206,71 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, worklo
             "overhead_interval90": interval(plain, ours), "cpu_overhead_interval90": interval(plain_cpu, ours_cpu),
             # How far apart runs of the very same setup were: the resolution of the comparison here.
             "plain_spread_fraction": (max(plain) - min(plain)) / p}
+
+
+VIA = re.compile(r"^rank 0 step (\d+) t ([0-9.]+) cpu ([0-9.]+) .* via (default|native) thread ([0-9.]+)$", re.M)
+
+
+def paired_blocks(text: str, block: int, warmup_blocks: int = 2) -> dict[str, Any]:
+    """Rank 0's steps of a ``--paired`` run, by block of ``block`` steps (the first ``warmup_blocks`` left out):
+    each block on the default group against the mean of the two native blocks around it, by wall clock, by
+    the CPU time of the process and by that of the script's thread, per step; the median of those ratios and
+    its 90 % bootstrap interval (the blocks resampled)."""
+    lines = {int(m[1]): (float(m[2]), float(m[3]), float(m[5]), m[4]) for m in VIA.finditer(text)}
+    blocks = []  # (via, wall, process CPU, the script thread's CPU), per step, of each whole block after the first
+    for k in range(1, (max(lines) + 1) // block):
+        first, last = k * block, k * block + block - 1
+        missing = [s for s in (first - 1, last) if s not in lines]
+        if missing:
+            raise BenchmarkError(f"rank 0 printed no paired line for step {missing[0]}",
+                                 hint="its lines end `via default|native thread SECONDS` (parallel_steps.py --paired)")
+        blocks.append((lines[first][3], *((lines[last][i] - lines[first - 1][i]) / block for i in range(3))))
+    out: dict[str, Any] = {"block": block, "blocks": len(blocks)}
+    for i, what in ((1, "wall"), (2, "cpu"), (3, "thread_cpu")):
+        ratios = [b[i] / ((blocks[k - 1][i] + blocks[k + 1][i]) / 2) for k, b in enumerate(blocks)
+                  if k >= warmup_blocks and b[0] == "default" and k + 1 < len(blocks)]
+        rng = random.Random(0)
+        boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(4000))
+        out[what] = {"default_step_s": statistics.median(b[i] for b in blocks[warmup_blocks:] if b[0] == "default"),
+                     "native_step_s": statistics.median(b[i] for b in blocks[warmup_blocks:] if b[0] == "native"),
+                     "pairs": len(ratios), "overhead_fraction": statistics.median(ratios) - 1,
+                     "interval90": (boot[200] - 1, boot[3799] - 1)}
+    return out
+
+
+def paired(tidal: Tidal, world: int, steps: int, block: int, base: Path, workload: str) -> dict[str, Any]:
+    """The interposer's cost to a workload, measured in the same processes (``parallel_steps.py --paired``):
+    under Tidal, the model on the interposer's group against a copy on a gloo group of torch's own; under plain
+    ``torchrun``, the same with two gloo groups of torch's, the control, which must show none."""
+    work = base / f"paired-{workload}-w{world}"
+    work.mkdir(parents=True, exist_ok=True)
+    args = ["--steps", str(steps), "--paired", str(block)]
+    say(f"{workload} W={world}: paired, as Tidal ranks")
+    ours = tidal.run(world, args, work, workload)
+    say(f"{workload} W={world}: paired, under torchrun (the control)")
+    control = torchrun(world, args, work, workload)
+    return {"workload": workload, "world": world, "steps": steps, "tidal": paired_blocks(ours, block),
+            "control": paired_blocks(control, block)}
+
+
+def print_paired(by: dict[str, dict[str, Any]]) -> None:
+    print(f"{'workload':>9} {'W':>3} {'setup':>9} {'pairs':>6} {'step ms default':>16} {'native':>7} "
+          f"{'overhead':>9} {'90 % interval':>17} {'CPU ms default':>15} {'native':>7} {'CPU overhead':>13} "
+          f"{'90 % interval':>17} {'script thread CPU overhead':>27} {'90 % interval':>17}")
+    for r in by.values():
+        for setup in ("tidal", "control"):
+            b = r[setup]
+            w, c, th = b["wall"], b["cpu"], b["thread_cpu"]
+
+            def span(x: dict[str, Any]) -> str:
+                return f"{x['interval90'][0] * 100:+.2f}..{x['interval90'][1] * 100:+.2f}%"
+
+            print(f"{r['workload']:>9} {r['world']:>3} {setup:>9} {w['pairs']:>6} {w['default_step_s'] * 1e3:>16.2f} "
+                  f"{w['native_step_s'] * 1e3:>7.2f} {w['overhead_fraction'] * 100:>8.2f}% "
+                  f"{w['interval90'][0] * 100:>+8.2f}..{w['interval90'][1] * 100:+.2f}% "
+                  f"{c['default_step_s'] * 1e3:>15.3f} {c['native_step_s'] * 1e3:>7.3f} "
+                  f"{c['overhead_fraction'] * 100:>12.2f}% {span(c):>17} "
+                  f"{th['overhead_fraction'] * 100:>26.2f}% {span(th):>17}")
 
 
 def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workload: str = "ddp",
@@ -478,6 +547,10 @@ def main() -> int:
                    help="only the one-node / two-node checkpoint pause comparison")
     p.add_argument("--only-overhead", action="store_true",
                    help="only the steady-state overhead comparison (no probe, checkpoints or pauses)")
+    p.add_argument("--only-paired", type=int, default=0, metavar="B",
+                   help="only the in-process comparison of fsdp and pipeline: one Tidal job and one torchrun job per "
+                        "workload and world size, the model trained on the default group and on a gloo group of "
+                        "torch's own in turns of B steps (--steps in all)")
     p.add_argument("--only-probe", type=int, default=0, metavar="N",
                    help="only the per-op probe, N times over (a fresh W = 2 job each): its spread from job to job")
     args = p.parse_args()
@@ -501,6 +574,11 @@ def main() -> int:
             if args.only_nodes:
                 out["nodes"] = one_and_two_nodes(tidal, args.node_rounds, 2, args.seed, base)
                 return finish_early(out, args.json, lambda: print_nodes(out["nodes"]))
+            if args.only_paired:
+                pairs = {f"{wl}-w{w}": paired(tidal, w, args.steps, args.only_paired, base, wl)
+                         for w in worlds for wl in workloads if wl in ("fsdp", "pipeline")}
+                out["paired"] = pairs
+                return finish_early(out, args.json, lambda: print_paired(pairs))
             if args.only_probe:
                 runs = [probe(tidal, 4000, base) for _ in range(args.only_probe)]
                 out["probes"] = runs
