@@ -30,7 +30,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +42,7 @@ from tidal.waiting import wait_until
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue")
 ACCOUNTING_BINARIES = ("slurmdbd", "sacctmgr", "sacct", "mariadbd", "mariadb-install-db")
 PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
+PORT_TRIES = 3  # starts of a daemon whose port was taken before it bound it
 
 
 def missing_binaries(accounting: bool = False) -> list[str]:
@@ -123,9 +124,9 @@ class SlurmCluster:
         wait_until(lambda: self.munge_socket.exists(), timeout=20, what="munged to listen")
         if self.accounting:
             self._start_accounting()
-        self._spawn(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld")
-        wait_until(lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0, timeout=30,
-                   what="slurmctld to answer", interval=0.2)
+        self._start_daemon(["slurmctld", "-D", "-i", "-f", str(self.conf)], "slurmctld",
+                           lambda: self._run(["scontrol", "ping"], check=False).stdout.count("UP") > 0,
+                           timeout=30, new_port=self._new_ctld_port)
         for n in self.nodes:
             argv = ["slurmd", "-D", "-N", n.name, "-f", str(self.conf)]
             if n.netns:
@@ -146,14 +147,12 @@ class SlurmCluster:
                      "--innodb-flush-log-at-trx-commit=0", "--skip-log-bin", "--innodb-lock-wait-timeout=900"],
                     "mariadbd")
         wait_until(lambda: self.db_socket.exists(), timeout=60, what="mariadbd to listen")
-        dbd_conf = self.conf.with_name("slurmdbd.conf")
-        dbd_conf.write_text(self._dbd_conf_text())
-        os.chmod(dbd_conf, 0o600)  # slurmdbd insists: it holds the database's credentials
+        self._write_dbd_conf()
         # slurmdbd reads slurmdbd.conf beside SLURM_CONF's slurm.conf; the MariaDB client library it links finds
         # the server's socket in MYSQL_UNIX_PORT (StorageHost=localhost: a unix socket).
-        self._spawn(["slurmdbd", "-D"], "slurmdbd", extra_env={"MYSQL_UNIX_PORT": str(self.db_socket)})
-        wait_until(lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"], check=False).returncode == 0,
-                   timeout=60, what="slurmdbd to answer", interval=0.2)
+        self._start_daemon(["slurmdbd", "-D"], "slurmdbd",
+                           lambda: self._run(["sacctmgr", "-n", "-P", "show", "cluster"], check=False).returncode == 0,
+                           timeout=60, new_port=self._new_dbd_port, extra_env={"MYSQL_UNIX_PORT": str(self.db_socket)})
         for cmd in (["add", "cluster", "tidaltest"],
                     ["add", "qos", "low", f"GraceTime={self.grace}", "PreemptMode=requeue"],
                     ["add", "qos", "high", "Preempt=low"],
@@ -163,6 +162,55 @@ class SlurmCluster:
                     # root has an association under account root already (made with the cluster).
                     ["modify", "user", "root", "set", "DefaultAccount=tidal"]):
             self._run(["sacctmgr", "-i", *cmd])
+
+    def _start_daemon(self, argv: list[str], name: str, ready: Callable[[], bool], *, timeout: float,
+                      new_port: Callable[[], None], extra_env: dict[str, str] | None = None) -> None:
+        """Start a daemon and wait until ``ready()``. Its port was free when chosen, but another process may have
+        bound it since (an outgoing connection's ephemeral port comes from the same range): a daemon that exits
+        for that is started again on a port ``new_port`` picks. Any other exit, or no answer, is an error that
+        ends with the daemon's log."""
+        log = self.root / "log" / f"{name}.out"
+        for attempt in range(1, PORT_TRIES + 1):
+            since = log.stat().st_size if log.exists() else 0  # the log is appended to: this start's lines only
+            self._spawn(argv, name, extra_env)
+            proc = self.procs[-1]
+
+            def answers(p: subprocess.Popen[bytes] = proc) -> str | None:
+                return "exited" if p.poll() is not None else "up" if ready() else None
+
+            try:
+                up = wait_until(answers, timeout=timeout, what=f"{name} to answer", interval=0.2)
+            except TidalError as e:
+                raise TidalError(f"{e}; the end of its log:\n{self._log_tail(name, since)}") from e
+            if up != "exited":
+                return
+            self.procs.remove(proc)
+            tail = self._log_tail(name, since)
+            if "Address already in use" not in tail or attempt == PORT_TRIES:
+                raise TidalError(f"{name} exited with code {proc.returncode} while starting; the end of its log:\n"
+                                 f"{tail}")
+            new_port()
+
+    def _log_tail(self, name: str, since: int = 0, chars: int = 2000) -> str:
+        """The end of what the daemon wrote since byte ``since`` of its log."""
+        with contextlib.suppress(OSError), open(self.root / "log" / f"{name}.out", "rb") as f:
+            f.seek(since)
+            return f.read().decode(errors="replace")[-chars:] or "(empty)"
+        return "(no log)"
+
+    def _new_ctld_port(self) -> None:
+        self.ctld_port = _free_port()
+        self.conf.write_text(self._conf_text())
+
+    def _new_dbd_port(self) -> None:
+        self.dbd_port = _free_port()
+        self.conf.write_text(self._conf_text())
+        self._write_dbd_conf()
+
+    def _write_dbd_conf(self) -> None:
+        dbd_conf = self.conf.with_name("slurmdbd.conf")
+        dbd_conf.write_text(self._dbd_conf_text())
+        os.chmod(dbd_conf, 0o600)  # slurmdbd insists: it holds the database's credentials
 
     def _dbd_conf_text(self) -> str:
         r = self.root
