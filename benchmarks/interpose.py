@@ -208,6 +208,11 @@ def overhead(tidal: Tidal, world: int, steps: int, reps: int, base: Path, worklo
             "plain_spread_fraction": (max(plain) - min(plain)) / p}
 
 
+def span(iv: tuple[float, float]) -> str:
+    """A 90 % interval of an overhead, in per cent."""
+    return f"{iv[0] * 100:+.2f}..{iv[1] * 100:+.2f}%"
+
+
 VIA = re.compile(r"^rank 0 step (\d+) t ([0-9.]+) cpu ([0-9.]+) .* via (default|native) thread ([0-9.]+)$", re.M)
 
 
@@ -231,8 +236,8 @@ def paired_blocks(text: str, block: int, warmup_blocks: int = 2) -> dict[str, An
                   if k >= warmup_blocks and b[0] == "default" and k + 1 < len(blocks)]
         rng = random.Random(0)
         boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(4000))
-        out[what] = {"default_step_s": statistics.median(b[i] for b in blocks[warmup_blocks:] if b[0] == "default"),
-                     "native_step_s": statistics.median(b[i] for b in blocks[warmup_blocks:] if b[0] == "native"),
+        out[what] = {**{f"{via}_step_s": statistics.median(b[i] for b in blocks[warmup_blocks:] if b[0] == via)
+                        for via in ("default", "native")},
                      "pairs": len(ratios), "overhead_fraction": statistics.median(ratios) - 1,
                      "interval90": (boot[200] - 1, boot[3799] - 1)}
     return out
@@ -261,16 +266,11 @@ def print_paired(by: dict[str, dict[str, Any]]) -> None:
         for setup in ("tidal", "control"):
             b = r[setup]
             w, c, th = b["wall"], b["cpu"], b["thread_cpu"]
-
-            def span(x: dict[str, Any]) -> str:
-                return f"{x['interval90'][0] * 100:+.2f}..{x['interval90'][1] * 100:+.2f}%"
-
             print(f"{r['workload']:>9} {r['world']:>3} {setup:>9} {w['pairs']:>6} {w['default_step_s'] * 1e3:>16.2f} "
-                  f"{w['native_step_s'] * 1e3:>7.2f} {w['overhead_fraction'] * 100:>8.2f}% "
-                  f"{w['interval90'][0] * 100:>+8.2f}..{w['interval90'][1] * 100:+.2f}% "
+                  f"{w['native_step_s'] * 1e3:>7.2f} {w['overhead_fraction'] * 100:>8.2f}% {span(w['interval90']):>17} "
                   f"{c['default_step_s'] * 1e3:>15.3f} {c['native_step_s'] * 1e3:>7.3f} "
-                  f"{c['overhead_fraction'] * 100:>12.2f}% {span(c):>17} "
-                  f"{th['overhead_fraction'] * 100:>26.2f}% {span(th):>17}")
+                  f"{c['overhead_fraction'] * 100:>12.2f}% {span(c['interval90']):>17} "
+                  f"{th['overhead_fraction'] * 100:>26.2f}% {span(th['interval90']):>17}")
 
 
 def cuts(tidal: Tidal, world: int, requests: int, seed: int, base: Path, workload: str = "ddp",
@@ -501,9 +501,6 @@ def print_nodes(n: dict[str, Any]) -> None:
 
 def print_overheads(by: dict[str, Any]) -> None:
     """The steady-state comparison's table, a row per workload and world size."""
-    def span(iv: tuple[float, float]) -> str:
-        return f"{iv[0] * 100:+.2f}..{iv[1] * 100:+.2f}%"
-
     print(f"{'workload':>9} {'W':>3} {'torchrun step ms':>17} {'Tidal step ms':>14} {'overhead':>9} "
           f"{'90 % interval':>17} {'CPU/step torchrun ms':>21} {'Tidal ms':>9} {'CPU overhead':>13} "
           f"{'90 % interval':>17} {'runs':>5} {'spread of torchrun runs':>24}")
