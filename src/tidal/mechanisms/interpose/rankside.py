@@ -72,7 +72,9 @@ class Interposer:
 
     def __init__(self, rfd: int, wfd: int, store: str | None, prefix: str) -> None:
         self.rfd, self.wfd = rfd, wfd
-        self.cond = threading.Condition()
+        # The lock of ``cond``: every op takes it, directly (a Condition's ``with`` is a Python call).
+        self.mutex = threading.RLock()
+        self.cond = threading.Condition(self.mutex)
         self.announced: dict[str, int] = {}
         self.issued: dict[str, int] = {}
         self.members: dict[str, list[int]] = {}
@@ -164,9 +166,11 @@ class Interposer:
                 opened = set().union(*(g._opened for g in groups))  # what building the groups opened
                 for g in groups:
                     g._drop_inner()
-                # Dropping the groups closes their sockets; a full collection (a good part of a second in a
-                # process holding torch) only if some are still open.
+                # Dropping the groups closes their sockets. Some still open: works the script keeps hold
+                # them (every rank is parked: all works have completed), or garbage does; a full collection
+                # is a good part of a second in a process holding torch, so only then.
                 if opened & _sockets():
+                    _let_go_of_works()
                     gc.collect()
                 # CRIU cannot dump an internet socket (in any state, on Linux >= 6.16): none of the groups'
                 # may outlive the teardown. One still closing is waited for; one that stays is named.
@@ -227,9 +231,9 @@ class Interposer:
                 self.cond.wait()
             works = list(self.works)
         # A point-to-point work is waited on (once: TidalWork remembers it, and the script's own wait() then
-        # returns at once): gloo reports it completed only after a wait(), and a script may wait on its sends
-        # only later (a pipeline schedule, after its last micro-batch's forward), past the cut. Collectives
-        # are polled.
+        # returns at once, or waits for this one to end): gloo reports it completed only after a wait(), and
+        # a script may wait on its sends only later (a pipeline schedule, after its last micro-batch's
+        # forward), past the cut. Collectives are polled.
         delay = 0.001
         for w in works:
             if getattr(w, "_p2p", False):
@@ -248,35 +252,42 @@ class Interposer:
                 self.send(op="parked", epoch=epoch, version=version)
 
     # -- the gate (script threads) ------------------------------------------------------------------
+    # Every op of the script passes here: the usual case (no cut pending, a communicator seen before) is
+    # kept to a few lines, as each Python call on this path costs the workload (docs/distributed.md, "What the
+    # interposer costs").
     def enter(self, key: str, members: list[int]) -> None:
-        with self.cond:
-            self.members.setdefault(key, members)
-            while self.pending and (self.targets is None or self.announced.get(key, 0) >= self.targets.get(key, 0)):
-                if (self.targets is not None and (key, self.version) not in self.asked
-                        and not self._at_targets()):
-                    # This rank owes ops on other communicators, and the next of them in its program
-                    # order comes after one more op here: the coordinator must let it through.
-                    self.asked.add((key, self.version))
-                    self.send(op="need", epoch=self.epoch, version=self.version, key=key, members=members,
-                              count=self.announced.get(key, 0) + 1)
-                self.cond.wait()
-            self.announced[key] = self.announced.get(key, 0) + 1
+        with self.mutex:
+            if self.pending or key not in self.announced:
+                self._gate(key, members)
+            else:
+                self.announced[key] += 1
+
+    def _gate(self, key: str, members: list[int]) -> None:
+        """Under ``mutex``: announce one more op on ``key`` once the cut pending, if any, lets it through."""
+        self.members.setdefault(key, members)
+        while self.pending and (self.targets is None or self.announced.get(key, 0) >= self.targets.get(key, 0)):
+            if (self.targets is not None and (key, self.version) not in self.asked
+                    and not self._at_targets()):
+                # This rank owes ops on other communicators, and the next of them in its program
+                # order comes after one more op here: the coordinator must let it through.
+                self.asked.add((key, self.version))
+                self.send(op="need", epoch=self.epoch, version=self.version, key=key, members=members,
+                          count=self.announced.get(key, 0) + 1)
+            self.cond.wait()
+        self.announced[key] = self.announced.get(key, 0) + 1
 
     def leave(self, key: str, work: Any) -> None:
-        with self.cond:
+        with self.mutex:
             self.issued[key] = self.issued.get(key, 0) + 1
             if work is not None:
-                # Completed works need no waiting at the cut, and must not keep their tensors alive: drop them.
-                # Those waited on (most) are known from an attribute; asking torch whether each of the others
-                # completed (a call per work, every op, and a pipeline keeps several sends open) is done only
-                # once the list has doubled since (completed works of DDP's, never waited on, meanwhile keep
-                # only its persistent buckets).
-                works = [w for w in self.works if not w._finished]
-                if len(works) >= self._prune_at:
-                    works = [w for w in works if not _done(w)]
-                    self._prune_at = 2 * len(works) + 8
+                works = self.works
                 works.append(work)
-                self.works = works
+                if len(works) >= self._prune_at:
+                    # Completed works need no waiting at the cut, and must not keep their tensors alive: they
+                    # are dropped once the list has doubled since the last time (those waited on are known
+                    # from an attribute; the others are asked, a call to torch each).
+                    works = self.works = [w for w in works if w._st != WAITED and not _done(w)]
+                    self._prune_at = 2 * len(works) + 8
             if self.pending:  # only a cut waits on the counts (set under this lock)
                 self.cond.notify_all()
 
@@ -379,36 +390,62 @@ class TidalGroupBase:
 IP: Interposer | None = None
 
 
+# The state of a TidalWork's wait: none running, one running (the script's or the cut's), one returned True.
+IDLE, WAITING, WAITED = 0, 1, 2
+_CLAIM = threading.Lock()  # makes IDLE -> WAITING one step: a second wait() on a gloo P2P work blocks for ever
+_WORK_TYPES: list[type] = []
+
+
 def _make_work_class(dist: Any) -> type:
     class TidalWork(dist.Work):  # type: ignore[misc]
-        """The inner group's work, let go of at a teardown: a work the script keeps (the last ``isend`` of
-        a loop) would otherwise keep the inner group's connections open, and CRIU cannot dump them."""
+        """The inner group's work (``_w``), let go of at a teardown: a work the script keeps (the last ``isend``
+        of a loop) would otherwise keep the inner group's connections open, and CRIU cannot dump them.
 
-        def __init__(self, inner: Any, p2p: bool) -> None:
-            super().__init__()
-            self._w = inner
-            self._p2p = p2p
-            self._finished = False  # a wait() returned: done, whatever is_completed() says
-            self._fut: Any = None
+        One is made for every op, so it has no ``__init__`` of its own and its state is in class defaults:
+        every Python call on an op's path costs the workload (docs/distributed.md, "What the interposer
+        costs")."""
+
+        _w: Any = None
+        _p2p = False
+        _st = IDLE
+        _fut: Any = None
+
+        def wait(self, timeout: Any = None) -> bool:
             # One wait() on the inner work at a time, and none once one returned: the cut waits on a
             # point-to-point work the script has not waited on yet (gloo says such a work completed only once
             # waited on), and a second wait() on it can block for ever (seen with torch.distributed.pipelining).
-            self._waiting = threading.Lock()
-
-        def wait(self, timeout: Any = None) -> bool:
             w = self._w
-            if w is None:
+            if self._st == WAITED or w is None:
                 return True
-            with self._waiting:
-                if self._finished:
-                    return True
+            with _CLAIM:
+                mine = self._st == IDLE
+                if mine:
+                    self._st = WAITING
+            if not mine:
+                return self._await_other(timeout)
+            try:
                 ok = bool(w.wait() if timeout is None else w.wait(timeout))
-                self._finished = self._finished or ok
-                return ok
+            except BaseException:
+                self._st = IDLE
+                raise
+            self._st = WAITED if ok else IDLE
+            return ok
+
+        def _await_other(self, timeout: Any) -> bool:
+            """Another thread is in the inner work's wait() (the cut, or a thread of the script): wait for it
+            to end, then take over if it ended without the work done."""
+            deadline = None if timeout is None else time.monotonic() + timeout.total_seconds()
+            delay = 0.0005
+            while self._st == WAITING:
+                if deadline is not None and time.monotonic() > deadline:
+                    raise RuntimeError("Tidal: timed out waiting for a work that another thread waits on")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.01)
+            return self.wait(timeout)
 
         def is_completed(self) -> bool:
             w = self._w
-            return w is None or self._finished or bool(w.is_completed())
+            return w is None or self._st == WAITED or bool(w.is_completed())
 
         def is_success(self) -> bool:
             w = self._w
@@ -431,18 +468,25 @@ def _make_work_class(dist: Any) -> type:
                 self._fut = self._w.get_future()
             return self._fut
 
-        def _let_go(self) -> None:
-            self._w = None
-
+    _WORK_TYPES.append(TidalWork)
     return TidalWork
+
+
+def _let_go_of_works() -> None:
+    """Every work handed out lets go of its inner work: found among all objects, as works are many and this is
+    needed only at a teardown that found a group's socket still open (a work the script keeps)."""
+    kinds = set(_WORK_TYPES)
+    if kinds:
+        for obj in gc.get_objects():
+            # type(), not isinstance(): that reads __class__, which some objects compute, with side effects
+            # (torch's deprecated ``reduce_op`` warns).
+            if type(obj) in kinds:
+                obj._w = None
 
 
 def _make_group_class(dist: Any) -> type:
     gloo = dist.ProcessGroupGloo
     work_cls = _make_work_class(dist)
-    import weakref
-
-    handed: weakref.WeakSet[Any] = weakref.WeakSet()  # every work handed out, until the script drops it
 
     class TidalGroup(dist.ProcessGroup, TidalGroupBase):  # type: ignore[misc]
         """A tearable group: the world (``ranks`` empty) or a sub-group, keyed by torch's group name; its
@@ -509,8 +553,6 @@ def _make_group_class(dist: Any) -> type:
                 self._opened = _sockets() - before
 
         def _drop_inner(self) -> None:
-            for w in list(handed):
-                w._let_go()  # every rank is parked: all of them have completed
             inner, self._inner, self._store = self._inner, None, None
             if inner is not None:
                 import contextlib
@@ -530,20 +572,23 @@ def _make_group_class(dist: Any) -> type:
             return found
 
         def _call(self, key: str, members: list[int], name: str, args: Any, kw: Any) -> Any:
-            assert IP is not None
-            IP.enter(key, members)
+            ip = IP
+            assert ip is not None
+            ip.enter(key, members)
             work = None
             try:
                 if self._inner_kind == "nccl" and not _NCCL_SEEN:
                     inner = _without_nccl_ras(lambda: getattr(self._inner, name)(*args, **kw))
                 else:
                     inner = getattr(self._inner, name)(*args, **kw)
-                work = work_cls(inner, name in P2P_OPS) if inner is not None else None
-                if work is not None:
-                    handed.add(work)
+                if inner is not None:
+                    work = work_cls()
+                    work._w = inner
+                    if name in P2P_OPS:
+                        work._p2p = True
                 return work
             finally:
-                IP.leave(key, work)
+                ip.leave(key, work)
 
         def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
             key, members = self._p2p_key(self._rank, dst, tag)
