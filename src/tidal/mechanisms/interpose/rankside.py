@@ -163,15 +163,7 @@ class Interposer:
                 groups = list(self.groups)
             left: list[str] = []
             if groups:
-                opened = set().union(*(g._opened for g in groups))  # what building the groups opened
-                for g in groups:
-                    g._drop_inner()
-                # Dropping the groups closes their sockets. Some still open: works the script keeps hold
-                # them (every rank is parked: all works have completed), or garbage does; a full collection
-                # is a good part of a second in a process holding torch, so only then.
-                if opened & _sockets():
-                    _let_go_of_works()
-                    gc.collect()
+                opened = _drop_groups(groups)
                 # CRIU cannot dump an internet socket (in any state, on Linux >= 6.16): none of the groups'
                 # may outlive the teardown. One still closing is waited for; one that stays is named.
                 left = _describe(_await_closed(opened, TEARDOWN_WAIT_S))
@@ -186,8 +178,7 @@ class Interposer:
                 self.prefix = self.base_prefix
             groups = list(self.groups)
             if groups and msg.get("rebuild"):
-                for g in groups:
-                    g._drop_inner()  # every rank is parked: nothing is in flight on them
+                _drop_groups(groups)  # every rank is parked: nothing is in flight on them
             if any(g._inner is None for g in groups):
                 if not store:
                     # The same store, fresh keys: every rank rebuilds at this epoch, so on the same prefix,
@@ -293,6 +284,23 @@ class Interposer:
 
 
 TEARDOWN_WAIT_S = 10.0  # how long a teardown waits for the dropped groups' sockets to close
+
+
+def _drop_groups(groups: list[TidalGroupBase]) -> set[str]:
+    """Drop the inner group of each of ``groups`` (every rank parked); returns the sockets building them opened.
+
+    Dropping them closes their sockets. Those still open are held by works the script keeps (all have
+    completed), which then let go of their inner works, or by garbage: a full collection is a good part of a
+    second in a process holding torch, so only if some are still open after that. Also before a rebuild
+    without a dump: the next teardown looks only at the sockets of the groups built then."""
+    opened: set[str] = set().union(*(g._opened for g in groups))
+    for g in groups:
+        g._drop_inner()
+    if opened & _sockets():
+        _let_go_of_works()
+        if opened & _sockets():
+            gc.collect()
+    return opened
 
 
 def _await_closed(sockets: set[str], timeout: float) -> set[str]:

@@ -15,13 +15,36 @@ import pytest
 
 from tidal.errors import CheckpointError
 from tidal.mechanisms.interpose import rankside
-from tidal.mechanisms.interpose.channel import RankChannel, cut, new_epoch
+from tidal.mechanisms.interpose.channel import RankChannel, cut, new_epoch, resume
+
+
+class Conn:
+    """What a kept work holds of its group: the socket, closed once nothing refers to it (as gloo's context)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def __del__(self) -> None:
+        self.sock.close()
+
+
+class KeptWork:
+    """A work the script keeps after its group was dropped (the last ``isend`` of a loop): its inner work
+    holds the group's connection until the interposer lets go of it."""
+
+    __slots__ = ("_w",)
+
+    def __init__(self, inner: Any) -> None:
+        self._w = inner
+
+
+kept: list[KeptWork] = []
 
 
 class Group(rankside.TidalGroupBase):
     """A group whose inner part is a listening TCP socket. ``close``: how dropping it closes the socket:
-    "now", "later" (another thread, once ``release`` is set: as a library closing asynchronously) or
-    "never"."""
+    "now", "later" (another thread, once ``release`` is set: as a library closing asynchronously), "kept" (a
+    work the script keeps holds it) or "never"."""
 
     def __init__(self, close: str) -> None:
         self.close = close
@@ -47,6 +70,8 @@ class Group(rankside.TidalGroupBase):
                 inner.close()
 
             threading.Thread(target=close, daemon=True).start()
+        elif self.close == "kept":
+            kept.append(KeptWork(Conn(inner)))
         else:
             leaked.append(inner)
 
@@ -73,6 +98,7 @@ def rank() -> Iterator[tuple[rankside.Interposer, RankChannel]]:
     for s in leaked:
         s.close()
     leaked.clear()
+    kept.clear()
 
 
 def test_the_groups_sockets_are_closed_when_the_rank_says_down(rank: tuple[rankside.Interposer, RankChannel]) -> None:
@@ -85,6 +111,32 @@ def test_the_groups_sockets_are_closed_when_the_rank_says_down(rank: tuple[ranks
     cut([channel], new_epoch(), 10)
     assert not opened & rankside._sockets()
     assert now.builds == later.builds == 1  # not rebuilt: the job is being checkpointed
+
+
+def test_a_work_the_script_keeps_lets_go_of_its_group_at_the_teardown(
+        rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rankside, "_WORK_TYPES", [KeptWork])
+    ip, channel = rank
+    group = Group("kept")
+    ip.groups.append(group)
+    cut([channel], new_epoch(), 10)
+    assert not group._opened & rankside._sockets()
+    assert [w._w for w in kept] == [None]
+
+
+def test_a_rebuild_without_a_dump_lets_go_of_the_old_groups_kept_by_works(
+        rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytest.MonkeyPatch) -> None:
+    # A rank of a cut over several nodes goes on while the others are dumped, rebuilding its groups on a new
+    # store: the next teardown looks only at the sockets of the new build, so the old ones must be gone.
+    monkeypatch.setattr(rankside, "_WORK_TYPES", [KeptWork])
+    ip, channel = rank
+    group = Group("kept")
+    ip.groups.append(group)
+    old = group._opened
+    resume([channel], new_epoch(), None, rebuild=True)
+    assert group.builds == 2 and group._opened != old
+    assert not old & rankside._sockets()
+    assert [w._w for w in kept] == [None]
 
 
 def test_a_socket_left_open_fails_the_cut_by_name_and_the_rank_goes_on(
