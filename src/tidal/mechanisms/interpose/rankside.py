@@ -227,11 +227,11 @@ class Interposer:
         # forward), past the cut. Collectives are polled.
         delay = 0.001
         for w in works:
-            if getattr(w, "_p2p", False):
+            if w._p2p:
                 w.wait()
                 continue
             while not _done(w):
-                if not w._p2p and delay >= 0.05:
+                if delay >= 0.05:
                     # gloo's reduce-scatter never says it completed: a collective is waited on (again).
                     w.wait()
                     break
@@ -484,12 +484,11 @@ def _let_go_of_works() -> None:
     """Every work handed out lets go of its inner work: found among all objects, as works are many and this is
     needed only at a teardown that found a group's socket still open (a work the script keeps)."""
     kinds = set(_WORK_TYPES)
-    if kinds:
-        for obj in gc.get_objects():
-            # type(), not isinstance(): that reads __class__, which some objects compute, with side effects
-            # (torch's deprecated ``reduce_op`` warns).
-            if type(obj) in kinds:
-                obj._w = None
+    for obj in gc.get_objects():
+        # type(), not isinstance(): that reads __class__, which some objects compute, with side effects
+        # (torch's deprecated ``reduce_op`` warns).
+        if type(obj) in kinds:
+            obj._w = None
 
 
 def _make_group_class(dist: Any) -> type:

@@ -113,25 +113,30 @@ def test_the_groups_sockets_are_closed_when_the_rank_says_down(rank: tuple[ranks
     assert now.builds == later.builds == 1  # not rebuilt: the job is being checkpointed
 
 
-def test_a_work_the_script_keeps_lets_go_of_its_group_at_the_teardown(
-        rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def kept_group(rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytest.MonkeyPatch) -> Group:
+    """A group of the rank's whose inner part, once dropped, a work the script keeps still holds."""
     monkeypatch.setattr(rankside, "_WORK_TYPES", [KeptWork])
-    ip, channel = rank
     group = Group("kept")
-    ip.groups.append(group)
+    rank[0].groups.append(group)
+    return group
+
+
+def test_a_work_the_script_keeps_lets_go_of_its_group_at_the_teardown(
+        rank: tuple[rankside.Interposer, RankChannel], kept_group: Group) -> None:
+    _, channel = rank
+    group = kept_group
     cut([channel], new_epoch(), 10)
     assert not group._opened & rankside._sockets()
     assert [w._w for w in kept] == [None]
 
 
 def test_a_rebuild_without_a_dump_lets_go_of_the_old_groups_kept_by_works(
-        rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytest.MonkeyPatch) -> None:
+        rank: tuple[rankside.Interposer, RankChannel], kept_group: Group) -> None:
     # A rank of a cut over several nodes goes on while the others are dumped, rebuilding its groups on a new
     # store: the next teardown looks only at the sockets of the new build, so the old ones must be gone.
-    monkeypatch.setattr(rankside, "_WORK_TYPES", [KeptWork])
-    ip, channel = rank
-    group = Group("kept")
-    ip.groups.append(group)
+    _, channel = rank
+    group = kept_group
     old = group._opened
     resume([channel], new_epoch(), None, rebuild=True)
     assert group.builds == 2 and group._opened != old
