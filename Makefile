@@ -80,6 +80,7 @@ bench: criu
 	$(PY) benchmarks/api.py --json bench-results/api.json
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
+	$(PY) benchmarks/work_object.py --json bench-results/work_object.json
 	$(PY) benchmarks/elastic.py --restore-from both --json bench-results/elastic.json
 	$(PY) benchmarks/cluster_pause.py --json bench-results/cluster_pause.json
 	$(PY) benchmarks/crosshost.py --json bench-results/crosshost.json
