@@ -1,7 +1,9 @@
 """A Slurm step over several nodes: three test hosts (one ``slurmd`` in each host's network namespace, reached
-over the test net), a 2-node, 4-rank DDP step (``srun --ntasks-per-node 1 tidal run --ranks-per-node 2``)
+over the test net), a 2-node, 4-rank step (``srun --ntasks-per-node 1 tidal run --ranks-per-node 2``)
 preempted by a job that takes one of its nodes, requeued by Slurm onto another pair of nodes, and finished:
-every rank's output and the final parameters identical to plain ``torchrun`` on the same script."""
+every rank's output and the final parameters identical to plain ``torchrun`` on the same script. Two
+scripts: DDP (the world group), and a 4-stage pipeline, whose point-to-point ops between the two nodes make
+the cut over the tasks run park rounds (docs/distributed.md, "Over several nodes")."""
 
 from __future__ import annotations
 
@@ -20,41 +22,48 @@ from tidal.testing.torchrun import torchrun
 from tidal.waiting import wait_for_line, wait_until
 
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
-DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 STEPS = 160
+# Per script: its file, its arguments, the files of final parameters it writes.
+WORKLOADS = {
+    "ddp": ("ddp_train.py", [], ["params.bin"]),
+    "pipeline": ("parallel_train.py", ["--mode", "pipeline"], [f"params-{r}.bin" for r in range(4)]),
+}
 
 
-def _torchrun(tmp: Path) -> tuple[dict[int, bytes], bytes]:
+def _torchrun(tmp: Path, script: str, args: list[str], params: list[str]) -> tuple[dict[int, bytes], list[bytes]]:
     """Each rank's output and the final parameters under plain torchrun, 4 ranks."""
     ref = tmp / "reference"
     ref.mkdir()
-    (ref / "ddp_train.py").write_bytes(DDP.read_bytes())
-    run = torchrun(["ddp_train.py", "--steps", str(STEPS)], nproc=4, cwd=ref,
+    (ref / script).write_bytes((EXAMPLES / script).read_bytes())
+    run = torchrun([script, *args, "--steps", str(STEPS)], nproc=4, cwd=ref,
                    env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    return {r: run.stdout(r).encode() for r in range(4)}, (ref / "params.bin").read_bytes()
+    return {r: run.stdout(r).encode() for r in range(4)}, [(ref / f).read_bytes() for f in params]
 
 
+@pytest.mark.parametrize("workload", list(WORKLOADS))
 @pytest.mark.parametrize("test_net", [["n1", "n2", "n3"]], indirect=True)
-def test_two_node_ddp_step_preempted_and_requeued_onto_other_nodes_is_identical_to_torchrun(
-        test_net: TestNet, tmp_path: Path) -> None:
+def test_two_node_step_preempted_and_requeued_onto_other_nodes_is_identical_to_torchrun(
+        test_net: TestNet, tmp_path: Path, workload: str) -> None:
     missing = missing_binaries()
     if missing:
         pytest.skip(f"Slurm is not installed (missing {', '.join(missing)}): run `make slurm` as root")
     pytest.importorskip("torch")
     find_criu()  # no skip: `make test` provisions CRIU
-    want, want_params = _torchrun(tmp_path)
+    script_name, args, params = WORKLOADS[workload]
+    want, want_params = _torchrun(tmp_path, script_name, args, params)
     nodes = [SlurmNode(h.name, addr=h.addr, netns=h.netns, cpus=2) for h in test_net.hosts]
     # A GraceTime: at preemption Slurm signals the step's tasks (tidal run) at once, and the batch script (srun,
     # which would kill the tasks on SIGTERM) only when it is over; the step ends long before, checkpointed.
     with SlurmCluster(nodes, ctld_addr=test_net.gateway, grace=120) as slurm:
         d = tmp_path / "job"
         d.mkdir()
-        (d / "ddp_train.py").write_bytes(DDP.read_bytes())
+        (d / script_name).write_bytes((EXAMPLES / script_name).read_bytes())
         script = d / "job.sh"
         # gloo on the hosts' network (every host also has the machine's hostname).
         script.write_text("#!/bin/sh\nexport OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=eth0\n"
                           f"exec srun --ntasks-per-node=1 {TIDAL} run --ranks-per-node 2 -- {sys.executable} "
-                          f"ddp_train.py --steps {STEPS} --step-time 0.05\n")
+                          f"{script_name} {' '.join(args)} --steps {STEPS} --step-time 0.05\n")
         job = slurm.sbatch(script, "-N2", "-p", "low", "--requeue", "--output", str(d / "out.txt"), "--error",
                            str(d / "err.txt"), "--open-mode=append", cwd=d, env=_env(tmp_path))
         try:
@@ -88,7 +97,7 @@ def test_two_node_ddp_step_preempted_and_requeued_onto_other_nodes_is_identical_
         for rank in range(4):
             mine = b"".join(ln for ln in got if ln.startswith(f"rank {rank} ".encode()))
             assert mine == want[rank], f"rank {rank}\n{_explain(slurm, d)}"
-        assert (d / "params.bin").read_bytes() == want_params
+        assert [(d / f).read_bytes() for f in params] == want_params
         # Done: the step's checkpoints and its coordinator's record are gone from the store.
         store = tmp_path / "store"
         assert not list((store / "jobs").glob(f"{job}*")), sorted(p.name for p in (store / "jobs").iterdir())
