@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,14 +11,18 @@ import pytest
 
 from tests.integration.ranks import Cluster
 from tidal.mechanisms.criu.provision import find_criu
-from tidal.mechanisms.criu.rank import NodeRoot, become_subreaper
+from tidal.mechanisms.criu.rank import PR_SET_CHILD_SUBREAPER, NodeRoot, become_subreaper
 from tidal.mechanisms.storage import CheckpointStore
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _subreaper() -> None:
-    # Restored ranks are re-parented to the nearest subreaper: this test process.
+@pytest.fixture(scope="package", autouse=True)
+def _subreaper() -> Iterator[None]:
+    # Restored ranks are re-parented to the nearest subreaper: this test process. Only for these tests: a test
+    # process that stays one adopts every orphan of the later tests and never reaps it (a Slurm step over
+    # test hosts then waits a minute for its process group to end, held by such a zombie).
     become_subreaper()
+    yield
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 @pytest.fixture(scope="session")
