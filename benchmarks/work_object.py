@@ -34,8 +34,6 @@ from typing import Any
 
 from harness import BenchmarkError, arguments, base_env, machine, run, say, workspace, write_json
 
-FORMS = ("gloo", "tidal", "plain", "cxx")
-
 # The C++ form: what a Work written in C++ would have to do (wait once, let go at a teardown), no more.
 CXX_SOURCE = r"""
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -206,7 +204,7 @@ def main() -> int:
                 build_dir = work / "cxx"
         rows = []
         for world in (1, 2):
-            say(f"W = {world}: {len(FORMS)} forms, {args.blocks} blocks of {args.block} ops each")
+            say(f"W = {world}: {args.blocks} blocks of {args.block} ops per form and op")
             for r in job(world, args.blocks, args.block, build_dir):
                 base = {x["op"]: x["cpu_us"] for x in r["results"] if x["form"] == "gloo"}
                 rows += [{"world": world, "rank": r["rank"], **x, "added_cpu_us": x["cpu_us"] - base[x["op"]]}

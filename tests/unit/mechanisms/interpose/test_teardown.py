@@ -125,9 +125,8 @@ def kept_group(rank: tuple[rankside.Interposer, RankChannel], monkeypatch: pytes
 def test_a_work_the_script_keeps_lets_go_of_its_group_at_the_teardown(
         rank: tuple[rankside.Interposer, RankChannel], kept_group: Group) -> None:
     _, channel = rank
-    group = kept_group
     cut([channel], new_epoch(), 10)
-    assert not group._opened & rankside._sockets()
+    assert not kept_group._opened & rankside._sockets()
     assert [w._w for w in kept] == [None]
 
 
@@ -136,10 +135,9 @@ def test_a_rebuild_without_a_dump_lets_go_of_the_old_groups_kept_by_works(
     # A rank of a cut over several nodes goes on while the others are dumped, rebuilding its groups on a new
     # store: the next teardown looks only at the sockets of the new build, so the old ones must be gone.
     _, channel = rank
-    group = kept_group
-    old = group._opened
+    old = kept_group._opened
     resume([channel], new_epoch(), None, rebuild=True)
-    assert group.builds == 2 and group._opened != old
+    assert kept_group.builds == 2 and kept_group._opened != old
     assert not old & rankside._sockets()
     assert [w._w for w in kept] == [None]
 
