@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tidal.core.rankenv import torchrun_env
+from tidal.testing import wait_until
 
 pytestmark = [pytest.mark.slow]
 PRINT_ENV = Path(__file__).resolve().parents[2] / "examples" / "print_env.py"
@@ -81,3 +82,70 @@ def test_without_ranks_a_job_sees_plain_python_s_environment_and_ranks_1_torchru
                                     "GROUP_WORLD_SIZE", "TORCHELASTIC_RUN_ID")} == {
         "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": "0",
         "GROUP_WORLD_SIZE": "1", "TORCHELASTIC_RUN_ID": job}
+
+
+PRINT_GROUPS = PRINT_ENV.with_name("print_groups.py")
+
+
+def _lines(work: Path, world: int) -> dict[int, list[dict[str, object]]]:
+    return {r: [json.loads(x) for x in (work / f"groups-{r}.jsonl").read_text().splitlines()] for r in range(world)}
+
+
+@pytest.mark.criu
+def test_a_tidal_rank_sees_torchrun_s_process_groups_before_and_after_a_checkpoint_and_a_migration(
+        make_cluster, tmp_path: Path) -> None:
+    # get_backend(), the group's name and device types: DCP's async_save, set_model_state_dict's
+    # broadcast_from_rank0 and the object collectives choose a device by them.
+    real = tmp_path / "torchrun"
+    real.mkdir()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(PRINT_GROUPS)],
+                   cwd=real, check=True, capture_output=True, timeout=300)
+    want = _lines(real, 2)
+    assert [line["phase"] for line in want[0]] == ["start", "after"]
+    assert want[0][1]["backend"] == "gloo" and want[0][1]["async_save_read_back"] is True
+
+    c = make_cluster(nodes=2, devices=2)
+    work = tmp_path / "tidal"
+    work.mkdir()
+    gate = work / "gate"
+    job = c.cli("submit", "-q", "--ranks", "2", "--", sys.executable, str(PRINT_GROUPS), "--gate", str(gate),
+                cwd=work).stdout.strip()
+
+    def started() -> bool | None:
+        if all((work / f"groups-{r}.jsonl").exists() for r in range(2)):
+            return True
+        state = c.job(job)["state"]
+        assert state not in ("succeeded", "failed", "cancelled"), (state, c.cli("logs", job).stdout)
+        return None
+
+    wait_until(started, timeout=120, what="both ranks' first line")
+    c.cli("preempt", job, timeout=300)
+    c.cli("resume", job, timeout=300)
+    c.wait_state(job, "running", timeout=300)
+    here = c.job(job)["placement"][1]["node"]
+    to = "node-2" if here != "node-2" else "node-1"
+    c.migrate_rank(job, 1, to)
+    assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
+    gate.touch()
+    assert c.cli("wait", job, check=False, timeout=300).returncode == 0, c.cli("logs", job).stdout
+    assert _lines(work, 2) == want
+
+
+@pytest.mark.criu
+@pytest.mark.parametrize("backend", ["none", "cpu:gloo"])
+def test_what_torch_says_of_a_tidal_rank_s_groups_follows_the_backend_asked_for(make_cluster, tmp_path: Path,
+                                                                                backend: str) -> None:
+    # torchrun: no backend gives "undefined" and a CPU config only; "cpu:gloo" gives itself.
+    real = tmp_path / "torchrun"
+    real.mkdir()
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", str(PRINT_GROUPS),
+                    "--backend", backend], cwd=real, check=True, capture_output=True, timeout=300)
+    want = _lines(real, 2)
+    assert want[0][0]["backend"] == ("undefined" if backend == "none" else backend)
+    c = make_cluster(nodes=1, devices=2)
+    work = tmp_path / "tidal"
+    work.mkdir()
+    job = c.cli("submit", "-q", "--ranks", "2", "--", sys.executable, str(PRINT_GROUPS), "--backend", backend,
+                cwd=work).stdout.strip()
+    assert c.cli("wait", job, check=False, timeout=300).returncode == 0, c.cli("logs", job).stdout
+    assert _lines(work, 2) == want

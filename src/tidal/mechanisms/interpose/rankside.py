@@ -389,6 +389,8 @@ class TidalGroupBase:
 
     _inner: Any
     _opened: set[str]  # the sockets opened while the inner group was built: its store's and its own
+    _config: Any  # torch's backend config for the backend the script asked for
+    _name: str  # and its name for the group's default backend
 
     def _drop_inner(self) -> None: ...
 
@@ -493,6 +495,7 @@ def _let_go_of_works() -> None:
 
 def _make_group_class(dist: Any) -> type:
     gloo = dist.ProcessGroupGloo
+    c10d = dist.distributed_c10d
     work_cls = _make_work_class(dist)
 
     class TidalGroup(dist.ProcessGroup, TidalGroupBase):  # type: ignore[misc]
@@ -510,9 +513,32 @@ def _make_group_class(dist: Any) -> type:
             self._store: Any = None
             self._opened: set[str] = set()
             self._p2p_keys: dict[tuple[int, int, int], tuple[str, list[int]]] = {}
+            self._config = _backend_config(dist, inner)  # torch's, for the backend the script asked for
+            self._name = inner  # what torch names such a group's default backend
 
         def getBackendName(self) -> str:
+            # For torch's C++ (DDP's logger looks a backend of this name up among the registered ones: none is).
             return "tidal"
+
+        # What torch's Python says of the group is what it says under torchrun, for the backend the script asked
+        # for (DCP's async_save, broadcast_from_rank0, Lightning's averaging and object collectives go by it).
+        def name(self) -> str:
+            return self._name
+
+        _get_backend_name = name
+
+        @property
+        def _device_types(self) -> list[Any]:
+            import torch
+
+            # In torch's order for such a group: the device registered last first.
+            return [torch.device(d) for d in reversed(self._config.get_device_backend_map())]
+
+        def _get_backend(self, device: Any) -> Any:
+            kind = getattr(device, "type", None) or str(device).split(":")[0]
+            if self._inner is None or kind not in self._config.get_device_backend_map():
+                raise RuntimeError(f"No backend type associated with device type {kind}")
+            return self._inner
 
         # torch keeps a group's name on its backends, and a Python group has none: keep it here.
         @property
@@ -597,6 +623,36 @@ def _make_group_class(dist: Any) -> type:
             finally:
                 ip.leave(key, work)
 
+        # The coalesced all-gather and reduce-scatter into tensors: torch's C++ functional collectives (DTensor's
+        # full_tensor() and redistribution, FSDP2's full state dict) reach a Python group only through these, and
+        # gloo binds no such method in Python. One op of the script's, made of the inner group's single-tensor op
+        # per tensor, as gloo's own C++ makes its reduce-scatter (an all-gather moves the same bytes either way).
+        def allgather_into_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            return self._each("_allgather_base", outputs, inputs, opts or c10d.AllgatherOptions())
+
+        def reduce_scatter_tensor_coalesced(self, outputs: Any, inputs: Any, opts: Any = None) -> Any:
+            return self._each("_reduce_scatter_base", outputs, inputs, opts or c10d.ReduceScatterOptions())
+
+        all_gather_single_coalesced = allgather_into_tensor_coalesced  # torch's newer names for them
+        reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+        def _each(self, single: str, outputs: Any, inputs: Any, opts: Any) -> Any:
+            """``single`` on each pair of ``outputs`` and ``inputs``, counted as one op: all but the last are
+            waited for here, so that the work handed out stands for them all."""
+            ip = IP
+            assert ip is not None
+            ip.enter(self._key, self._ranks)
+            work = None
+            try:
+                op = getattr(self._inner, single)
+                for out, inp in zip(outputs[:-1], inputs[:-1]):  # noqa: B905 (any Python the job runs)
+                    op(out, inp, opts).wait()
+                work = work_cls()
+                work._w = op(outputs[-1], inputs[-1], opts)
+                return work
+            finally:
+                ip.leave(self._key, work)
+
         def send(self, tensors: Any, dst: int, tag: int = 0) -> Any:
             key, members = self._p2p_key(self._rank, dst, tag)
             return self._call(key, members, "send", (tensors, dst, tag), {})
@@ -649,6 +705,7 @@ def _patch(dist: Any) -> None:
                             device_id=device_id, **kw)
         _register(dist)
         dist._tidal_inner = kind  # the default group's, and that of groups that name no backend
+        dist._tidal_asked = backend  # what torch says the default group's backend is
         if rank == -1:
             rank = int(os.environ["RANK"])
         if world_size == -1:
@@ -663,12 +720,26 @@ def _patch(dist: Any) -> None:
         # Every group (new_group, new_subgroups, a DeviceMesh dimension) is a Tidal group, even one asked
         # for with backend="gloo": torch would build that on the default group's store, which is a
         # local one here (rank 0 hosts no store under Tidal).
+        asked = backend
         if getattr(dist, "_tidal_registered", False):
-            kind = inner_kind(backend) if str(backend) != "tidal" else None
+            if str(backend) == "tidal":  # the default group, for init_process_group
+                kind, asked = None, dist._tidal_asked
+            else:
+                kind = inner_kind(backend)
             if kind is not None:
                 backend = "tidal"
             dist._tidal_next_inner = kind  # read by the backend's constructor, called below
-        return original_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
+        pg, store = original_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
+        if isinstance(pg, TidalGroupBase) and pg in c10d._world.pg_map:
+            # get_backend(), get_backend_config() and the group's device types answer as under torchrun, for the
+            # backend the script asked for; a new_group without a backend then asks for the default group's,
+            # which is made a Tidal group above.
+            name = dist.Backend("undefined" if asked is None else str(asked))
+            pg._config = _backend_config(dist, name)
+            pg._name = _default_backend(dist, name, pg._config)
+            c10d._world.pg_map[pg] = (name, store)
+            c10d._world.pg_backend_config[pg] = str(pg._config)
+        return pg, store
 
     init_process_group.__doc__ = original.__doc__
     c10d.init_process_group = dist.init_process_group = init_process_group
@@ -695,11 +766,39 @@ def _without_nccl_ras(first: Any) -> Any:
         _NCCL_SEEN.append(True)
 
 
+_CONFIGS: dict[str, Any] = {}
+
+
+def _backend_config(dist: Any, backend: str) -> Any:
+    """torch's backend config for ``backend`` ("gloo": CPU and CUDA tensors; "nccl": CUDA), made once."""
+    found = _CONFIGS.get(backend)
+    if found is None:
+        found = _CONFIGS[backend] = dist.distributed_c10d.BackendConfig(dist.Backend(backend))
+    return found
+
+
+def _default_backend(dist: Any, name: str, config: Any) -> str:
+    """What torch names the default backend of a group asked for with ``name`` (``pg.name()``), decided as its
+    ``_new_process_group_helper`` decides it, Tidal's own backend left out."""
+    used = set(config.get_device_backend_map().values())
+    if "," not in name and ":" not in name:
+        if name == "undefined":
+            return "nccl" if "nccl" in used else "gloo"
+        return name
+    if "nccl" in used:
+        return "nccl"
+    others = [k for k in dist.Backend._plugins if k != "TIDAL"]  # e.g. FAKE, registered by some imports
+    if others:
+        return "custom" if others[0].lower() in used else "undefined"
+    return "gloo"
+
+
 def inner_kind(backend: Any) -> str | None:
     """The inner group a backend name asks for ("gloo" or "nccl"); None for one Tidal cannot cut."""
     if backend is None:
         return "gloo"
-    return {"gloo": "gloo", "cpu:gloo": "gloo", "nccl": "nccl", "cuda:nccl": "nccl"}.get(str(backend).lower())
+    return {"gloo": "gloo", "cpu:gloo": "gloo", "nccl": "nccl", "cuda:nccl": "nccl",
+            "undefined": "gloo"}.get(str(backend).lower())
 
 
 def _register(dist: Any) -> None:
