@@ -92,6 +92,16 @@ class LiveCluster:
 
         wait_until(moved, timeout=timeout, what=f"a free device on {to} for rank {rank} of job {job_id}", interval=1.0)
 
+    def move_rank(self, job_id: str, rank: int, to: str, otherwise: str) -> str:
+        """Migrate ``rank`` to node ``to``, or to ``otherwise`` where it runs on ``to`` already; returns the node
+        once the job runs with the rank there."""
+        if self.job(job_id)["placement"][rank]["node"] == to:
+            to = otherwise
+        self.migrate_rank(job_id, rank, to)
+        placement = self.wait_state(job_id, "running", timeout=300)["placement"]
+        assert placement[rank]["node"] == to, placement
+        return to
+
     def become(self, unix_user: str, name: str = "ordinary") -> str:
         """From now on, "user" (the CLI and :meth:`api`) is a new user mapped to ``unix_user``."""
         with self.api("admin") as api:

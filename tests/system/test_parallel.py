@@ -58,10 +58,7 @@ def test_fsdp_hsdp_tp_pipeline_dcp_survive_preempt_resize_and_a_rank_migration(m
         c.wait_state(job, "running", timeout=300)
         c.cli("resize", job, "--devices", "2", timeout=300)
         assert c.wait_state(job, "running", timeout=300)["devices"] == 2
-        here = c.job(job)["placement"][1]["node"]
-        to = "node-3" if here != "node-3" else "node-1"
-        c.migrate_rank(job, 1, to)
-        assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
+        c.move_rank(job, 1, "node-3", otherwise="node-1")
         g.touch()
         assert c.cli("wait", job, check=False, timeout=600).returncode == 0, c.cli("show", job).stdout
         d, ref = refs[m]

@@ -122,10 +122,7 @@ def test_a_tidal_rank_sees_torchrun_s_process_groups_before_and_after_a_checkpoi
     c.cli("preempt", job, timeout=300)
     c.cli("resume", job, timeout=300)
     c.wait_state(job, "running", timeout=300)
-    here = c.job(job)["placement"][1]["node"]
-    to = "node-2" if here != "node-2" else "node-1"
-    c.migrate_rank(job, 1, to)
-    assert c.wait_state(job, "running", timeout=300)["placement"][1]["node"] == to
+    c.move_rank(job, 1, "node-2", otherwise="node-1")
     gate.touch()
     assert c.cli("wait", job, check=False, timeout=300).returncode == 0, c.cli("logs", job).stdout
     assert _lines(work, 2) == want
