@@ -139,9 +139,13 @@ class SlurmCluster:
         """MariaDB on a unix socket only, ``slurmdbd``, and the cluster's associations and QOS."""
         db = self.root / "db"
         db.mkdir()
+        # Its temporary tables in a directory of its own, not the machine's /tmp, where they are not safe from
+        # what else runs (a bootstrap failed once: "Could not remove temporary table: '/tmp/#sql-temptable-…'").
+        (db / "tmp").mkdir()
+        tmpdir = f"--tmpdir={db / 'tmp'}"
         self._run(["mariadb-install-db", "--no-defaults", f"--datadir={db / 'data'}", "--user=root",
-                   "--auth-root-authentication-method=socket", "--skip-test-db"], timeout=120)
-        self._spawn(["mariadbd", "--no-defaults", f"--datadir={db / 'data'}", f"--socket={self.db_socket}",
+                   "--auth-root-authentication-method=socket", "--skip-test-db", tmpdir], timeout=120)
+        self._spawn(["mariadbd", "--no-defaults", f"--datadir={db / 'data'}", f"--socket={self.db_socket}", tmpdir,
                      "--skip-networking", "--user=root", f"--pid-file={db / 'mariadbd.pid'}",
                      f"--log-error={self.root / 'log' / 'mariadbd.log'}", "--innodb-buffer-pool-size=64M",
                      "--innodb-flush-log-at-trx-commit=0", "--skip-log-bin", "--innodb-lock-wait-timeout=900"],
