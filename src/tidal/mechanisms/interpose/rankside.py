@@ -704,8 +704,7 @@ def _patch(dist: Any) -> None:
                             rank=rank, store=store, group_name=group_name, pg_options=pg_options,
                             device_id=device_id, **kw)
         _register(dist)
-        dist._tidal_inner = kind  # the default group's, and that of groups that name no backend
-        dist._tidal_asked = backend  # what torch says the default group's backend is
+        dist._tidal_asked = backend  # the default group's: its inner group, and what torch says of it
         if rank == -1:
             rank = int(os.environ["RANK"])
         if world_size == -1:
@@ -723,14 +722,14 @@ def _patch(dist: Any) -> None:
         asked = backend
         if getattr(dist, "_tidal_registered", False):
             if str(backend) == "tidal":  # the default group, for init_process_group
-                kind, asked = None, dist._tidal_asked
+                kind, asked = inner_kind(dist._tidal_asked), dist._tidal_asked
             else:
                 kind = inner_kind(backend)
             if kind is not None:
                 backend = "tidal"
             dist._tidal_next_inner = kind  # read by the backend's constructor, called below
         pg, store = original_helper(group_size, group_rank, global_ranks_in_group, backend, *args, **kw)
-        if isinstance(pg, TidalGroupBase) and pg in c10d._world.pg_map:
+        if isinstance(pg, TidalGroupBase):
             # get_backend(), get_backend_config() and the group's device types answer as under torchrun, for the
             # backend the script asked for; a new_group without a backend then asks for the default group's,
             # which is made a Tidal group above.
@@ -811,7 +810,7 @@ def _register(dist: Any) -> None:
         assert IP is not None
         ranks = list(opts.global_ranks_in_group)
         key = str(opts.group_id)
-        inner = getattr(dist, "_tidal_next_inner", None) or getattr(dist, "_tidal_inner", "gloo")
+        inner = getattr(dist, "_tidal_next_inner", None) or "gloo"
         dist._tidal_next_inner = None
         group = group_cls(opts.group_rank, opts.group_size, opts.timeout, key, ranks, inner)
         if not ranks:
