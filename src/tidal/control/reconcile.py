@@ -8,9 +8,12 @@ and at least every ``interval`` seconds.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import secrets
 import threading
+from collections.abc import Mapping
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -30,6 +33,7 @@ from tidal.core import (
     Cluster,
     ClusterView,
     DeviceRef,
+    JobSpec,
     JobState,
     JobView,
     Links,
@@ -76,6 +80,8 @@ class Reconciler:
         self._explained_at: float | None = None
         # Job → the placement last refused for its GPU memory (see _refuse_unfit).
         self._unfit: dict[str, tuple[DeviceRef, ...]] = {}
+        # Job → its spec, for the live jobs of the last pass (snapshot prunes it).
+        self._specs: dict[str, JobSpec] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
@@ -128,7 +134,7 @@ class Reconciler:
             for job in self._due(s, now):
                 checkpoint(s, job, "periodic", f"timer-{self._run}")
             deferral.release_due(s, f"reconcile-{self._run}")
-            self._schedule(s, now)
+        self._schedule(now)
 
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
@@ -152,18 +158,33 @@ class Reconciler:
                 out.append(job)
         return out
 
-    def _schedule(self, s: Session, now: float) -> None:
-        if not self._worth_deciding(s) and not self._explain_due(s):
-            return
-        # A new generation every pass: the live loop hands the policy no event stream, so a stateful
-        # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
-        self._passes += 1
-        view, rows = snapshot(s, generation=self._passes, links=self.links)
+    def _schedule(self, now: float) -> None:
+        """Snapshot, decide, then commit. The snapshot is read and the policy decides without the writers'
+        lock: with thousands of jobs waiting that is most of a pass, and the API (agents' heartbeats first)
+        must not wait for it. Only applying the decisions takes the lock, and each is checked again there
+        against the job and the devices as they are then (a job cancelled or moved meanwhile is left alone,
+        a device taken meanwhile is not given twice)."""
+        with self.db.sessions() as s:
+            if not self._worth_deciding(s) and not self._explain_due(s):
+                return
+            # A new generation every pass: the live loop hands the policy no event stream, so a stateful
+            # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
+            self._passes += 1
+            view, seen = snapshot(s, generation=self._passes, links=self.links, specs=self._specs)
+        self._unfit = {j: p for j, p in self._unfit.items() if j in seen}
+        actions = self.policy.decide(view, [], now)
+        why = self.policy.reasons()
+        with self.db.tx() as s:
+            freeing = self._apply(s, actions)
+            self._explain(s, seen, why, freeing)
+
+    def _apply(self, s: Session, actions: list[Action]) -> dict[str, int]:
+        """Turn the policy's actions that still hold into operations. Returns, per job left waiting for devices
+        that preemptions have yet to free, how many."""
         free = jobs.free_devices(s)
-        self._unfit = {j: p for j, p in self._unfit.items() if j in rows}
         freeing: dict[str, int] = {}  # job → devices of its placement that preemptions have yet to free
-        for a in self.policy.decide(view, [], now):
-            job = rows.get(a.job_id)
+        for a in actions:
+            job = s.get(JobRow, a.job_id)
             if job is None:
                 continue
             # A move or resize may keep some of the job's own devices.
@@ -200,11 +221,11 @@ class Reconciler:
                       and not job.pinned_devices):
                     before, after = jobs.device_count(job), len(a.devices)
                     resize_to(s, job, list(a.placement), cause,
-                                   why=f"from {before} to {after} device(s) by the scheduler: {a.reason}")
+                              why=f"from {before} to {after} device(s) by the scheduler: {a.reason}")
                 # Time-slicing of different jobs on one device is simulator-only (not LIVE_EXECUTABLE).
             except TidalError as exc:
                 log.warning("policy action %s on job %s not applied: %s", a.id, a.job_id, exc)
-        self._explain(s, rows, freeing)
+        return freeing
 
     def _refuse_unfit(self, s: Session, job: JobRow, a: Action, cause: str) -> bool:
         """Whether the move or resize ``a`` would splice ranks onto a GPU whose memory they do not fit in (or put
@@ -224,21 +245,27 @@ class Reconciler:
             log.info("job %s: %s", job.id, detail)
         return True
 
-    def _explain(self, s: Session, rows: dict[str, JobRow], freeing: dict[str, int]) -> None:
-        """Store why each job still waits: the policy's reason, or the devices it waits to be freed."""
+    def _explain(self, s: Session, seen: dict[str, Seen], why: Mapping[str, policy_reasons.Reason],
+                 freeing: dict[str, int]) -> None:
+        """Store why each job still waits: the policy's reason, or the devices it waits to be freed. Only the
+        jobs whose reason changed since the snapshot are read again (under the lock: still waiting?)."""
         self._explained_at = self.clock.monotonic()
-        why = self.policy.reasons()
         cause = f"reconcile-{self._run}"
-        for job in rows.values():
-            st = jobs.state(job)
-            if st not in (S.PENDING, S.PREEMPTED):
+        for jid, was in seen.items():
+            if was.state not in (S.PENDING, S.PREEMPTED):
                 continue
-            if job.held:
+            if was.held:
                 reason = policy_reasons.held()
-            elif job.id in freeing:
-                reason = policy_reasons.making_room(freeing[job.id])
+            elif jid in freeing:
+                reason = policy_reasons.making_room(freeing[jid])
             else:
-                reason = why.get(job.id) or policy_reasons.queued()
+                reason = why.get(jid) or policy_reasons.queued()
+            if (reason.why.value, reason.text) == (was.reason_code, was.reason):
+                continue
+            job = s.get(JobRow, jid)
+            # Placed, cancelled or held meanwhile: its reason is no longer this pass's to give.
+            if job is None or jobs.state(job) is not was.state or job.held != was.held:
+                continue
             set_reason(s, job, reason, cause)
 
     def _worth_deciding(self, s: Session) -> bool:
@@ -262,11 +289,42 @@ def _unexplained(s: Session) -> bool:
     return s.scalar(select(JobRow.id).where(waiting).limit(1)) is not None
 
 
-def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Seen:
+    """What a pass's snapshot saw of a live job that its reasons depend on."""
+
+    state: JobState
+    held: bool
+    reason_code: str | None
+    reason: str | None
+
+
+#: The columns of a live job the policy's view is made of (its spec is read once per job: it never changes).
+_VIEW_COLUMNS = (JobRow.id, JobRow.ranks, JobRow.tier, JobRow.submitted_at, JobRow.state, JobRow.held, JobRow.op,
+                 JobRow.op_purpose, JobRow.placement, JobRow.started_at, JobRow.attained_device_s,
+                 JobRow.last_cluster, JobRow.target, JobRow.pinned_devices, JobRow.progress, JobRow.reason_code,
+                 JobRow.reason)
+_SPECS_PER_QUERY = 500  # ids per IN list when reading the specs of new jobs
+
+
+def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
+    """Read into ``cache`` the specs of the jobs ``ids`` that it lacks."""
+    missing = [i for i in ids if i not in cache]
+    for k in range(0, len(missing), _SPECS_PER_QUERY):
+        chunk = missing[k:k + _SPECS_PER_QUERY]
+        for jid, spec in s.execute(select(JobRow.id, JobRow.spec).where(JobRow.id.in_(chunk))):
+            cache[jid] = JobSpec.from_json(spec)
+
+
+def snapshot(s: Session, generation: int = 0, links: Links | None = None,
+             specs: dict[str, JobSpec] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
     holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
     between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else :class:`Links`'s default),
-    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`)."""
+    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`).
+    With it, what the view was made of for each live job (:class:`Seen`). ``specs``: job id → its spec,
+    kept by the caller from one pass to the next (pruned here to the live jobs), so that a pass over
+    thousands of waiting jobs does not decode each one's spec again."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -274,16 +332,24 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
     topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items()))
                           for r, cs in tree.items()))
     live = [st.value for st in (S.PENDING, S.PREEMPTED, *jobs.ACTIVE)]
-    rows = {j.id: j for j in s.scalars(select(JobRow).where(JobRow.state.in_(live)))}
+    rows = s.execute(select(*_VIEW_COLUMNS).where(JobRow.state.in_(live))).all()
+    cache = {} if specs is None else specs
+    ids = [r.id for r in rows]
+    if specs is not None:
+        for gone in cache.keys() - set(ids):
+            del cache[gone]
+    _specs(s, ids, cache)
     views: dict[str, JobView] = {}
-    for j in rows.values():
-        st = jobs.state(j)
+    seen: dict[str, Seen] = {}
+    for j in rows:
+        st = S(j.state)
+        seen[j.id] = Seen(st, bool(j.held), j.reason_code, j.reason)
         if j.held and st is S.PREEMPTED:
             continue
         if st is S.RUNNING and j.op is not None:
             st = S.CHECKPOINTING if j.op_purpose not in ("launch", "restore") else S.RESTORING
-        placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement)
-        spec = jobs.spec_of(j)
+        placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement or ())
+        spec = cache[j.id]
         lo, hi = spec.min_devices or 1, spec.max_devices or j.ranks
         if j.pinned_devices:  # resized by hand: the scheduler keeps that size
             lo = hi = j.pinned_devices
@@ -293,23 +359,25 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
                               state=st, min_devices=lo, max_devices=hi, placement=placement,
                               started_at=j.started_at, project=spec.project or "default",
                               requested_tier=spec.tier if spec.tier > tier else None,
-                              home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j),
-                              attained_device_s=attained, duration_hint=spec.runtime, last_cluster=j.last_cluster,
+                              home_cluster=spec.cluster, home_region=spec.region,
+                              image_gb=_image_gb(j.progress, j.ranks), attained_device_s=attained,
+                              duration_hint=spec.runtime, last_cluster=j.last_cluster,
                               remaining_hint=run_time_left(spec.runtime, attained, j.ranks))
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     measured = linkrates.links(s, links or Links())
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), rows
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), seen
 
 
-def _image_gb(job: JobRow) -> float | None:
-    """A checkpoint image of the job, GB, as its last heartbeats saw it: its ranks' resident memory and, on
-    GPUs, each rank's GPU memory (which the checkpoint copies to the host first); None before any."""
-    prog = job.progress or {}
+def _image_gb(progress: dict[str, Any] | None, ranks: int) -> float | None:
+    """A checkpoint image of the job, GB, as its last heartbeats saw it (``progress``): its ranks' resident
+    memory and, on GPUs, each rank's GPU memory (which the checkpoint copies to the host first); None before
+    any."""
+    prog = progress or {}
     rss = prog.get("rss_bytes")
     if not rss:
         return None
-    return (float(rss) + job.ranks * float(prog.get("gpu_rank_bytes", 0))) / 1e9
+    return (float(rss) + ranks * float(prog.get("gpu_rank_bytes", 0))) / 1e9
 

@@ -8,10 +8,13 @@ is a :class:`Context` (a dependency), who calls is :mod:`tidal.control.api.auth`
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector
 
-from tidal.control.api import auth, handlers, latency, trend
+from tidal.control.api import auth, handlers, lanes, latency, trend
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
 from tidal.control.api.nodefigures import NodeFigures
@@ -22,8 +25,14 @@ from tidal.core import limits
 __all__ = ["Context", "create_app"]
 
 
+@contextlib.asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async with lanes.lanes(app), trend.sampling(app):
+        yield
+
+
 def create_app(ctx: Context) -> FastAPI:
-    app = FastAPI(title="Tidal control plane", version="1", lifespan=trend.sampling)
+    app = FastAPI(title="Tidal control plane", version="1", lifespan=_lifespan)
     app.state.ctx = ctx
     app.state.trend = trend.Trend()  # the cluster's figures over time, for the dashboard
     app.state.principals = auth.Principals()  # who each token is, once looked up

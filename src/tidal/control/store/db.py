@@ -2,7 +2,10 @@
 
 The control plane is one process; every change runs in :meth:`Database.tx` under one lock, so SQLite
 never sees two writers and the reconcile loop and the API never interleave half-made decisions. The
-lock's condition wakes long-polling agents and the reconcile loop after each commit.
+lock's condition wakes long-polling agents and the reconcile loop after each commit. Agents' transactions
+(``tx(urgent=True)``: heartbeats, results) go before users' at that lock, so that a flood of submissions
+never delays the renewal of a node's lease. Reads (:meth:`Database.read`) take no lock: SQLite (WAL) and
+PostgreSQL give each a consistent view while a writer commits.
 
 A database server that restarts or cannot be reached fails the transactions of the meanwhile with
 :class:`tidal.errors.Unavailable` (the API answers 503 with its message, and the request may be tried
@@ -136,6 +139,9 @@ class Database:
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        # Urgent transactions waiting for the lock: while there are any, others wait to ask for it.
+        self._urgent = 0
+        self._gate = threading.Condition(threading.Lock())
         self.generation = 0  # bumped at every commit: waiters compare it
         self.action_generation = 0  # bumped at commits that created agent actions (long-polls wait on it)
 
@@ -143,12 +149,13 @@ class Database:
         migrate(self.engine)
 
     @contextmanager
-    def tx(self, *, notify: bool = True) -> Iterator[Session]:
-        """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on.
+    def tx(self, *, notify: bool = True, urgent: bool = False) -> Iterator[Session]:
+        """One serialised transaction; ``notify=False`` for bookkeeping (leases, logs) nobody waits on;
+        ``urgent`` for the agents' (it takes the lock before any waiting transaction that is not).
         Raises :class:`Unavailable` where the database cannot be reached (``in_doubt`` where the connection
         was lost at the commit itself)."""
         committing = [False]
-        with self.lock:
+        with self._locked(urgent):
             with _unavailable(committing), self.sessions() as s, s.begin():
                 s.info.update(self.info)
                 yield s
@@ -162,8 +169,32 @@ class Database:
                 self.changed.notify_all()
 
     @contextmanager
+    def _locked(self, urgent: bool) -> Iterator[None]:
+        # A thread that holds the lock already (a transaction inside a long-poll's wait on ``changed``) takes
+        # it again at once: waiting at the gate would wait for an urgent transaction that waits for it.
+        nested = self.lock._is_owned()  # type: ignore[attr-defined]
+        if urgent and not nested:
+            with self._gate:
+                self._urgent += 1
+        elif not nested:
+            with self._gate:
+                self._gate.wait_for(lambda: not self._urgent)
+        try:
+            self.lock.acquire()
+        finally:
+            if urgent and not nested:
+                with self._gate:
+                    self._urgent -= 1
+                    if not self._urgent:
+                        self._gate.notify_all()
+        try:
+            yield
+        finally:
+            self.lock.release()
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
-        with self.lock, _unavailable([False]), self.sessions() as s:
+        with _unavailable([False]), self.sessions() as s:
             s.info.update(self.info)
             yield s
 

@@ -11,7 +11,8 @@ from fastapi import Path as PathParam
 
 from tidal.control import agents, tokens
 from tidal.control.api.auth import Agent, bearer, for_node, forget_principals
-from tidal.control.api.context import Ctx
+from tidal.control.api.context import Context, Ctx
+from tidal.control.api.lanes import agent_lane
 from tidal.control.api.schemas import ActionResult, AgentHello, CommitReport, ExitReport, Heartbeat, Join, Register
 from tidal.core import limits, protocol
 
@@ -19,44 +20,60 @@ router = APIRouter(prefix="/v1/agent")
 
 
 @router.post("/join")
-def join(body: Join, request: Request, ctx: Ctx,
-         authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+async def join(body: Join, request: Request, ctx: Ctx,
+               authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
     """A new node's agent, presenting a join token for its node as its bearer token, gets the node's own
     credential (once: the join token is used up; a credential the node had before stops working)."""
     token = bearer(authorization)
-    with ctx.db.tx() as s:
-        credential = tokens.join(s, token, body.name)
+
+    def run() -> str:
+        with ctx.db.tx(urgent=True) as s:
+            return tokens.join(s, token, body.name)
+
+    credential = await agent_lane(request, run)
     forget_principals(request)
     return {"node": body.name, "token": credential}
 
 
 @router.post("/register")
-def register(body: Register, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def register(body: Register, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     """The node's agent takes the node's lease. It is told how long a lease lasts, and the checkpoint store
     of its region where the control plane was given one (else it uses its own setting)."""
     for_node(p, body.name)
-    with ctx.db.tx() as s:
-        agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
-                        cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s,
-                        advertise_addr=body.advertise_addr,
-                        gpus=[protocol.encode(g) for g in body.gpus] if body.gpus is not None else None)
+
+    def run() -> None:
+        with ctx.db.tx(urgent=True) as s:
+            agents.register(s, name=body.name, region=body.region, cluster=body.cluster, devices=body.devices,
+                            cpus=body.cpus, agent_id=body.agent_id, lease_s=ctx.lease_s,
+                            advertise_addr=body.advertise_addr,
+                            gpus=[protocol.encode(g) for g in body.gpus] if body.gpus is not None else None)
+
+    await agent_lane(request, run)
     return {"lease_s": ctx.lease_s, "store": ctx.stores.for_region(body.region)}
 
 
 @router.post("/{node}/heartbeat")
-def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-    with ctx.db.tx(notify=False) as s:
-        agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
+
+    def run() -> None:
+        with ctx.db.tx(notify=False, urgent=True) as s:
+            agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
+
+    await agent_lane(request, run)
     if body.node:  # the node's holder said so (else the heartbeat was refused above)
         request.app.state.node_figures.report(node, body.node)
     return {"lease_s": ctx.lease_s}
 
 
 @router.get("/{node}/actions")
-def take_actions(node: str, agent_id: str, p: Agent, ctx: Ctx,
-                 wait: Annotated[float, Query(ge=0, le=limits.MAX_POLL_WAIT_S)] = 0.0) -> list[dict[str, Any]]:
+async def take_actions(node: str, agent_id: str, request: Request, p: Agent, ctx: Ctx,
+                       wait: Annotated[float, Query(ge=0, le=limits.MAX_POLL_WAIT_S)] = 0.0) -> list[dict[str, Any]]:
     for_node(p, node)
+    return await agent_lane(request, _take_actions, ctx, node, agent_id, wait)
+
+
+def _take_actions(ctx: Context, node: str, agent_id: str, wait: float) -> list[dict[str, Any]]:
     db = ctx.db
     deadline = time.monotonic() + wait
     with db.changed:
@@ -72,42 +89,54 @@ def take_actions(node: str, agent_id: str, p: Agent, ctx: Ctx,
 
             if not db.changed.wait_for(acted, timeout=max(0.0, deadline - time.monotonic())):
                 break
-        with db.tx(notify=False) as s:
+        with db.tx(notify=False, urgent=True) as s:
             return agents.take_actions(s, node, agent_id)
 
 
 @router.post("/{node}/leave")
-def leave(node: str, body: AgentHello, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def leave(node: str, body: AgentHello, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-    with ctx.db.tx() as s:
-        agents.expire(s, agents.holder(s, node, body.agent_id), "its agent stopped")
+
+    def run() -> None:
+        with ctx.db.tx(urgent=True) as s:
+            agents.expire(s, agents.holder(s, node, body.agent_id), "its agent stopped")
+
+    await agent_lane(request, run)
     return {"ok": True}
 
 
 @router.post("/{node}/results")
-def action_result(node: str, body: ActionResult, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def action_result(node: str, body: ActionResult, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-    with ctx.db.tx() as s:
-        applied = agents.result(s, node, body.agent_id, body.action_id, body.ok, body.data, body.error,
-                                ctx.keep)
-    return {"applied": applied}
+
+    def run() -> bool:
+        with ctx.db.tx(urgent=True) as s:
+            return agents.result(s, node, body.agent_id, body.action_id, body.ok, body.data, body.error, ctx.keep)
+
+    return {"applied": await agent_lane(request, run)}
 
 
 @router.post("/{node}/exits")
-def exits(node: str, body: ExitReport, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def exits(node: str, body: ExitReport, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-    with ctx.db.tx() as s:
-        applied = agents.exited(s, node, body.agent_id, body.job_id, body.attempt,
-                                [r.model_dump() for r in body.ranks], ctx.keep)
-    return {"applied": applied}
+
+    def run() -> bool:
+        with ctx.db.tx(urgent=True) as s:
+            return agents.exited(s, node, body.agent_id, body.job_id, body.attempt,
+                                 [r.model_dump() for r in body.ranks], ctx.keep)
+
+    return {"applied": await agent_lane(request, run)}
 
 
 @router.post("/{node}/commits")
-def commits(node: str, body: CommitReport, p: Agent, ctx: Ctx) -> dict[str, Any]:
+async def commits(node: str, body: CommitReport, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-    with ctx.db.tx() as s:
-        applied = agents.commit_reported(s, node, body, ctx.keep)
-    return {"applied": applied}
+
+    def run() -> bool:
+        with ctx.db.tx(urgent=True) as s:
+            return agents.commit_reported(s, node, body, ctx.keep)
+
+    return {"applied": await agent_lane(request, run)}
 
 
 @router.put("/{node}/logs/{job_id}/{rank}")
@@ -116,6 +145,9 @@ async def upload_log(node: str, job_id: str, rank: Annotated[int, PathParam(ge=0
                      request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
     data = await request.body()  # at most MAX_LOG_UPLOAD_BYTES (BodyLimit)
-    with ctx.db.tx(notify=False) as s:
-        applied = agents.write_log(s, ctx.home, node, agent_id, job_id, attempt, rank, offset, data)
-    return {"applied": applied}
+
+    def run() -> bool:
+        with ctx.db.tx(notify=False, urgent=True) as s:
+            return agents.write_log(s, ctx.home, node, agent_id, job_id, attempt, rank, offset, data)
+
+    return {"applied": await agent_lane(request, run)}
