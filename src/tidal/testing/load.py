@@ -1,0 +1,220 @@
+"""Load on a control plane, for the noisy-neighbour test and ``benchmarks/load.py``: one user's clients
+submitting as fast as they are answered (:func:`flood`), and agents speaking the real agent protocol with
+nothing behind them (:class:`SimulatedAgent`), which measure how long their heartbeats take against the lease.
+
+Every loop here is bounded in time and count, and talks only to the URL it is given (loopback, or a test
+host's address). ``python -m tidal.testing.load flood ...`` runs a flood in a process of its own (a test
+runs it there, at a low CPU priority, standing for a user on another machine) and prints its tally as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from tidal.core import protocol
+
+#: The most requests one client of a flood sends, whatever its duration (a bound on the loop).
+MAX_REQUESTS_PER_CLIENT = 200_000
+
+
+@dataclass
+class Tally:
+    """What a flood's clients were answered: requests by HTTP status, the Retry-After values of its 429s,
+    the errors that were not answers, and each answer's latency (seconds)."""
+
+    statuses: Counter[int] = field(default_factory=Counter)
+    retry_after: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, other: Tally) -> None:
+        self.statuses.update(other.statuses)
+        self.retry_after.update(other.retry_after)
+        self.errors.update(other.errors)
+        self.latencies.extend(other.latencies)
+
+    def to_json(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+        return {"statuses": {str(k): v for k, v in sorted(self.statuses.items())},
+                "retry_after": dict(self.retry_after), "errors": dict(self.errors), "seconds": self.seconds,
+                "requests": len(lat), "p50_s": percentile(lat, 0.5), "p99_s": percentile(lat, 0.99)}
+
+
+def percentile(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile of ``ordered`` (sorted), nearest rank; None when empty."""
+    if not ordered:
+        return None
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered)) - 1))]
+
+
+def flood(url: str, token: str, body: dict[str, Any], *, clients: int = 20, seconds: float = 60.0,
+          honour_retry_after: bool = True, verify: Any = True) -> Tally:
+    """``clients`` threads, each with its own keep-alive connection, POST ``body`` to /v1/jobs for ``seconds``,
+    each sending its next request as soon as it has its answer, or, after a 429, once its Retry-After has
+    passed (as Tidal's own client does) unless ``honour_retry_after`` is false (a client that ignores it)."""
+    tallies = [Tally() for _ in range(clients)]
+    end = time.monotonic() + seconds
+
+    def client(t: Tally) -> None:
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                          verify=verify) as c:
+            for _ in range(MAX_REQUESTS_PER_CLIENT):
+                now = time.monotonic()
+                if now >= end:
+                    return
+                try:
+                    r = c.post("/v1/jobs", json=body)
+                except httpx.HTTPError as exc:
+                    t.errors[type(exc).__name__] += 1
+                    continue
+                finally:
+                    t.latencies.append(time.monotonic() - now)
+                t.statuses[r.status_code] += 1
+                if r.status_code == 429:
+                    after = r.headers.get("retry-after", "")
+                    t.retry_after[after] += 1
+                    if honour_retry_after:
+                        wait = float(after) if after.isdigit() else 1.0
+                        time.sleep(max(0.0, min(wait, end - time.monotonic())))
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=client, args=(t,), daemon=True) for t in tallies]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(seconds + 60)
+    total = Tally(seconds=time.monotonic() - t0)
+    for t in tallies:
+        total.add(t)
+    return total
+
+
+class SimulatedAgent:
+    """A node's agent with nothing behind it: it registers ``name`` with ``devices`` devices, then heartbeats
+    every fifth of its lease (as :mod:`tidal.agent` does) and long-polls for actions, acknowledging each as
+    done without running anything. It counts its heartbeats' latencies and the leases it lost (a heartbeat
+    answered 409, or none answered within the agent's request timeout, a quarter of the lease)."""
+
+    def __init__(self, url: str, token: str, name: str, devices: int = 8, *, verify: Any = True) -> None:
+        self.url, self.name, self.devices = url, name, devices
+        self.agent_id = f"sim-{secrets.token_hex(4)}"
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, verify=verify,
+                                 timeout=30)
+        self.poll = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, verify=verify,
+                                 timeout=30)
+        self.lease_s = 5.0
+        self.latencies: list[float] = []
+        self.late = 0  # heartbeats not answered within the request timeout
+        self.refused = 0  # heartbeats answered with an error (a lost lease: 409)
+        self.actions = 0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def register(self) -> None:
+        r = self.http.post("/v1/agent/register", json={
+            "name": self.name, "agent_id": self.agent_id, "devices": self.devices,
+            "cpus": [[i] for i in range(self.devices)]})
+        r.raise_for_status()
+        self.lease_s = float(r.json()["lease_s"])
+
+    def start(self) -> None:
+        self.register()
+        for target in (self._beat, self._take):
+            th = threading.Thread(target=target, daemon=True, name=f"{self.name}-{target.__name__}")
+            th.start()
+            self._threads.append(th)
+
+    def stop(self) -> None:
+        self._stop.set()
+        for th in self._threads:
+            th.join(self.lease_s + 35)
+        self.http.close()
+        self.poll.close()
+
+    def _beat(self) -> None:
+        timeout = self.lease_s / 4
+        while not self._stop.wait(self.lease_s / 5):
+            t0 = time.monotonic()
+            try:
+                r = self.http.post(f"/v1/agent/{self.name}/heartbeat", json={"agent_id": self.agent_id},
+                                   timeout=timeout)
+            except httpx.TimeoutException:
+                self.late += 1
+                self.latencies.append(time.monotonic() - t0)
+                continue
+            except httpx.HTTPError:
+                self.refused += 1
+                continue
+            self.latencies.append(time.monotonic() - t0)
+            if r.status_code != 200:
+                self.refused += 1
+                if r.status_code == 409:  # its lease was lost: take the node again, as an agent does
+                    self.agent_id = f"sim-{secrets.token_hex(4)}"
+                    with contextlib.suppress(httpx.HTTPError):
+                        self.register()
+
+    def _take(self) -> None:
+        while not self._stop.is_set():
+            try:
+                r = self.poll.get(f"/v1/agent/{self.name}/actions",
+                                  params={"agent_id": self.agent_id, "wait": 2.0})
+            except httpx.HTTPError:
+                self._stop.wait(0.5)
+                continue
+            if r.status_code != 200:
+                self._stop.wait(0.5)
+                continue
+            for a in r.json():
+                self.actions += 1
+                self._acknowledge(a)
+
+    def _acknowledge(self, wire: dict[str, Any]) -> None:
+        """Report an action done with the least its result may say: a launch's or restore's ranks started (a
+        made-up pid each), a kill's ranks ended; any other order done."""
+        action = protocol.decode_action(wire)
+        order = action.order
+        data: dict[str, Any] = {}
+        if isinstance(order, protocol.Launch | protocol.Restore):
+            data = {"ranks": [{"rank": r.rank, "pid": 100000 + r.rank} for r in order.ranks]}
+        elif isinstance(order, protocol.Kill):
+            data = {"ranks": []}
+        with contextlib.suppress(httpx.HTTPError):
+            self.http.post(f"/v1/agent/{self.name}/results", json={
+                "agent_id": self.agent_id, "action_id": action.id, "ok": True, "data": data})
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m tidal.testing.load")
+    sub = ap.add_subparsers(dest="what", required=True)
+    f = sub.add_parser("flood", help="POST a job body to /v1/jobs from several clients for a while")
+    f.add_argument("--url", required=True)
+    f.add_argument("--token-file", required=True)
+    f.add_argument("--body", required=True, help="the job's submission, JSON")
+    f.add_argument("--clients", type=int, default=20)
+    f.add_argument("--seconds", type=float, default=60.0)
+    f.add_argument("--ignore-retry-after", action="store_true")
+    f.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
+    args = ap.parse_args(argv)
+    if args.nice:
+        os.nice(args.nice)
+    with open(args.token_file) as fh:
+        token = fh.read().strip()
+    tally = flood(args.url, token, json.loads(args.body), clients=args.clients, seconds=args.seconds,
+                  honour_retry_after=not args.ignore_retry_after)
+    print(json.dumps(tally.to_json()), flush=True)
+
+
+if __name__ == "__main__":
+    main()
