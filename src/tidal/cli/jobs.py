@@ -249,7 +249,8 @@ def register(app: typer.Typer) -> None:
                yes: bool = selection.yes_option()) -> None:
         """Cancel jobs (their ranks are killed): those given by id, or those the filters select, as scancel does
         (`tidal cancel --user alice --state pending --name 'sweep-*'`; without --state, those not yet ended).
-        More than 5 jobs, or any a filter selects, are shown and confirmed first, unless --yes."""
+        More than 5 jobs, or any a filter selects, are shown and confirmed first, unless --yes. Each job's outcome
+        is printed (cancelled, already finished, not found); the exit status is 1 where one was not found."""
         sel = _selection(job_ids, state, user, name, tier, since, all_users, "cancel")
         if len(job_ids or []) == 1:
             job = Api().post(f"/v1/jobs/{job_ids[0]}/cancel")
@@ -295,7 +296,9 @@ def register(app: typer.Typer) -> None:
                 yes: bool = selection.yes_option()) -> None:
         """Checkpoint a job, release its devices and hold it until `tidal resume`. Several jobs (by id, or those
         the filters select, as `tidal cancel` takes them): each is asked to, without waiting for it (as
-        --no-wait), and more than 5, or any a filter selects, are confirmed first, unless --yes."""
+        --no-wait), and more than 5, or any a filter selects, are confirmed first, unless --yes; each job's outcome
+        is printed (held, preempting: checkpointed then held, busy: try again, already finished, not found), and
+        the exit status is 1 where one was busy or not found."""
         sel = _selection(job_ids, state, user, name, tier, since, all_users, "preempt")
         if len(job_ids or []) != 1:
             code = selection.act(Api(), "preempt", job_ids or [], sel, yes)
