@@ -28,8 +28,9 @@ class Plane:
     credential. ``rec.once()`` runs one round of the reconcile loop; ``http`` calls the API."""
 
     def __init__(self, home: Path, lease_s: float = 30.0, quotas: Quotas | None = None,
-                 admit_sla: SlaMode = "off") -> None:
-        self.db = Database(f"sqlite:///{home / 'tidal.db'}")
+                 admit_sla: SlaMode = "off", url: str | None = None) -> None:
+        """``url``: the database (default: SQLite in ``home``)."""
+        self.db = Database(url or f"sqlite:///{home / 'tidal.db'}")
         self.db.migrate()
         with self.db.tx() as s:
             self.user = tokens.create_user(s, "alice", "user")

@@ -41,9 +41,13 @@ class Team:
         return str(self.p.http.get(f"/v1/jobs/{jid}", headers=self.root).json()["state"])
 
 
-@pytest.fixture
-def team(plane: Plane) -> Team:
-    return Team(plane)
+@pytest.fixture(params=["sqlite", "postgresql"])
+def team(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Team]:
+    """On SQLite, and on PostgreSQL (the name's glob is each one's own SQL)."""
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else None
+    plane = Plane(tmp_path, url=url)
+    yield Team(plane)
+    plane.db.close()
 
 
 @pytest.fixture
@@ -163,8 +167,9 @@ def test_paging_walks_2500_jobs_each_once_in_order_while_jobs_are_submitted(plan
     assert plane.http.get("/v1/jobs", headers=plane.as_user(), params={"limit": 1}).json()[0]["id"] == added[0]
 
 
-def test_paging_keeps_jobs_of_one_submission_number_apart(plane: Plane) -> None:
+def test_paging_keeps_jobs_of_one_submission_number_apart(team: Team) -> None:
     # Two submissions racing on PostgreSQL may draw the same number: the id orders them, each is listed once.
+    plane = team.p
     made = plane.submit_many(5)
     with plane.db.tx() as s:
         s.execute(update(JobRow).where(JobRow.id.in_(made[1:4])).values(seq=2))
