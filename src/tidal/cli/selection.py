@@ -166,11 +166,16 @@ def fetch(api: Client, params: dict[str, Any], limit: int, all_pages: bool) -> L
 def notices(listed: Listed, asked_all: bool) -> None:
     """On stderr: that more jobs exist than were shown, and that --all showed a user who is not an admin their
     own jobs only."""
-    if asked_all and listed.scope == "own":
-        note("--all lists every user's jobs for an admin only: these are your own")
+    own_only(listed.scope, asked_all)
     if listed.more:
         note(f"showing {len(listed.jobs):,} of {listed.total:,} jobs: narrow with --state/--user/--name/--tier/"
              f"--since, or see more with --limit N or --all-pages")
+
+
+def own_only(scope: str, asked_all: bool) -> None:
+    """Where --all was given by a user who is not an admin: that these are their own jobs (on stderr)."""
+    if asked_all and scope == "own":
+        note("--all lists every user's jobs for an admin only: these are your own")
 
 
 def note(text: str) -> None:
@@ -192,7 +197,7 @@ def act(api: Client, verb: str, ids: Sequence[str], sel: Selection, yes: bool) -
     else:
         params = sel.params() if sel.states else {**sel.params(), "state": UNFINISHED}
         listed = fetch(api, params, limits.MAX_BULK, all_pages=True)
-        notices(Listed([], 0, False, listed.scope), sel.all_users)
+        own_only(listed.scope, sel.all_users)
         if not listed.jobs:
             note("no job matches: nothing to " + verb)
             return 0
@@ -203,8 +208,7 @@ def act(api: Client, verb: str, ids: Sequence[str], sel: Selection, yes: bool) -
     for start in range(0, len(ids), limits.MAX_BULK):
         answer = api.post(f"/v1/jobs/{verb}", json={"ids": ids[start:start + limits.MAX_BULK]})
         for r in answer["results"]:
-            style = None if r["outcome"] in _OK else "red"
-            console.print(Text(r["message"], style=style or ""), highlight=False)
+            console.print(Text(r["message"], style="" if r["outcome"] in _OK else "red"), highlight=False)
         results += answer["results"]
     if len(results) > 1:
         tally: dict[str, int] = {}
