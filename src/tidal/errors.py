@@ -13,6 +13,31 @@ from __future__ import annotations
 
 from typing import Any
 
+#: How many characters of a value a caller sent an error message quotes back (:func:`shown`).
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A value a caller sent, as an error message quotes it: its ``repr``, of its first ``limit`` characters only,
+    with ``…`` where it goes on, so that an error never echoes a huge input back (a 100 kB name, an unknown
+    value); a lone surrogate (JSON allows one as an escape) is shown escaped. Every error that quotes input
+    quotes it through here."""
+    if isinstance(value, str):
+        text = repr(value[:limit])
+        if len(value) > limit:
+            text = f"{text[:-1]}…{text[-1]}"
+    else:
+        text = repr(value)
+        if len(text) > limit:
+            text = text[:limit] + "…"
+    return text.encode("utf-8", "backslashreplace").decode()
+
+
+def named(name: str) -> str:
+    """A name a caller gave (a job id, a variable's name), as a message names it: as it is where it is short and
+    printable, else as :func:`shown` quotes it."""
+    return name if name and name.isprintable() and len(name) <= SHOWN_CHARS else shown(name)
+
 
 class TidalError(Exception):
     """Root of all Tidal errors."""

@@ -23,8 +23,8 @@ from rich.markup import escape
 from tidal.cli import listings, units
 from tidal.cli.api import Api
 from tidal.cli.formats import Format, output_option, print_rows
-from tidal.cli.jobs import parse_duration
 from tidal.cli.output import console
+from tidal.cli.units import parse_duration
 from tidal.config import load_settings
 from tidal.core.topology import devices_option
 from tidal.errors import ConfigError, Conflict

@@ -1,9 +1,9 @@
-"""Job commands: submit, ls, show, logs, wait, cancel, checkpoints, events, preempt, resume, migrate."""
+"""Job commands: submit, ls, show, logs, wait, cancel, checkpoints, events, preempt, resume, migrate (ls, cancel and
+preempt by filters too: :mod:`tidal.cli.selection`)."""
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,24 +14,17 @@ import yaml
 from rich.markup import escape
 from rich.text import Text
 
-from tidal.cli import eventfollow, jobcheck, jobenv, listings, units
+from tidal.cli import eventfollow, jobcheck, jobenv, listings, selection, units
 from tidal.cli.api import Api, Client
 from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
 from tidal.cli.logs import CANCELLED, TERMINAL, exit_status, outcome
 from tidal.cli.output import console, fail
 from tidal.cli.terms import flag, phrased
-from tidal.core import JobSpec
+from tidal.cli.units import parse_duration
+from tidal.core import JobSpec, limits
 from tidal.errors import Conflict, TidalError, ValidationError
 
 STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
-_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_duration(text: str, field: str = "checkpoint_every") -> float:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if not m:
-        raise ValidationError(f"{field}: bad duration {text!r}", field=field, hint="e.g. 30s, 5m, 1h")
-    return float(m.group(1)) * _UNITS[m.group(2)]
 
 
 # How the CLI reads a field of a job, in a job file or from an option, where the API takes it otherwise:
@@ -127,6 +120,23 @@ def job_argument() -> Any:
     return typer.Argument(..., metavar="JOB", help="the job's id (`tidal ls`)")
 
 
+def jobs_argument() -> Any:
+    return typer.Argument(None, metavar="JOB", help="the jobs' ids (`tidal ls`); or select them with the filters")
+
+
+def _selection(job_ids: list[str] | None, state: list[str] | None, user: list[str] | None, name: str | None,
+               tier: list[str] | None, since: str | None, all_users: bool, verb: str) -> selection.Selection:
+    """The filters of `cancel`/`preempt`: given with no job ids, or the ids without filters (a usage error else)."""
+    sel = selection.from_options(state, user, name, tier, since, all_users)
+    if job_ids and not sel.empty:
+        fail(ValidationError(f"give the jobs to {verb} by id or by filters, not both",
+                             hint=f"`tidal {verb} JOB...`, or `tidal {verb} --state S --user U --name N ...`"), code=2)
+    if not job_ids and sel.empty:
+        fail(ValidationError(f"give the jobs to {verb}: their ids, or filters (--state, --user, --name, --tier, "
+                             "--since, --all)", hint=f"see `tidal {verb} --help`"), code=2)
+    return sel
+
+
 def no_wait_option() -> Any:
     return typer.Option(False, "--no-wait", help="return once the request is accepted")
 
@@ -197,10 +207,21 @@ def register(app: typer.Typer) -> None:
                 console.print(f"[yellow]deferred[/]: {job['deferred']}", highlight=False)
 
     @app.command("ls")
-    def ls(all_users: bool = typer.Option(False, "--all", help="every user's jobs (admin)"),
+    def ls(all_users: bool = selection.all_option(),
+           state: list[str] = selection.state_option(), user: list[str] = selection.user_option(),
+           name: str = selection.name_option(), tier: list[str] = selection.tier_option(),
+           since: str = selection.since_option(),
+           limit: int = typer.Option(selection.PAGE, "--limit", "-n", min=1, max=limits.MAX_PAGE, metavar="N",
+                                     help=f"show at most N jobs, the newest (at most {limits.MAX_PAGE:,}); with "
+                                          "--all-pages, the jobs fetched per request"),
+           all_pages: bool = typer.Option(False, "--all-pages",
+                                          help="every job the filters select, fetched page after page"),
            output: Format = output_option()) -> None:
-        """List your jobs, newest first."""
-        print_rows(Api().get("/v1/jobs", params={"all": all_users}), listings.JOBS, output)
+        """List your jobs, newest first: at most --limit of them (1000), with a notice on stderr when more exist."""
+        sel = selection.from_options(state, user, name, tier, since, all_users)
+        listed = selection.fetch(Api(), sel.params(), limit, all_pages)
+        print_rows(listed.jobs, listings.JOBS, output)
+        selection.notices(listed, all_users)
 
     @app.command()
     def show(job_id: str = job_argument(), output: Format = output_option(),
@@ -221,10 +242,23 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(code)
 
     @app.command()
-    def cancel(job_id: str = job_argument()) -> None:
-        """Cancel a job (its ranks are killed)."""
-        job = Api().post(f"/v1/jobs/{job_id}/cancel")
-        console.print(f"job {job_id} {job['state']}")
+    def cancel(job_ids: list[str] = jobs_argument(),
+               state: list[str] = selection.state_option(), user: list[str] = selection.user_option(),
+               name: str = selection.name_option(), tier: list[str] = selection.tier_option(),
+               since: str = selection.since_option(), all_users: bool = selection.all_option(),
+               yes: bool = selection.yes_option()) -> None:
+        """Cancel jobs (their ranks are killed): those given by id, or those the filters select, as scancel does
+        (`tidal cancel --user alice --state pending --name 'sweep-*'`; without --state, those not yet ended).
+        More than 5 jobs, or any a filter selects, are shown and confirmed first, unless --yes. Each job's outcome
+        is printed (cancelled, already finished, not found); the exit status is 1 where one was not found."""
+        sel = _selection(job_ids, state, user, name, tier, since, all_users, "cancel")
+        if len(job_ids or []) == 1:
+            job = Api().post(f"/v1/jobs/{job_ids[0]}/cancel")
+            console.print(f"job {job_ids[0]} {job['state']}")
+            return
+        code = selection.act(Api(), "cancel", job_ids or [], sel, yes)
+        if code:
+            raise typer.Exit(code)
 
     @app.command()
     def checkpoints(job_id: str = job_argument(), output: Format = output_option()) -> None:
@@ -254,9 +288,24 @@ def register(app: typer.Typer) -> None:
         emit(rows, output, lambda wide: _events_table(rows, wide, with_job=job is None))
 
     @app.command()
-    def preempt(job_id: str = job_argument(), no_wait: bool = no_wait_option(),
-                timeout: float = timeout_option()) -> None:
-        """Checkpoint the job, release its devices and hold it until `tidal resume`."""
+    def preempt(job_ids: list[str] = jobs_argument(), no_wait: bool = no_wait_option(),
+                timeout: float = timeout_option(),
+                state: list[str] = selection.state_option(), user: list[str] = selection.user_option(),
+                name: str = selection.name_option(), tier: list[str] = selection.tier_option(),
+                since: str = selection.since_option(), all_users: bool = selection.all_option(),
+                yes: bool = selection.yes_option()) -> None:
+        """Checkpoint a job, release its devices and hold it until `tidal resume`. Several jobs (by id, or those
+        the filters select, as `tidal cancel` takes them): each is asked to, without waiting for it (as
+        --no-wait), and more than 5, or any a filter selects, are confirmed first, unless --yes; each job's outcome
+        is printed (held, preempting: checkpointed then held, busy: try again, already finished, not found), and
+        the exit status is 1 where one was busy or not found."""
+        sel = _selection(job_ids, state, user, name, tier, since, all_users, "preempt")
+        if len(job_ids or []) != 1:
+            code = selection.act(Api(), "preempt", job_ids or [], sel, yes)
+            if code:
+                raise typer.Exit(code)
+            return
+        job_id = job_ids[0]
         api = Api()
         _request(api, job_id, "preempt", timeout)
         if no_wait:

@@ -54,7 +54,8 @@ JOBS = Listing("ls", JOB_FIELDS, (
     Column("SUBMITTED", lambda j: units.ago(j["submitted_at"])),
     Column("SUBMITTED AT", lambda j: units.clock(j["submitted_at"]), wide=True),
     Column("REASON", _text("reason")),
-), note="Your jobs, newest first (--all: every user's, for an admin); REASON: why a waiting job waits.")
+), note="Your jobs, newest first (--all: every user's, for an admin), a page of at most --limit (1000) with a notice "
+        "on stderr when more exist (--all-pages: all of them); REASON: why a waiting job waits.")
 
 PLACEMENT = Listing("show: placement", {
     "rank": "the rank", "node": "the node it runs on", "device": "its device there",

@@ -1,15 +1,28 @@
 """Numbers as a person reads them: durations (``1.08 s``, ``3m 12s``), sizes (``4.0 GiB``), moments
 (``3m 12s ago``, ``14:02:11``). Only tables and messages use these; ``-o json|yaml`` keep the raw numbers
-(seconds, bytes, Unix times)."""
+(seconds, bytes, Unix times). And durations as a person gives them (``30s``, ``5m``, ``1h``)."""
 
 from __future__ import annotations
 
+import re
 import time
 from datetime import datetime
 
 from tidal.core.units import size
+from tidal.errors import ValidationError, shown
 
-__all__ = ["ago", "clock", "duration", "rate", "size"]
+__all__ = ["ago", "clock", "duration", "parse_duration", "rate", "size"]
+
+_UNITS = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, field: str = "checkpoint_every") -> float:
+    """Seconds, from ``30``, ``30s``, ``5m``, ``1h`` or ``2d``."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if not m:
+        raise ValidationError(f"{field}: bad duration {shown(text)}", field=field, hint="e.g. 30s, 5m, 1h")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
 
 def duration(seconds: float | None) -> str:
     """``350 ms``, ``1.08 s``, ``12.3 s``, ``3m 12s``, ``2h 05m``, ``3d 4h``; ``-`` for none."""

@@ -26,7 +26,7 @@ from tidal.control.history import record
 from tidal.control.store.models import ActionRow, CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobSpec, JobState, advance
 from tidal.core.operations import Phase, step
-from tidal.errors import NotFound
+from tidal.errors import NotFound, named
 
 S = JobState
 # States in which the job's ranks exist (or are being created) on a node.
@@ -110,7 +110,7 @@ def get(s: Session, job_id: str, *, owner: str | None) -> JobRow:
     existence is not disclosed."""
     job = s.get(JobRow, job_id)
     if job is None or (owner is not None and job.owner != owner):
-        raise NotFound(f"no job {job_id}", job=job_id)
+        raise NotFound(f"no job {named(job_id)}", job=named(job_id))
     return job
 
 

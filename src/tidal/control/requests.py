@@ -16,7 +16,7 @@ from tidal.control.reasons import clear, set_reason
 from tidal.control.store.models import CheckpointRow, CheckpointState, JobRow, NodeRow
 from tidal.core import TERMINAL, DeviceRef, JobState, rank_map
 from tidal.core.units import size
-from tidal.errors import Conflict, NotFound, ValidationError
+from tidal.errors import Conflict, NotFound, ValidationError, named, shown
 from tidal.policy import gpufit, reasons
 
 S = JobState
@@ -47,8 +47,8 @@ def resume(s: Session, job: JobRow, cause: str, from_: str | None = None) -> Non
     if from_ is not None:
         row = s.get(CheckpointRow, from_)
         if row is None or row.job_id != job.id or not row.retained:
-            raise ValidationError(f"job {job.id} has no checkpoint {from_!r}", field="from", checkpoint=from_,
-                                  hint=f"`tidal checkpoints {job.id}` lists its checkpoints")
+            raise ValidationError(f"job {job.id} has no checkpoint {shown(from_)}", field="from",
+                                  checkpoint=named(from_), hint=f"`tidal checkpoints {job.id}` lists its checkpoints")
         if row.state is CheckpointState.COMMITTING:
             raise Conflict(f"checkpoint {from_} of job {job.id} is still being committed to the store and cannot be "
                            "chosen yet", field="from", checkpoint=from_, state=row.state.value,

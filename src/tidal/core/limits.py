@@ -45,5 +45,6 @@ MAX_BODY_BYTES = 1 << 20  # any request body, except a log upload
 MAX_LOG_UPLOAD_BYTES = 16 << 20  # a log chunk from an agent (agents send 4 MiB)
 MAX_LOG_READ_BYTES = 4 << 20  # bytes of a log one GET returns (the client asks again from there)
 MAX_PAGE = 10_000  # events or jobs in one listing
+MAX_BULK = 1000  # jobs one bulk request (cancel, preempt) acts on
 MAX_JOB_EVENTS_SHOWN = 1000  # a job's latest events in `GET /v1/jobs/{id}`
 MAX_POLL_WAIT_S = 30.0  # an agent's long-poll for actions

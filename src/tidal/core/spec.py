@@ -19,7 +19,7 @@ from typing import Any
 from tidal.core import limits
 from tidal.core.jobname import default_name
 from tidal.core.tiers import Tier
-from tidal.errors import ValidationError
+from tidal.errors import ValidationError, named, shown
 
 # Tidal's own settings (pydantic-settings reads them case-insensitively) and credentials: a job's
 # environment never carries them, so a job can neither impersonate its submitter nor steer Tidal's code
@@ -166,9 +166,9 @@ class JobSpec:
         _text(self.name, "name", max_chars=limits.MAX_NAME_CHARS)
         _text(self.workdir, "workdir", max_bytes=limits.MAX_WORKDIR_BYTES)
         if not self.workdir.startswith("/"):
-            raise ValidationError(f"workdir must be absolute, got {self.workdir!r}", field="workdir")
+            raise ValidationError(f"workdir must be absolute, got {shown(self.workdir)}", field="workdir")
         if not isinstance(self.ranks, int) or not 1 <= self.ranks <= limits.MAX_RANKS:
-            raise ValidationError(f"ranks must be an integer from 1 to {limits.MAX_RANKS}, got {self.ranks!r}",
+            raise ValidationError(f"ranks must be an integer from 1 to {limits.MAX_RANKS}, got {shown(self.ranks)}",
                                   field="ranks")
         lo, hi = self.min_devices, self.max_devices
         assert lo is not None and hi is not None
@@ -202,7 +202,7 @@ class JobSpec:
             value = getattr(self, field)
             if value is not None and not (isinstance(value, str) and _PLACE_NAME.match(value)
                                           and len(value) <= limits.MAX_ID_CHARS):
-                raise ValidationError(f"{field} {value!r} is not a {field} name (letters, digits, '.', '_', '-', "
+                raise ValidationError(f"{field} {shown(value)} is not a {field} name (letters, digits, '.', '_', '-', "
                                       f"at most {limits.MAX_ID_CHARS} characters)", field=field,
                                       hint=f"`tidal nodes` lists each node's {field}")
 
@@ -232,26 +232,26 @@ def validate_env(env: Mapping[str, str]) -> None:
     total = 0
     for name, value in env.items():
         if not isinstance(name, str) or not isinstance(value, str):
-            raise ValidationError(f"env: {name!r}: names and values must be strings", field="env")
-        shown = _shown(name)
+            raise ValidationError(f"env: {shown(name)}: names and values must be strings", field="env")
+        label = named(name)
         if not name or "=" in name or "\0" in name:
-            raise ValidationError(f"env: {shown} is not a variable name (non-empty, without '=' or NUL)",
-                                  field="env", variable=shown)
+            raise ValidationError(f"env: {label} is not a variable name (non-empty, without '=' or NUL)",
+                                  field="env", variable=label)
         if name.upper().startswith(RESERVED_ENV_PREFIX):
             raise ValidationError(
-                f"env: {shown}: variables beginning with {RESERVED_ENV_PREFIX} are Tidal's own settings and "
-                "credentials and cannot be set for a job", field="env", variable=shown,
-                hint=f"remove {shown} from the job's environment")
-        size = _utf8(name, "env", f"env: {shown}: the name")
+                f"env: {label}: variables beginning with {RESERVED_ENV_PREFIX} are Tidal's own settings and "
+                "credentials and cannot be set for a job", field="env", variable=label,
+                hint=f"remove {label} from the job's environment")
+        size = _utf8(name, "env", f"env: {label}: the name")
         if size > limits.MAX_ENV_NAME_BYTES:
-            raise ValidationError(f"env: {shown}: the name is over {limits.MAX_ENV_NAME_BYTES} bytes",
-                                  field="env", variable=shown)
+            raise ValidationError(f"env: {label}: the name is over {limits.MAX_ENV_NAME_BYTES} bytes",
+                                  field="env", variable=label)
         if "\0" in value:
-            raise ValidationError(f"env: {shown}: the value holds a NUL character", field="env", variable=shown)
-        vsize = _utf8(value, "env", f"env: {shown}: the value")
+            raise ValidationError(f"env: {label}: the value holds a NUL character", field="env", variable=label)
+        vsize = _utf8(value, "env", f"env: {label}: the value")
         if vsize > limits.MAX_ENV_VALUE_BYTES:
-            raise ValidationError(f"env: {shown}: the value is {vsize} bytes, over {limits.MAX_ENV_VALUE_BYTES}",
-                                  field="env", variable=shown)
+            raise ValidationError(f"env: {label}: the value is {vsize} bytes, over {limits.MAX_ENV_VALUE_BYTES}",
+                                  field="env", variable=label)
         total += size + vsize + 2
     if total > limits.MAX_ENV_BYTES:
         raise ValidationError(f"env: {total} bytes in all, over {limits.MAX_ENV_BYTES}", field="env",
@@ -294,9 +294,3 @@ def _utf8(value: str, field: str, what: str) -> int:
     except UnicodeEncodeError as exc:
         raise ValidationError(f"{what} is not valid Unicode text (a lone surrogate at character {exc.start})",
                               field=field) from None
-
-
-def _shown(name: str) -> str:
-    """A variable's name as an error message may quote it: printable, and not the whole of a huge one."""
-    text = name if name and name.isprintable() and len(name) <= 64 else ascii(name[:64])
-    return text.encode("utf-8", "backslashreplace").decode()

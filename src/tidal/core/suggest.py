@@ -7,7 +7,7 @@ import difflib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from tidal.errors import ValidationError
+from tidal.errors import SHOWN_CHARS, ValidationError, named, shown
 
 
 def closest(word: str, choices: Iterable[str]) -> str | None:
@@ -27,6 +27,6 @@ def check_keys(doc: Mapping[Any, Any], valid: Iterable[str], where: str) -> None
     keys = list(valid)
     for key in doc:
         if key not in keys:
-            shown = str(key)
-            raise ValidationError(f"unknown key {shown!r} in {where}{did_you_mean(shown, keys)}", field=shown,
-                                  hint="valid keys: " + ", ".join(keys))
+            name = str(key)
+            raise ValidationError(f"unknown key {shown(name)} in {where}{did_you_mean(name[:SHOWN_CHARS], keys)}",
+                                  field=named(name), hint="valid keys: " + ", ".join(keys))

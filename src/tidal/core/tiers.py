@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 
 from tidal.core.suggest import did_you_mean
-from tidal.errors import ValidationError
+from tidal.errors import ValidationError, shown
 
 
 class Tier(enum.Enum):
@@ -32,7 +32,7 @@ class Tier(enum.Enum):
         except (ValueError, AttributeError):
             names = [t.value for t in reversed(TIERS_BY_RANK)]
             typo = did_you_mean(value.strip(), names) if isinstance(value, str) else ""
-            raise ValidationError(f"unknown tier {value!r}{typo}", field="tier",
+            raise ValidationError(f"unknown tier {shown(value)}{typo}", field="tier",
                                   hint="valid tiers: " + ", ".join(names)) from None
 
     def __lt__(self, other: object) -> bool:

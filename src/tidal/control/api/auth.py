@@ -16,7 +16,7 @@ from fastapi import Depends, Header, Request
 
 from tidal.control import tokens
 from tidal.control.api.context import Ctx
-from tidal.errors import Forbidden, Unauthorized
+from tidal.errors import Forbidden, Unauthorized, shown
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def cookie_token(request: Request) -> str | None:
                             "'Authorization: Bearer TOKEN'")
         origin = request.headers.get("origin")
         if origin is not None and not same_origin(request, origin):
-            raise Forbidden(f"cross-site request from {origin!r} refused", hint="use the dashboard itself")
+            raise Forbidden(f"cross-site request from {shown(origin)} refused", hint="use the dashboard itself")
     return token
 
 

@@ -7,7 +7,11 @@ submission's body is :mod:`tidal.core.submission_body`'s.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, Field
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from tidal.control.jobfilter import MAX_BULK, MAX_VALUES
 
 # The agents' request bodies are the protocol's messages (one of another protocol version is a 426).
 from tidal.core.protocol import ActionResult as ActionResult
@@ -56,3 +60,28 @@ class JoinTokenCreate(BaseModel):
 
 
 AgentHello = Leave
+
+
+class JobFilter(BaseModel):
+    """Which jobs a bulk request selects, as ``GET /v1/jobs``'s query does (each list: values, or comma lists)."""
+
+    model_config = ConfigDict(extra="forbid")
+    state: list[str] | None = Field(default=None, max_length=MAX_VALUES)  # none: the jobs not yet ended
+    user: list[str] | None = Field(default=None, max_length=MAX_VALUES)
+    name: str | None = None  # a name, or a glob (* and ?)
+    tier: list[str] | None = Field(default=None, max_length=MAX_VALUES)
+    since: float | None = Field(default=None, allow_inf_nan=False)  # submitted at or after (Unix time)
+    all: bool = False  # every user's (an admin)
+
+
+JobId = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+
+
+class BulkRequest(BaseModel):
+    """``POST /v1/jobs/{cancel,preempt}``: the jobs given by ``ids``, or those ``filter`` selects (a page of them
+    from ``cursor``: the answer's ``next_cursor`` where more are left)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[JobId] | None = Field(default=None, max_length=MAX_BULK)
+    filter: JobFilter | None = None
+    cursor: str | None = None

@@ -1,5 +1,6 @@
-"""Users' jobs: submission, listing, requests (preempt, resume, cancel, migrate, resize), checkpoints and
-logs. A user sees only their own jobs (others' are 404); an admin sees everyone's."""
+"""Users' jobs: submission, listing (filtered, paged), requests (preempt, resume, cancel, migrate, resize; cancel
+and preempt of several jobs at once), checkpoints and logs. A user sees only their own jobs (others' are 404);
+an admin sees everyone's."""
 
 from __future__ import annotations
 
@@ -7,16 +8,14 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from tidal.control import agents, jobs, requests, submission
+from tidal.control import agents, bulk, jobfilter, jobs, requests, submission
 from tidal.control.api import views
 from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
-from tidal.control.api.schemas import JobSubmit, MigrateRequest, ResizeRequest, ResumeRequest
+from tidal.control.api.schemas import BulkRequest, JobSubmit, MigrateRequest, ResizeRequest, ResumeRequest
 from tidal.control.intake import Intake, job_values
-from tidal.control.store.models import JobRow
 from tidal.core import JobState, limits
 from tidal.errors import ValidationError
 
@@ -44,14 +43,82 @@ async def submit(body: JobSubmit, request: Request, p: User, ctx: Ctx) -> dict[s
     return out
 
 
+def _selection(p: Principal, *, all_users: bool, state: list[str] | None, user: list[str] | None,
+               name: str | None, tier: list[str] | None, since: float | None,
+               unfinished: bool = False) -> tuple[jobfilter.Filter, str]:
+    """The filter a listing's query (or a bulk request's ``filter``) gives, and its scope (own, users, all);
+    ``unfinished``: where no state is named, the jobs not yet ended."""
+    owners, scope = jobfilter.owners(p.name, p.role == "admin", jobfilter.values(user, "user"), all_users)
+    states = jobfilter.states(jobfilter.values(state, "state"))
+    if states is None and unfinished:
+        states = jobfilter.UNFINISHED
+    f = jobfilter.Filter(owners=owners, states=states, name=jobfilter.name_pattern(name),
+                         tiers=jobfilter.tiers(jobfilter.values(tier, "tier")), since=since)
+    return f, scope
+
+
 @router.get("")
-def list_jobs(p: User, ctx: Ctx, all_users: Annotated[bool, Query(alias="all")] = False,
+def list_jobs(p: User, ctx: Ctx, response: Response,
+              all_users: Annotated[bool, Query(alias="all")] = False,
+              state: Annotated[list[str] | None, Query()] = None,
+              user: Annotated[list[str] | None, Query()] = None,
+              name: str | None = None,
+              tier: Annotated[list[str] | None, Query()] = None,
+              since: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+              cursor: str | None = None,
               limit: Annotated[int, Query(ge=1, le=limits.MAX_PAGE)] = 1000) -> list[dict[str, Any]]:
+    """Jobs, newest first: a page of at most ``limit``. The headers say how many the filter selects in all
+    (``X-Tidal-Total-Count``), where the next page starts (``X-Tidal-Next-Cursor``: absent on the last page; give
+    it as ``cursor``), and whose jobs these are (``X-Tidal-Scope``: ``own``, ``users`` or ``all``; a caller who is
+    not an admin gets ``own`` for ``all=true``)."""
+    f, scope = _selection(p, all_users=all_users, state=state, user=user, name=name, tier=tier, since=since)
     with ctx.db.read() as s:
-        q = select(JobRow).order_by(JobRow.seq.desc()).limit(limit)
-        if p.owner_filter is not None or not all_users:
-            q = q.where(JobRow.owner == p.name)
-        return [views.summary(j) for j in s.scalars(q)]
+        pg = jobfilter.page(s, f, cursor, limit)
+        total = jobfilter.count(s, f)
+        out = [views.summary(j) for j in pg.jobs]
+    response.headers["X-Tidal-Total-Count"] = str(total)
+    response.headers["X-Tidal-Scope"] = scope
+    if pg.next_cursor is not None:
+        response.headers["X-Tidal-Next-Cursor"] = pg.next_cursor
+    return out
+
+
+def _bulk(ctx: Context, p: Principal, verb: bulk.Verb, body: BulkRequest) -> dict[str, Any]:
+    if (body.ids is None) == (body.filter is None):
+        raise ValidationError("give the jobs' ids or a filter, one of the two", field="ids",
+                              hint='{"ids": ["ID", ...]} or {"filter": {"state": [...], "user": [...], ...}}')
+    cause = f"api:{p.name}:{verb}"
+    if body.ids is not None:
+        if not body.ids:
+            raise ValidationError("ids: give at least one job id", field="ids")
+        if body.cursor is not None:
+            raise ValidationError("cursor: a cursor goes with a filter, not with ids", field="cursor")
+        results = bulk.act(ctx.db, verb, body.ids, None if p.role == "admin" else (p.name,), cause)
+        return {"results": results, "counts": bulk.counts(results), "next_cursor": None}
+    q = body.filter
+    assert q is not None
+    f, _ = _selection(p, all_users=q.all, state=q.state, user=q.user, name=q.name, tier=q.tier, since=q.since,
+                      unfinished=True)
+    with ctx.db.read() as s:
+        pg = jobfilter.page(s, f, body.cursor, jobfilter.MAX_BULK)
+        ids = [j.id for j in pg.jobs]
+    # What the filter selected, but acted on only if still the caller's to act on.
+    results = bulk.act(ctx.db, verb, ids, f.owners, cause)
+    return {"results": results, "counts": bulk.counts(results), "next_cursor": pg.next_cursor}
+
+
+@router.post("/cancel")
+def cancel_many(body: BulkRequest, p: User, ctx: Ctx) -> dict[str, Any]:
+    """Cancel several jobs: ``{"ids": [...]}`` (at most MAX_BULK), or ``{"filter": {...}}`` (a page of at most
+    MAX_BULK of the jobs it selects; ``next_cursor``, given back as ``cursor``, where more are left). Each job's
+    outcome in ``results``, in order (:mod:`tidal.control.bulk`)."""
+    return _bulk(ctx, p, "cancel", body)
+
+
+@router.post("/preempt")
+def preempt_many(body: BulkRequest, p: User, ctx: Ctx) -> dict[str, Any]:
+    """Preempt several jobs (each held until resumed), as ``POST /v1/jobs/cancel`` selects them."""
+    return _bulk(ctx, p, "preempt", body)
 
 
 @router.get("/{job_id}")

@@ -28,7 +28,7 @@ from tidal.control.api import views
 from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
 from tidal.control.store.models import EventRow, JobRow
-from tidal.errors import Unavailable, ValidationError
+from tidal.errors import Unavailable, ValidationError, shown
 
 router = APIRouter(prefix="/v1")
 
@@ -50,7 +50,7 @@ def _start(after: int | None, last_event_id: str | None) -> int | None:
         try:
             seq = int(last_event_id.strip())
         except ValueError:
-            raise ValidationError(f"Last-Event-ID {last_event_id!r} is not an event's seq",
+            raise ValidationError(f"Last-Event-ID {shown(last_event_id)} is not an event's seq",
                                   field="Last-Event-ID") from None
         if seq < 0:
             raise ValidationError("Last-Event-ID must be a seq (0 or more)", field="Last-Event-ID")

@@ -24,7 +24,7 @@ from tidal.control.api.overview import overview
 from tidal.control.api.trend import Trend
 from tidal.control.store.models import JobRow
 from tidal.core import limits
-from tidal.errors import Forbidden, NotFound, Unauthorized
+from tidal.errors import Forbidden, NotFound, Unauthorized, shown
 
 router = APIRouter()
 
@@ -57,7 +57,7 @@ def index() -> Response:
 @router.get("/ui/static/{name}", include_in_schema=False)
 def asset(name: str) -> Response:
     if name not in ASSETS:
-        raise NotFound(f"no dashboard file {name!r}")
+        raise NotFound(f"no dashboard file {shown(name)}")
     return _page(_asset(name), ASSETS[name])
 
 
@@ -72,7 +72,7 @@ def login(body: Login, request: Request, ctx: Ctx) -> JSONResponse:
         raise Forbidden(f"log in from the dashboard (the request lacks {UI_HEADER}: 1)")
     origin = request.headers.get("origin")
     if origin is not None and not same_origin(request, origin):
-        raise Forbidden(f"cross-site log-in from {origin!r} refused")
+        raise Forbidden(f"cross-site log-in from {shown(origin)} refused")
     with ctx.db.read() as s:
         u = tokens.lookup(s, body.token.strip())
         if u is None:
