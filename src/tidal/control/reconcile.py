@@ -15,7 +15,7 @@ import threading
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal.control import agents, deferral, jobs, linkrates
+from tidal.control import agents, deferral, drains, jobs, linkrates
 from tidal.control.checkpointing import checkpoint
 from tidal.control.history import record
 from tidal.control.launch import start
@@ -124,7 +124,8 @@ class Reconciler:
                 return
         with self.db.tx() as s:
             for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True), NodeRow.lease_until < now)):
-                agents.expire(s, node, "lease expired")
+                agents.expire(s, node, "lease expired", lease_lost=True)
+            drains.undrain_healed(s, now, f"reconcile-{self._run}")
             for job in self._due(s, now):
                 checkpoint(s, job, "periodic", f"timer-{self._run}")
             deferral.release_due(s, f"reconcile-{self._run}")
@@ -133,7 +134,7 @@ class Reconciler:
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
         return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
-                or self._explain_due(s) or bool(deferral.due(s)))
+                or self._explain_due(s) or bool(deferral.due(s)) or drains.any_healed(s, now))
 
     def _explain_due(self, s: Session) -> bool:
         """Whether a pass should run only to say why new waiting jobs wait (see ``explain_every``)."""
@@ -170,6 +171,9 @@ class Reconciler:
             own = ({(p["node"], int(p["device"])) for p in job.placement}
                    if a.kind in (ActionKind.MIGRATE, ActionKind.RESIZE) else set())
             new = [d for d in a.devices if (d.node, d.index) not in own]
+            if view.drained and any(d.node in view.drained for d in new):
+                log.warning("policy action %s puts job %s on a drained node; not applied", a.id, a.job_id)
+                continue
             if a.placement and not all(d.index in free.get(d.node, ()) for d in new):
                 # A policy may count on devices that a preemption it just asked for will free (as in the
                 # simulator, where preemption is instant). Here they are free only once the checkpoint is
@@ -247,10 +251,10 @@ class Reconciler:
         waiting = (JobRow.state == S.PENDING.value) | ((JobRow.state == S.PREEMPTED.value) & ~JobRow.held)
         if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
             # Nothing waits: only growing a shrunk job into idle devices is left to decide.
-            return self.policy.grows and any(jobs.free_devices(s).values()) and any(
+            return self.policy.grows and any(jobs.free_devices(s, schedulable=True).values()) and any(
                 jobs.device_count(j) < (jobs.spec_of(j).max_devices or j.ranks) and not j.pinned_devices
                 for j in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))))
-        if any(jobs.free_devices(s).values()):
+        if any(jobs.free_devices(s, schedulable=True).values()):
             return True
         urgent = waiting & (JobRow.tier != Tier.BASIC.value)
         return s.scalar(select(JobRow.id).where(urgent).limit(1)) is not None
@@ -263,10 +267,11 @@ def _unexplained(s: Session) -> bool:
 
 
 def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
-    """The immutable view the policy decides over: nodes that are up, and every job that waits for or
-    holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
-    between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else :class:`Links`'s default),
-    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`)."""
+    """The immutable view the policy decides over: nodes that are up (the drained ones named in ``drained``),
+    and every job that waits for or holds devices (a migration's target devices count as held: they are
+    reserved); ``links``: the network between clusters and regions as the settings give it (TIDAL_REGION_GBPS,
+    else :class:`Links`'s default), with the rate measured from one region to another where there is one
+    (:mod:`tidal.control.linkrates`)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -301,7 +306,8 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     measured = linkrates.links(s, links or Links())
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), rows
+    drained = frozenset(n.name for n in nodes if n.drain is not None)
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained), rows
 
 
 def _image_gb(job: JobRow) -> float | None:

@@ -4,6 +4,8 @@ policy does use it: the drain, not the case, keeps it off."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -21,6 +23,7 @@ from tidal.core import (
     rank_map,
 )
 from tidal.policy import POLICIES, Singularity, SingularityConfig, make_policy
+from tidal.policy.base import Policy
 from tidal.policy.firstfit import FirstFitPolicy
 from tidal.policy.reasons import Why
 from tidal.policy.registry import LIVE_SINGULARITY, SIM_SINGULARITY
@@ -51,7 +54,7 @@ def view(t: Topology, *jobs: JobView, drained: frozenset[str] = frozenset()) -> 
     return ClusterView(t, {j.id: j for j in jobs}, drained=drained)
 
 
-POLICY_MAKERS = {
+POLICY_MAKERS: dict[str, Callable[[], Policy]] = {
     "firstfit": FirstFitPolicy,
     "singularity-live": lambda: Singularity(LIVE_SINGULARITY),
     "singularity-sim": lambda: Singularity(SIM_SINGULARITY),
@@ -59,7 +62,7 @@ POLICY_MAKERS = {
 
 
 def acts(make: str, v: ClusterView) -> list[tuple[ActionKind, str, list[tuple[str, int]]]]:
-    out = POLICY_MAKERS[make]().decide(v, [], NOW)  # type: ignore[no-untyped-call]
+    out = POLICY_MAKERS[make]().decide(v, [], NOW)
     return [(a.kind, a.job_id, [(d.node, d.index) for d in a.devices]) for a in out]
 
 
@@ -140,7 +143,7 @@ def test_a_node_drained_and_undrained_between_decisions_of_one_policy() -> None:
 
 def test_the_reason_a_job_waits_names_the_drained_nodes() -> None:
     for make in POLICY_MAKERS:
-        pol = POLICY_MAKERS[make]()  # type: ignore[no-untyped-call]
+        pol = POLICY_MAKERS[make]()
         pol.decide(view(topo(1, 1), running("r", "n2", 1, started=NOW), waiting("w"), drained=frozenset({"n1"})), [],
                    NOW)
         r = pol.reasons()["w"]
