@@ -85,7 +85,7 @@ def drain(s: Session, name: str, reason: str | None, admin: str, now: float, cau
     """An admin drains node ``name`` (``reason``: theirs, optional) until an admin undrains it; one drained
     automatically is from now on the admin's. What it is now (:func:`listing`'s fields)."""
     node = _node(s, name)
-    text = (reason or "").strip() or None
+    text = " ".join((reason or "").split()) or None  # one line, as a table cell
     if node.drain != ADMIN or node.drain_reason != text or node.drained_by != admin:
         _drain(s, node, ADMIN, text, admin, now, cause)
     return {"name": node.name, **listing(s, node)}

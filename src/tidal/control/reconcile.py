@@ -1,9 +1,10 @@
 """The reconcile loop: compare desired and observed state and act.
 
-Each pass, in one transaction: expire nodes whose lease ran out (their jobs are requeued), take due
+Each pass, in one transaction: expire nodes whose lease ran out (their jobs are requeued; a node that keeps
+losing it is drained), undrain the nodes healthy for long enough (:mod:`tidal.control.drains`), take due
 periodic checkpoints, then snapshot the cluster into a :class:`ClusterView`, ask the policy for actions
-and turn the ones still valid into agent actions. The loop wakes on every commit (a submission, a result)
-and at least every ``interval`` seconds.
+and turn the ones still valid into agent actions (never onto a drained node). The loop wakes on every commit
+(a submission, a result) and at least every ``interval`` seconds.
 """
 
 from __future__ import annotations
