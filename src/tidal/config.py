@@ -88,6 +88,17 @@ class Settings(BaseSettings):
         default=300.0, gt=0, description="seconds without a step or collective after which a distributed job is "
         "reported stalled (an event, and `tidal show`)"
     )
+    drain_lease_losses: int = Field(
+        default=3, ge=0, le=100, description="a node whose lease is lost this many times within TIDAL_DRAIN_WINDOW "
+        "is drained: nothing new is placed or restored there (0: never drained for it)"
+    )
+    drain_window: float = Field(
+        default=600.0, gt=0, description="seconds within which TIDAL_DRAIN_LEASE_LOSSES lost leases drain a node"
+    )
+    drain_healthy_for: float = Field(
+        default=600.0, ge=0, description="seconds a node drained for its lost leases must stay up, its lease renewed, "
+        "before it is undrained"
+    )
 
     @property
     def store_url(self) -> str:

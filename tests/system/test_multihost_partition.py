@@ -60,12 +60,12 @@ def test_a_partitioned_host_fences_its_ranks_and_the_job_resumes_elsewhere(test_
     # The control plane requeues it once the lease has expired; it is restored on the other host from S3.
     def restored() -> dict[str, object] | None:
         j = c.job(job)
-        return j if j["restarts"] == 1 and j["state"] == "running" and not j["busy"] and j["placement"] and \
+        return j if j["restarts"] == 0 and j["state"] == "running" and not j["busy"] and j["placement"] and \
             j["placement"][0]["node"] == other and j["placement"][0]["pid"] else None
 
     j = wait_until(restored, timeout=60, what=f"the job to be restored on {other}")
     lost = [e for e in j["events"] if e["kind"] in ("pending", "preempted")][-1]  # type: ignore[union-attr]
-    assert "lost" in lost["detail"], lost
+    assert "lost" in lost["detail"] and "not counted as a restart" in lost["detail"], lost
 
     # The link comes back: the agent registers again; nothing of the old incarnation runs.
     test_net[node].link_up()

@@ -1,6 +1,6 @@
 """Commands of a deployment over several machines: ``tidal server`` (the control plane), ``tidal agent`` (a
 node joining it), ``tidal token create|ls|revoke`` (join tokens and node credentials, admin) and ``tidal
-node remove``.
+node remove|drain|undrain``.
 
 ``server`` and ``agent`` replace this process with the control plane's or the agent's own entry point
 (``python -m tidal.control.server``, ``python -m tidal.agent``): the CLI runs nothing of them itself, and a
@@ -31,7 +31,7 @@ from tidal.errors import ConfigError, Conflict
 
 JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
 token_app = typer.Typer(help="Join tokens for new nodes, and the nodes' credentials (admin).", no_args_is_help=True)
-node_app = typer.Typer(help="Nodes (admin): remove one.", no_args_is_help=True)
+node_app = typer.Typer(help="Nodes (admin): drain, undrain or remove one.", no_args_is_help=True)
 
 
 def _exec(module: str, args: list[str], env: dict[str, str]) -> None:
@@ -221,3 +221,21 @@ def node_remove(node: str = typer.Argument(..., help="the node"),
                        hint="its agent may act with the cluster credential (`tidal up`), which is not revoked: stop "
                             "it (`systemctl stop tidal-agent`, or `tidal down`)")
 
+
+
+@node_app.command("drain")
+def node_drain(node: str = typer.Argument(..., help="the node"),
+               reason: str = typer.Option(None, "--reason", metavar="TEXT",
+                                          help="why, as `tidal nodes` shows it (at most 200 characters)")) -> None:
+    """Drain a node: nothing new is placed or restored there, while its jobs run on, until `tidal node undrain`
+    (as `kubectl cordon`). A node whose lease is lost too often is drained by itself, and undrained once healthy."""
+    r = Api(who="admin").post(f"/v1/nodes/{node}/drain", json={"reason": reason})
+    console.print(f"node {escape(node)} drained: {escape(r['drain_reason'])}", highlight=False)
+
+
+@node_app.command("undrain")
+def node_undrain(node: str = typer.Argument(..., help="the node")) -> None:
+    """Undrain a node, whoever drained it: it takes new jobs again."""
+    r = Api(who="admin").post(f"/v1/nodes/{node}/undrain")
+    console.print(f"node {escape(node)} undrained" if r["drained"] is None else f"node {escape(node)} is drained: "
+                  f"{escape(r['drain_reason'])}", highlight=False)

@@ -142,6 +142,12 @@ NODES = Listing("nodes", {
     "lease_left_s": "seconds left on its agent's lease",
     "gpus": "its devices' GPUs, where its devices are NVIDIA GPUs (`tidal agent --devices auto`): the items of "
             "`nodes: gpus` (null: CPU devices)",
+    "drained": "null while it takes new jobs; drained (nothing new is placed or restored there, its jobs run on): "
+               "lease (its lease was lost too often: undrained once healthy long enough) or admin (`tidal node "
+               "drain`: until `tidal node undrain`)",
+    "drain_reason": "why it is drained and until when (null: not drained)",
+    "drained_at": "when it was drained (Unix time, seconds; null: not drained)",
+    "undrain_at": "drained for its lost leases: when it is undrained if it stays up (null: not drained so, or down)",
 }, (
     Column("NODE", _text("name")),
     Column("ADDRESS", _text("address")),
@@ -151,6 +157,7 @@ NODES = Listing("nodes", {
     Column("CPUS", lambda n: str(sum(len(c) for c in n.get("cpus") or [])), wide=True),
     Column("UP", lambda n: "yes" if n["up"] else "no", style=lambda n: None if n["up"] else "bold red"),
     Column("LEASE LEFT", lambda n: units.duration(n["lease_left_s"])),
+    Column("DRAINED", lambda n: n.get("drain_reason") or "-", style=lambda n: "yellow" if n.get("drained") else None),
 ))
 
 NODE_GPUS = Listing("nodes: gpus", {

@@ -34,7 +34,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tidal.config import load_settings
-from tidal.control import checkpointing, clock, failures, jobs, operations, prestaging
+from tidal.control import checkpointing, clock, drains, failures, jobs, operations, prestaging
 from tidal.control.history import record
 from tidal.control.store.models import ActionRow, JobRow, NodeRow
 from tidal.core import limits, protocol
@@ -69,7 +69,7 @@ def register(s: Session, *, name: str, region: str, cluster: str, devices: int, 
         s.add(node)
     else:
         if node.up and node.agent_id != agent_id:
-            expire(s, node, "its agent was replaced")
+            expire(s, node, "its agent was replaced", lease_lost=True)
         node.region, node.cluster, node.devices, node.cpus = region, cluster, devices, cpus
         node.advertise_addr, node.gpus = advertise_addr, gpus
         node.agent_id, node.lease_until, node.up, node.registered_at = agent_id, now + lease_s, True, now
@@ -186,16 +186,20 @@ def merge_progress(job: JobRow, node: str, mine: dict[str, float], now: float) -
     return out
 
 
-def expire(s: Session, node: NodeRow, why: str) -> None:
-    """The node's agent is gone (and its ranks with it): requeue its jobs."""
+def expire(s: Session, node: NodeRow, why: str, *, lease_lost: bool = False) -> None:
+    """The node's agent is gone (and its ranks with it): requeue its jobs, without counting a restart (nothing
+    of theirs failed). ``lease_lost``: its agent lost the lease (it ran out, or another agent took the node
+    over), which counts towards draining the node (:mod:`tidal.control.drains`); an agent that stopped does not."""
     node.up = False
     eid = record(s, "node_down", node=node.name, cause=node.agent_id, detail=why)
+    if lease_lost:
+        drains.lease_lost(s, node, clock.now(s), eid)
     for a in s.scalars(select(ActionRow).where(ActionRow.node == node.name,
                                               ActionRow.status.in_(("pending", "sent")))):
         a.status = "dropped"
     for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in jobs.ACTIVE]))):
         if any(p["node"] == node.name for p in job.placement):
-            failures.lost(s, job, eid, f"node {node.name} lost ({why})")
+            failures.lost(s, job, eid, f"node {node.name} lost ({why})", restart=False)
         elif any(n == node.name for n, _ in job.target or ()):
             # Only the migration's destination is gone: the ranks still run (and are being checkpointed)
             # where they are, so they must not be requeued; the job lands wherever there is room instead.

@@ -1,6 +1,15 @@
 """Ranks that end on their own, jobs lost with their node, checkpoints found damaged, and checkpoints in a
 store that cannot be reached: what each does to the job (it succeeds, fails with its root cause, or is requeued
-from its last good checkpoint, or from an older one it can reach)."""
+from its last good checkpoint, or from an older one it can reach).
+
+A job's restart budget (``max_restarts``; ``JobRow.restarts``) is spent on its own failures only: a rank killed
+by a signal from outside Tidal (it crashed, or was killed for its memory: retrying it may help, a few times), and
+a restore that fails with no cause found outside the job (its process may not be restorable). A rank that exits
+non-zero fails the job at once: its exit status is the program's verdict. What befalls the job from outside does
+not spend it: its node lost (a lease that ran out, an agent replaced or stopped), a checkpoint found damaged, a
+store that cannot be reached where an older checkpoint is held elsewhere; a preemption never was a failure.
+Such a job is requeued with an event that says so; a node that keeps losing its lease is drained
+(:mod:`tidal.control.drains`), so that the requeues that spend nothing cannot go on for ever on one node."""
 
 from __future__ import annotations
 
@@ -92,7 +101,7 @@ def settle_failure(s: Session, job: JobRow, cause: str) -> None:
     bad = sorted(((r.get("at") or 0.0, int(k), r) for k, r in exited.items() if _bad(r)), key=lambda t: t[:2])
     if not bad:  # only ranks Tidal stopped: nothing failed on its own (cannot happen; be safe)
         _leave_op(s, job, cause)
-        lost(s, job, cause, "its ranks were stopped", stop_others=False)
+        lost(s, job, cause, "its ranks were stopped", stop_others=False, restart=False)
         return
     _, root, r = bad[0]
     rest = [f"rank {k}" for _, k, _ in bad[1:]]
@@ -120,9 +129,10 @@ def _drop_committing(s: Session, job: JobRow, why: str) -> None:
 
 def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True, restart: bool = True) -> None:
     """The job's ranks are gone (node lost, killed from outside): requeue it to be restored from its last
-    committed checkpoint (or launched afresh without one), up to ``max_restarts`` times. Its ranks still
-    running on other nodes are stopped first (``stop_others``; not needed when every rank's end is known).
-    ``restart=False``: requeued without counting a restart (its checkpoint was damaged, not the job lost)."""
+    committed checkpoint (or launched afresh without one). Its ranks still running on other nodes are stopped
+    first (``stop_others``; not needed when every rank's end is known). ``restart``: the job's own failure,
+    which counts a restart, up to ``max_restarts`` (then it fails); else (its node lost, its checkpoint
+    damaged: nothing of the job's) it is requeued without counting one, and its event says so."""
     drop_actions(s, job.id)
     gone = [n for n in nodes_of(job.placement) if not ((row := s.get(NodeRow, n)) is not None and row.up)]
     if gone:  # a checkpoint its agent was committing there will never be reported
@@ -141,8 +151,9 @@ def lost(s: Session, job: JobRow, cause: str, why: str, stop_others: bool = True
     if restart:
         job.restarts += 1
     src = restore_source(s, job)
-    detail = f"{why}; " + (f"restart {job.restarts}/{limit}, " if restart else "requeued ") + (
-        f"from checkpoint {src.id}" if src is not None else "from scratch")
+    whence = f"from checkpoint {src.id}" if src is not None else "from scratch"
+    detail = (f"{why}; restart {job.restarts}/{limit}, {whence}" if restart else
+              f"{why}; requeued {whence}, not counted as a restart ({job.restarts}/{limit} used)")
     # Walk the lifecycle table back to a waiting state.
     st = state(job)
     if st in (S.RUNNING, S.CHECKPOINTING):

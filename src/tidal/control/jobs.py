@@ -154,9 +154,13 @@ def held_devices(job: JobRow) -> list[DeviceRef]:
     return out
 
 
-def free_devices(s: Session) -> dict[str, list[int]]:
-    """Free device indexes of every node that is up."""
-    free = {n.name: set(range(n.devices)) for n in s.scalars(select(NodeRow).where(NodeRow.up.is_(True)))}
+def free_devices(s: Session, *, schedulable: bool = False) -> dict[str, list[int]]:
+    """Free device indexes of every node that is up; ``schedulable``: of those not drained only (nothing new
+    goes onto a drained node)."""
+    nodes = select(NodeRow).where(NodeRow.up.is_(True))
+    if schedulable:
+        nodes = nodes.where(NodeRow.drain.is_(None))
+    free = {n.name: set(range(n.devices)) for n in s.scalars(nodes)}
     for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in ACTIVE]))):
         for d in held_devices(job):
             free.get(d.node, set()).discard(d.index)

@@ -43,14 +43,17 @@ FOLDED_HELP: dict[str, str] = {
     "tidal_migrations_total": "Migrations committed (checkpointed, to be restored elsewhere), by tier and cause "
                               "(user, scheduler).",
     "tidal_resizes_total": "Resizes committed (checkpointed, to be restored on other devices), by tier and cause.",
-    "tidal_restarts_total": "Jobs requeued after losing their ranks, counted against max_restarts, by tier and "
-                            "cause (node_lost, restore_failed, killed, other).",
+    "tidal_restarts_total": "Jobs requeued after a failure of their own, counted against max_restarts, by tier "
+                            "and cause (restore_failed, killed, other).",
+    "tidal_requeues_total": "Jobs requeued without counting a restart (nothing of theirs failed), by tier and cause "
+                            "(node_lost, checkpoint_bad, store_unreachable, other).",
     "tidal_checkpoints_total": "Checkpoints committed, by tier and purpose.",
     "tidal_checkpoint_failures_total": "Checkpoints that did not commit, by tier, purpose and cause (error: the "
                                        "agents reported it failed, the job goes on; job_lost: the job's ranks or "
                                        "node were lost meanwhile).",
     "tidal_checkpoints_bad_total": "Checkpoints found damaged when restored (marked bad), by tier.",
     "tidal_lease_losses_total": "Node leases lost, by cause (expired, agent_left, agent_replaced, other).",
+    "tidal_node_drains_total": "Nodes drained, by cause (lease_losses: its lease lost too often; admin).",
     "tidal_job_queueing_seconds": "Time from a job's submission to its first start, by tier.",
     "tidal_checkpoint_pause_seconds": "Time from the start of a checkpoint to its commit, by tier and purpose.",
     "tidal_checkpoint_size_bytes": "Logical size of each committed checkpoint, by tier.",
@@ -67,10 +70,12 @@ FOLDED_LABELS: dict[str, tuple[str, ...]] = {
     "tidal_migrations_total": ("tier", "cause"),
     "tidal_resizes_total": ("tier", "cause"),
     "tidal_restarts_total": ("tier", "cause"),
+    "tidal_requeues_total": ("tier", "cause"),
     "tidal_checkpoints_total": ("tier", "purpose"),
     "tidal_checkpoint_failures_total": ("tier", "purpose", "cause"),
     "tidal_checkpoints_bad_total": ("tier",),
     "tidal_lease_losses_total": ("cause",),
+    "tidal_node_drains_total": ("cause",),
     "tidal_job_queueing_seconds": ("tier",),
     "tidal_checkpoint_pause_seconds": ("tier", "purpose"),
     "tidal_checkpoint_size_bytes": ("tier",),
@@ -186,15 +191,18 @@ class TidalCollector(Collector):
                                     labels=("node",))
         renew = CounterMetricFamily("tidal_lease_renewals_total", "Heartbeats that renewed the node's lease.",
                                     labels=("node",))
+        drained_g = GaugeMetricFamily("tidal_node_drained", "1 while the node is drained (it takes no new job: its "
+                                      "lease was lost too often, or an admin drained it), else 0.", labels=("node",))
         at = now(s)
         for node in nodes:
             up_g.add_metric([node.name, node.region, node.cluster], 1.0 if node.up else 0.0)
+            drained_g.add_metric([node.name], 1.0 if node.drain else 0.0)
             dev_g.add_metric([node.name], float(node.devices))
             lease_g.add_metric([node.name], max(0.0, node.lease_until - at) if node.up else 0.0)
             renew.add_metric([node.name], float(node.lease_renewals or 0))
             for t, k in sorted(used.get(node.name, {}).items()):
                 used_g.add_metric([node.name, t], float(k))
-        yield from (up_g, dev_g, used_g, lease_g, renew)
+        yield from (up_g, dev_g, used_g, lease_g, renew, drained_g)
 
     def _links(self, s: Session) -> Iterator[Any]:
         g = GaugeMetricFamily("tidal_region_link_gbps", "The measured rate of the link from one region's checkpoint "

@@ -1,9 +1,10 @@
 """The reconcile loop: compare desired and observed state and act.
 
-Each pass, in one transaction: expire nodes whose lease ran out (their jobs are requeued), take due
+Each pass, in one transaction: expire nodes whose lease ran out (their jobs are requeued; a node that keeps
+losing it is drained), undrain the nodes healthy for long enough (:mod:`tidal.control.drains`), take due
 periodic checkpoints, then snapshot the cluster into a :class:`ClusterView`, ask the policy for actions
-and turn the ones still valid into agent actions. The loop wakes on every commit (a submission, a result)
-and at least every ``interval`` seconds.
+and turn the ones still valid into agent actions (never onto a drained node). The loop wakes on every commit
+(a submission, a result) and at least every ``interval`` seconds.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tidal.control import agents, deferral, jobs, linkrates
+from tidal.control import agents, deferral, drains, jobs, linkrates
 from tidal.control.checkpointing import checkpoint
 from tidal.control.history import record
 from tidal.control.launch import start
@@ -130,7 +131,8 @@ class Reconciler:
                 return
         with self.db.tx() as s:
             for node in s.scalars(select(NodeRow).where(NodeRow.up.is_(True), NodeRow.lease_until < now)):
-                agents.expire(s, node, "lease expired")
+                agents.expire(s, node, "lease expired", lease_lost=True)
+            drains.undrain_healed(s, now, f"reconcile-{self._run}")
             for job in self._due(s, now):
                 checkpoint(s, job, "periodic", f"timer-{self._run}")
             deferral.release_due(s, f"reconcile-{self._run}")
@@ -139,7 +141,7 @@ class Reconciler:
     def _anything_to_do(self, s: Session, now: float) -> bool:
         expired = select(NodeRow.name).where(NodeRow.up.is_(True), NodeRow.lease_until < now).limit(1)
         return (s.scalar(expired) is not None or bool(self._due(s, now)) or self._worth_deciding(s)
-                or self._explain_due(s) or bool(deferral.due(s)))
+                or self._explain_due(s) or bool(deferral.due(s)) or drains.any_healed(s, now))
 
     def _explain_due(self, s: Session) -> bool:
         """Whether a pass should run only to say why new waiting jobs wait (see ``explain_every``)."""
@@ -175,10 +177,10 @@ class Reconciler:
         actions = self.policy.decide(view, [], now)
         why = self.policy.reasons()
         with self.db.tx() as s:
-            freeing = self._apply(s, actions)
+            freeing = self._apply(s, actions, view.drained)
             self._explain(s, seen, why, freeing)
 
-    def _apply(self, s: Session, actions: list[Action]) -> dict[str, int]:
+    def _apply(self, s: Session, actions: list[Action], drained: frozenset[str]) -> dict[str, int]:
         """Turn the policy's actions that still hold into operations. Returns, per job left waiting for devices
         that preemptions have yet to free, how many."""
         free = jobs.free_devices(s)
@@ -191,6 +193,9 @@ class Reconciler:
             own = ({(p["node"], int(p["device"])) for p in job.placement}
                    if a.kind in (ActionKind.MIGRATE, ActionKind.RESIZE) else set())
             new = [d for d in a.devices if (d.node, d.index) not in own]
+            if drained and any(d.node in drained for d in new):
+                log.warning("policy action %s puts job %s on a drained node; not applied", a.id, a.job_id)
+                continue
             if a.placement and not all(d.index in free.get(d.node, ()) for d in new):
                 # A policy may count on devices that a preemption it just asked for will free (as in the
                 # simulator, where preemption is instant). Here they are free only once the checkpoint is
@@ -274,10 +279,10 @@ class Reconciler:
         waiting = (JobRow.state == S.PENDING.value) | ((JobRow.state == S.PREEMPTED.value) & ~JobRow.held)
         if s.scalar(select(JobRow.id).where(waiting).limit(1)) is None:
             # Nothing waits: only growing a shrunk job into idle devices is left to decide.
-            return self.policy.grows and any(jobs.free_devices(s).values()) and any(
+            return self.policy.grows and any(jobs.free_devices(s, schedulable=True).values()) and any(
                 jobs.device_count(j) < (jobs.spec_of(j).max_devices or j.ranks) and not j.pinned_devices
                 for j in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))))
-        if any(jobs.free_devices(s).values()):
+        if any(jobs.free_devices(s, schedulable=True).values()):
             return True
         urgent = waiting & (JobRow.tier != Tier.BASIC.value)
         return s.scalar(select(JobRow.id).where(urgent).limit(1)) is not None
@@ -318,10 +323,11 @@ def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
 
 def snapshot(s: Session, generation: int = 0, links: Links | None = None,
              specs: dict[str, JobSpec] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
-    """The immutable view the policy decides over: nodes that are up, and every job that waits for or
-    holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
-    between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else :class:`Links`'s default),
-    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`).
+    """The immutable view the policy decides over: nodes that are up (the drained ones named in ``drained``),
+    and every job that waits for or holds devices (a migration's target devices count as held: they are
+    reserved); ``links``: the network between clusters and regions as the settings give it (TIDAL_REGION_GBPS,
+    else :class:`Links`'s default), with the rate measured from one region to another where there is one
+    (:mod:`tidal.control.linkrates`).
     With it, what the view was made of for each live job (:class:`Seen`). ``specs``: job id → its spec,
     kept by the caller from one pass to the next (pruned here to the live jobs), so that a pass over
     thousands of waiting jobs does not decode each one's spec again."""
@@ -368,7 +374,8 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None,
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     measured = linkrates.links(s, links or Links())
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), seen
+    drained = frozenset(n.name for n in nodes if n.drain is not None)
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained), seen
 
 
 def _image_gb(progress: dict[str, Any] | None, ranks: int) -> float | None:

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from tidal.control import drains
 from tidal.control.checkpointing import checkpoint
 from tidal.control.dispatch import kill
 from tidal.control.history import record
@@ -91,7 +92,7 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
         if st in TERMINAL or st in (S.PENDING, S.HELD, S.PREEMPTED):
             raise Conflict(f"job {job.id} is not running (it is {job.state})", job=job.id, state=job.state)
         raise Conflict(f"job {job.id} is busy ({busy(job)}); try again in a moment", job=job.id, busy=True)
-    free = free_devices(s)
+    free = free_devices(s, schedulable=True)  # a drained node takes nothing new: no move there either
     asked: set[str] = set()
     if region is not None or cluster is not None:
         if to is not None or rank is not None:
@@ -109,8 +110,12 @@ def migrate(s: Session, job: JobRow, to: str | None, cause: str, rank: int | Non
                            hint="submit it again without --region/--cluster to let it run anywhere")
         free = {n: idx for n, idx in free.items() if n in allowed}
     if to is not None:
-        if s.get(NodeRow, to) is None:
+        row = s.get(NodeRow, to)
+        if row is None:
             raise NotFound(f"no node {to}", field="to", node=to)
+        if row.drain is not None and row.up:
+            raise Conflict(f"node {to} is drained ({drains.describe(s, row)}): nothing new is placed there",
+                           field="to", node=to, hint="move it to another node; `tidal nodes` lists them")
         if to not in free:
             raise Conflict(f"node {to} is down", field="to", node=to)
     current = sorted(job.placement, key=lambda p: int(p["rank"]))
@@ -213,7 +218,7 @@ def resize(s: Session, job: JobRow, devices: int | None, cause: str) -> dict[str
         record(s, "resize_pinned", job_id=job.id, cause=cause, detail=f"stays on {devices} device(s), pinned")
         return {"devices": devices, "pinned": True}
     own = [DeviceRef(p["node"], int(p["device"])) for p in job.placement]
-    target = pack(free_devices(s), own, job.ranks, devices)
+    target = pack(free_devices(s, schedulable=True), own, job.ranks, devices)
     if target is None:
         raise Conflict(f"there is no room for job {job.id} on {devices} devices", field="devices",
                        hint="it goes on running as it was; free some devices or add a node")

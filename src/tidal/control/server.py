@@ -22,6 +22,7 @@ from tidal.control import agents, clock, pki
 from tidal.control.api.app import Context, create_app
 from tidal.control.bootstrap import bootstrap
 from tidal.control.clusterfile import token_path
+from tidal.control.drains import DrainRule
 from tidal.control.history import record
 from tidal.control.pki import ServerTLS
 from tidal.control.reconcile import Reconciler
@@ -270,6 +271,8 @@ def serve(args: argparse.Namespace) -> None:
     host = RendezvousHost(public_host(listen_host, args.tls_san, args.advertise_addr))
     db.info["rendezvous"] = host
     db.info["stores"] = stores  # which region's store holds a checkpoint, and where a restore copies it from
+    db.info["drains"] = DrainRule(losses=settings.drain_lease_losses, window_s=settings.drain_window,
+                                  healthy_s=settings.drain_healthy_for)
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     links = Links(region_gbps=settings.region_gbps) if settings.region_gbps else None
     rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links)

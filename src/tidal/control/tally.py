@@ -61,6 +61,7 @@ _TERMINAL = frozenset((S.SUCCEEDED.value, S.FAILED.value, S.CANCELLED.value))
 _COMMITTED = re.compile(r"^checkpoint (\S+) \(")  # checkpointing._commit's detail
 _PURPOSE = re.compile(r"^(\w+) checkpoint$")  # checkpointing.checkpoint's detail
 _RESTART = re.compile(r"; restart \d+/\d+, ")  # failures.lost's detail when it counts a restart
+_REQUEUE = re.compile(r"; requeued from .*, not counted as a restart")  # ... and when it does not
 
 
 def labels_key(labels: dict[str, str]) -> str:
@@ -147,6 +148,10 @@ class _Folder:
         if e.kind == "node_down":
             self.out.inc("tidal_lease_losses_total", {"cause": _lease_loss(e.detail)})
             return
+        if e.kind == "node_drained":
+            self.out.inc("tidal_node_drains_total",
+                         {"cause": "lease_losses" if (e.detail or "").startswith("lease lost") else "admin"})
+            return
         j = self.jobs.get(e.job_id) if e.job_id else None
         if j is None:
             return
@@ -167,6 +172,8 @@ class _Folder:
             self._closed_checkpoint(e, tier, float(ck[0]), str(ck[1]), str(ck[2]), opened)
         if _RESTART.search(e.detail or ""):
             self.out.inc("tidal_restarts_total", {**tier, "cause": _restart_cause(e.detail)})
+        elif _REQUEUE.search(e.detail or ""):
+            self.out.inc("tidal_requeues_total", {**tier, "cause": _requeue_cause(e.detail)})
         kind = e.kind
         if kind == S.RUNNING.value:
             j.running_since = t
@@ -256,6 +263,17 @@ def _restart_cause(detail: str | None) -> str:
         return "restore_failed"
     if "killed by signal" in d.split(";")[0]:
         return "killed"
+    return "other"
+
+
+def _requeue_cause(detail: str | None) -> str:
+    d = (detail or "").split(";")[0]
+    if d.startswith("node ") and " lost" in d:
+        return "node_lost"
+    if d.startswith("checkpoint ") and d.endswith(" is damaged"):
+        return "checkpoint_bad"
+    if d.startswith("checkpoint ") and "cannot be reached" in d:
+        return "store_unreachable"
     return "other"
 
 

@@ -100,13 +100,20 @@ class ClusterView:
 
     ``generation`` changes when the world diverged from what events and the policy's own actions
     describe (a restart, a failed action): the policy then rebuilds its indexes from the view.
+
+    ``drained``: nodes of the topology that take nothing new (a node that kept losing its lease, or one an
+    admin drained): no job is placed, resumed, moved or grown onto them, while the jobs already there stay
+    where they are. Their devices stay in the topology (the jobs on them hold some).
     """
 
     topology: Topology
     jobs: Mapping[str, JobView]
     generation: int = 0
     links: Links = Links()  # between clusters and regions: what a move's transfer is estimated over
+    drained: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, MappingProxyType):
             object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
+        if not isinstance(self.drained, frozenset):
+            object.__setattr__(self, "drained", frozenset(self.drained))

@@ -87,6 +87,10 @@ class BasePolicy(abc.ABC):
             freed = True
         else:
             new, freed = self._intake(view, events, now)
+            # Drains come with the view, not as events: a node undrained frees its idle devices.
+            freed = self.st.set_drained(view.drained) or freed
+        if view.drained:
+            self.on_drained(view.drained)
         self.schedule(now, new, freed)
         return self._out
 
@@ -124,6 +128,9 @@ class BasePolicy(abc.ABC):
     def on_changed(self, rec: JobRec) -> None:  # noqa: B027
         """``rec``'s devices changed (started, shared, preempted, moved, resized)."""
 
+    def on_drained(self, nodes: frozenset[str]) -> None:  # noqa: B027
+        """``nodes`` are drained (the indexes hide them already): forget plans that count on them."""
+
     @abc.abstractmethod
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
         """Decide for ``new`` (jobs that became pending) and, if ``freed``, for what devices freed allow."""
@@ -158,9 +165,9 @@ class BasePolicy(abc.ABC):
                     self.on_changed(h)
                 freed = freed or was_running
             elif k is EventKind.NODE_DOWN and e.node:
-                st.node_down(e.node)
+                st.node_failed(e.node)
             elif k is EventKind.NODE_UP and e.node:
-                st.node_up(e.node)
+                st.node_back(e.node)
                 freed = True
             elif k is EventKind.TICK:
                 freed = True

@@ -8,7 +8,8 @@ fewest free devices that still fits them (best fit keeps whole nodes for large g
 any node fills the emptiest nodes one after the other. A premium or
 standard job that does not fit preempts running basic jobs (checkpoint, never kill), newest first, on the
 node where the fewest must go. Devices that preemptions will free are set aside for the job that asked
-for them, so nothing else takes them and no more jobs are preempted than needed.
+for them, so nothing else takes them and no more jobs are preempted than needed. A drained node
+(``ClusterView.drained``) is never chosen, nor are its jobs preempted to make room there; they run on.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class FirstFitPolicy:
         for j in waiting:
             need = j.max_d
             # A job pinned to a cluster or region (tidal submit --cluster/--region) sees only its nodes.
-            inside = {n: idx for n, idx in free.items() if _within_pins(topo, j, n)}
+            inside = {n: idx for n, idx in free.items() if n not in view.drained and _within_pins(topo, j, n)}
             node = _best_fit(inside, need)
             devs = []
             if node is not None:

@@ -35,7 +35,9 @@ def grow(pol: Singularity, now: float) -> None:
             devs: list[DeviceRef] | None = None
             if len(nodes) == 1:
                 node = next(iter(nodes))
-                if size <= st.cluster_m[st.node_cluster[node]] and len(st.free_idx[node]) >= size - d:
+                # Not on a drained node: it takes nothing new, more ranks of a job already there neither.
+                if (node not in st.drained and size <= st.cluster_m[st.node_cluster[node]]
+                        and len(st.free_idx[node]) >= size - d):
                     devs = list(rec.devices) + [DeviceRef(node, i) for i in st.free_idx[node][: size - d]]
             if devs is None:
                 devs = place(st, rec, size)

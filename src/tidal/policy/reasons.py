@@ -103,6 +103,8 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
     for node, _ in taken:
         if node in free:
             free[node] -= 1
+    # A drained node's idle devices are not free to a waiting job (said apart, so the count adds up).
+    idle_drained = sum(free.pop(n) for n in view.drained if n in free)
     free_total = sum(free.values())
     largest = max(free.values(), default=0)
     waiting = sorted((j for j in view.jobs.values() if j.state in WAITING and j.id not in started),
@@ -111,16 +113,20 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
     out: dict[str, Reason] = {}
     for j in waiting:
         out[j.id] = _reason(j, start_size(j), capacity, free_total, largest, by_tier[j.tier.rank],
-                            j.id in room_for, over_quota)
+                            j.id in room_for, over_quota, all_drained=capacity > 0 and not free,
+                            idle_drained=idle_drained)
     return out
 
 
 def _reason(j: JobView, need: Need, capacity: int, free: int, largest: int, ahead: int, room: bool,
-            over_quota: Callable[[JobView], Reason | None] | None) -> Reason:
+            over_quota: Callable[[JobView], Reason | None] | None, *, all_drained: bool = False,
+            idle_drained: int = 0) -> Reason:
     n = need.devices
     because = f" ({need.because})" if need.because else ""
     if capacity == 0:
         return Reason(Why.NO_NODES, "no node is up")
+    if all_drained:
+        return Reason(Why.NO_NODES, "every node that is up is drained: none takes new jobs (`tidal nodes` says why)")
     if n > capacity:
         return Reason(Why.TOO_LARGE, f"needs {n} device(s){because}; the cluster has {capacity}")
     if room:
@@ -136,6 +142,8 @@ def _reason(j: JobView, need: Need, capacity: int, free: int, largest: int, ahea
     else:
         base = Reason(Why.SCATTERED, f"needs {n} device(s){because} on as few nodes as they fit; {free} free, at "
                                      f"most {largest} on one node")
+    if idle_drained:
+        base = Reason(base.why, f"{base.text} ({idle_drained} more idle on drained nodes, which take no new jobs)")
     if j.requested_tier is not None and j.requested_tier > j.tier:
         return Reason(Why.ADMISSION, f"admitted as {j.tier.value}, not {j.requested_tier.value} (its project's "
                                      f"quota was full): {base.text}")

@@ -215,6 +215,13 @@ class Singularity(BasePolicy):
                 self._visited[rec.tier][k] -= 1
         self._unindex(rec)
 
+    def on_drained(self, nodes: frozenset[str]) -> None:
+        """A reservation that holds a drained node could never start its gang there: it is made again."""
+        st = self.st
+        assert st is not None
+        for jid in [j for j, (_, held) in self.reservations.by_job.items() if nodes.intersection(held)]:
+            self.reservations.drop(jid, st, hidden=False)
+
     def _forget(self) -> None:
         """A job started, stopped or moved, or nodes were reserved: what this decision learnt no longer holds."""
         self._horizons.clear()

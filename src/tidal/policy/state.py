@@ -116,7 +116,11 @@ class SchedState:
         self._room_of: list[dict[str, int]] = [{}, {}, {}]
         self.free_total = 0
         self.capacity = 0
+        # Nodes hidden from placement: drained (the view's), failed (a node_down event), or hidden for a while
+        # within a decision (reservations, defragmentation). Only the last come back with node_up.
         self.down: set[str] = set()
+        self.drained: set[str] = set()
+        self.failed: set[str] = set()
         self.jobs: dict[str, JobRec] = {}
         self.pending: dict[str, JobRec] = {}
         self.running: dict[str, JobRec] = {}
@@ -162,6 +166,7 @@ class SchedState:
             elif state in RUNNING_STATES and jv.placement:
                 holding.append((self._new_rec(jv), jv.devices))
         self._allocate_all(holding)
+        self.set_drained(view.drained)
 
     def _allocate_all(self, holding: list[tuple[JobRec, tuple[DeviceRef, ...]]]) -> None:
         """``allocate`` for every job holding devices in a fresh state, in one pass: the same indexes,
@@ -410,7 +415,8 @@ class SchedState:
         self.down.add(node)
 
     def node_up(self, node: str) -> None:
-        if node not in self.down:
+        """Show ``node`` again, unless it is drained or failed: those stay hidden until undrained or back."""
+        if node not in self.down or node in self.drained or node in self.failed:
             return
         self.down.discard(node)
         free = len(self.free_idx[node])
@@ -422,6 +428,33 @@ class SchedState:
         self.cluster_free[c] += free
         self.free_total += free
         self.capacity += self.node_size[node]
+
+
+    def node_failed(self, node: str) -> None:
+        """The node went down (an event): hidden until it is back."""
+        if node in self.node_size:
+            self.failed.add(node)
+            self.node_down(node)
+
+    def node_back(self, node: str) -> None:
+        if node in self.failed:
+            self.failed.discard(node)
+            self.node_up(node)
+
+    def set_drained(self, nodes: Iterable[str]) -> bool:
+        """Drain exactly ``nodes`` (those of the topology): hidden from placement, growth and moves, while the
+        jobs on them keep their devices. Whether a node came back (its free devices may start waiting jobs)."""
+        want = {n for n in nodes if n in self.node_size}
+        if want == self.drained:
+            return False
+        back = self.drained - want
+        for node in want - self.drained:
+            self.drained.add(node)
+            self.node_down(node)
+        for node in back:
+            self.drained.discard(node)
+            self.node_up(node)
+        return bool(back)
 
 
 def _indices_by_node(devices: Iterable[DeviceRef]) -> dict[str, list[int]]:

@@ -25,6 +25,8 @@ def find_host(pol: Singularity, rec: JobRec, now: float) -> JobRec | None:
         h = st.jobs[hid]
         if h.tier > rec.tier or h.shared or len(h.devices) != rec.W:
             continue
+        if st.drained and any(d.node in st.drained for d in h.devices):
+            continue  # a drained node takes no new job, a guest neither
         if rec.home is not None and st.node_cluster[h.devices[0].node] != rec.home:
             continue
         return h  # sharing only slows the host down: no minimum run time needed

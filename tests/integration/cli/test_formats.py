@@ -118,8 +118,9 @@ def test_checkpoints_nodes_events(served_plane: Served, job: str) -> None:
         {**nodes[0], "lease_left_s": pytest.approx(nodes[0]["lease_left_s"], abs=5)}]
     assert list(nodes[0]) == list(LISTINGS["nodes"].fields)
     table = served_plane.cli("nodes", "-o", "wide").stdout.splitlines()
-    assert table[0] == "NODE    ADDRESS  REGION/CLUSTER  DEVICES  FREE  CPUS  UP   LEASE LEFT"
-    assert re.fullmatch(r"node-1  -        local/local     2        0     2     yes  \d\d\.\d s", table[1]), table[1]
+    assert table[0] == "NODE    ADDRESS  REGION/CLUSTER  DEVICES  FREE  CPUS  UP   LEASE LEFT  DRAINED"
+    assert re.fullmatch(r"node-1  -        local/local     2        0     2     yes  \d\d\.\d s      -", table[1]), \
+        table[1]
 
     evs = api(served_plane, "/v1/events")
     assert json.loads(served_plane.cli("events", "-o", "json").stdout) == evs
@@ -204,7 +205,7 @@ def test_nodes_with_gpu_devices(served_plane: Served) -> None:
     assert list(gpu_node["gpus"][0]) == list(LISTINGS["nodes: gpus"].fields)
     assert gpu_node["gpus"][0]["jobs"] == [jid] and gpu_node["gpus"][1]["jobs"] == []
     table = served_plane.cli("nodes").stdout.splitlines()
-    assert table[0] == "NODE   ADDRESS  REGION/CLUSTER  DEVICES  FREE  UP   LEASE LEFT"
+    assert table[0] == "NODE   ADDRESS  REGION/CLUSTER  DEVICES  FREE  UP   LEASE LEFT  DRAINED"
     assert table[1].startswith("cpu-1  -        local/local     1        1     yes  ")
     assert table[2].startswith("gpu-1  -        local/local     2        1     yes  ")
     assert table[3:] == [

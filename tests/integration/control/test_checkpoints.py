@@ -82,7 +82,8 @@ def test_a_damaged_checkpoint_is_marked_bad_and_the_job_resumes_from_the_one_bef
         f"(sha256 mismatch) (found on node-1); it is kept for inspection and not restored again; resuming from "
         f"checkpoint {c1}"]
     assert bad[0]["cause"] == act["id"]
-    assert j["events"][-1]["detail"] == f"checkpoint {c2} is damaged; requeued from checkpoint {c1}"
+    assert j["events"][-1]["detail"] == (f"checkpoint {c2} is damaged; requeued from checkpoint {c1}, not counted as a "
+                                         "restart (0/3 used)")
 
     plane.rec.once()
     (act,) = a.actions()

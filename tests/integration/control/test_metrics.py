@@ -205,7 +205,41 @@ def test_request_latency_is_by_route_template(plane: Plane) -> None:
     assert not any(jid in dict(lab).get("route", "") for _, lab in m)
 
 
+def test_a_requeue_that_spends_no_restart_and_a_drain_are_counted(plane: Plane) -> None:
+    a = FakeAgent(plane, "node-1", "A1")
+    a.register()
+    jid = plane.submit()
+    plane.rec.once()
+    (act,) = a.actions()
+    a.result(act, ranks=[{"rank": 0, "pid": 1}])
+    r = plane.http.post("/v1/agent/node-1/leave", headers=plane.as_agent(), json={"agent_id": "A1"})
+    assert r.status_code == 200, r.text
+    assert plane.job(jid)["restarts"] == 0
+    with plane.db.tx() as s:
+        admin = tokens.create_user(s, "root", "admin")
+    r = plane.http.post("/v1/nodes/node-1/drain", headers={"Authorization": f"Bearer {admin}"}, json={})
+    assert r.status_code == 200, r.text
+    m = scrape(plane, metrics_token(plane))
+    assert value(m, "tidal_requeues_total", tier="basic", cause="node_lost") == 1
+    assert value(m, "tidal_restarts_total") == 0
+    assert value(m, "tidal_node_drains_total", cause="admin") == 1
+    assert value(m, "tidal_node_drained", node="node-1") == 1
+
+
 @pytest.mark.parametrize("detail, cause", [
+    ("node node-1 lost (lease expired); requeued from scratch, not counted as a restart (0/3 used)", "node_lost"),
+    ("checkpoint c2 is damaged; requeued from checkpoint c1, not counted as a restart (0/3 used)", "checkpoint_bad"),
+    ("checkpoint c2 is in a store that cannot be reached; requeued from checkpoint c1, not counted as a restart "
+     "(1/3 used)", "store_unreachable"),
+    ("its ranks were stopped; requeued from scratch, not counted as a restart (0/3 used)", "other"),
+])
+def test_requeue_causes(detail: str, cause: str) -> None:
+    assert tally._REQUEUE.search(detail) and not tally._RESTART.search(detail)
+    assert tally._requeue_cause(detail) == cause
+
+
+@pytest.mark.parametrize("detail, cause", [
+    # (Node losses counted as restarts before they no longer did: such events may still be folded.)
     ("node node-1 lost (lease expired); restart 1/3, from scratch", "node_lost"),
     ("restore failed (boom); restart 2/3, from checkpoint c", "restore_failed"),
     ("rank 0 killed by signal 9 from outside Tidal; restart 1/3, from scratch", "killed"),

@@ -369,7 +369,7 @@ def test_a_checkpoint_in_a_store_that_cannot_be_reached_is_skipped_for_an_older_
         f"from checkpoint {older}, the newest older one, held in region east's store")
     assert skipped["cause"] == act["id"]
     assert j["events"][-1]["detail"] == (f"checkpoint {newest} is in a store that cannot be reached; requeued from "
-                                         f"checkpoint {older}")
+                                         f"checkpoint {older}, not counted as a restart (0/3 used)")
     # Both checkpoints stay committed: the newest is not damaged, only out of reach for now.
     assert [(c["id"], c["state"]) for c in j["checkpoints"]] == [(older, "committed"), (newest, "committed")]
 

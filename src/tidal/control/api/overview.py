@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tidal.control import jobs, metrics, tally
+from tidal.control import drains, jobs, metrics, tally
 from tidal.control.clock import now
 from tidal.control.store.db import Database
 from tidal.control.store.models import JobRow, NodeRow
@@ -49,7 +49,8 @@ def _devices(s: Session, owner: str | None, at: float) -> dict[str, Any]:
             total, used = total + n.devices, used + len(held)
             working += sum(1 for d in held if d["state"] in WORKING)
         nodes.append({"name": n.name, "region": n.region, "cluster": n.cluster, "up": n.up,
-                      "lease_left_s": round(max(0.0, n.lease_until - at), 1) if n.up else 0.0, "devices": devs})
+                      "lease_left_s": round(max(0.0, n.lease_until - at), 1) if n.up else 0.0, "devices": devs,
+                      "drained": drains.describe(s, n)})
     return {"nodes": nodes, "devices": total, "used": used, "working": working,
             "utilisation": used / total if total else 0.0, "goodput": working / total if total else 0.0}
 

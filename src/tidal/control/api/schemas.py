@@ -54,6 +54,10 @@ class UserCreate(BaseModel):
     unix_user: UnixName | None = None
 
 
+class NodeDrain(BaseModel):
+    reason: str | None = Field(default=None, max_length=200)  # why, as `tidal nodes` shows it
+
+
 class JoinTokenCreate(BaseModel):
     node: NodeName
     ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds; None: the default (24 h)

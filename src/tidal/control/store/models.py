@@ -63,6 +63,13 @@ class NodeRow(Base):
     # Device index → its GPU ({"index", "uuid", "model", "memory_bytes"}) on a node whose devices are NVIDIA GPUs
     # (``tidal agent --devices auto``); None on a node of CPU devices.
     gpus: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)
+    # When its lease was lost lately: the last few times only (tidal.control.drains), bounded.
+    lease_losses: Mapped[list[float] | None] = mapped_column(JSON, nullable=True)
+    # Drained (it takes nothing new; its jobs run on): "lease" (its lease kept being lost) or "admin"; None: not.
+    drain: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    drain_reason: Mapped[str | None] = mapped_column(String(512), nullable=True)
+    drained_by: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the admin's name
+    drained_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class JobRow(Base):

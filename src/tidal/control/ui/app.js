@@ -223,8 +223,10 @@ function drawCluster(c) {
 }
 function card(label, value) { return el("div", { class: "card" }, el("b", { text: String(value) }), label); }
 function drawNode(n) {
-  return el("div", { class: "node" + (n.up ? "" : " lost"), "data-node": n.name },
-    el("span", { class: "name", text: n.name }), el("span", { class: "state", text: n.up ? "up" : "lost" }),
+  const state = n.up ? (n.drained ? "drained" : "up") : "lost";
+  return el("div", { class: "node" + (n.up ? "" : " lost") + (n.drained ? " drained" : ""), "data-node": n.name },
+    el("span", { class: "name", text: n.name }),
+    el("span", { class: "state", text: state, title: n.drained }),
     el("div", { class: "devs" }, ...n.devices.map((d) => {
       const cls = "dev" + (n.up ? "" : " lost") + (d.tier ? " " + d.tier : "") + (d.tier && !d.job ? " busy" : "");
       const title = `${n.name}:${d.index} — ` + (d.tier ? (d.job ? `${d.job} ${d.name} (${d.owner}), ${d.tier}, ${d.state}`

@@ -3,7 +3,9 @@
 At every decision all jobs (running and pending) are sorted by remaining run time; devices are granted
 greedily in that order by count; running jobs left out are preempted (checkpointed: the engine charges
 the cost model's pause), pending jobs granted devices start if their gang can be placed (consolidated
-placement may still fail, as in Helios). Per virtual cluster when jobs are pinned.
+placement may still fail, as in Helios). Per virtual cluster when jobs are pinned. Drained nodes' devices are
+not granted, and the jobs running on them are left out of the order: they run on, holding devices no one
+else could have.
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ class Srtf(BasePolicy):
         st = self.st
         assert st is not None
         scopes: dict[str | None, list[JobRec]] = {}
+        drained = st.drained
         for rec in st.jobs.values():
+            if drained and rec.running and any(d.node in drained for d in rec.devices):
+                continue
             scopes.setdefault(rec.home, []).append(rec)
         for scope, recs in scopes.items():
-            quota = st.capacity if scope is None else st.topology.cluster(scope).devices
+            quota = st.capacity if scope is None else st.topology.cluster(scope).devices - sum(
+                st.node_size[n] for n in drained if st.node_cluster[n] == scope)
             recs.sort(key=lambda r: (r.remaining_at(now), r.seq))
             chosen: list[JobRec] = []
             out: list[JobRec] = []

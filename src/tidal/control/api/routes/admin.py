@@ -1,4 +1,4 @@
-"""An admin's: join tokens for new nodes, the nodes' own credentials, and removing nodes.
+"""An admin's: join tokens for new nodes, the nodes' own credentials, draining and removing nodes.
 
 A join token is created for one node (``POST /v1/tokens``) and shown once; the node's agent exchanges it
 for the node's own credential (``POST /v1/agent/join``). Revoking a node's credential, or removing the
@@ -10,10 +10,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from tidal.control import agents, tokens
+from tidal.control import agents, drains, tokens
 from tidal.control.api.auth import Admin, forget_principals
 from tidal.control.api.context import Ctx
-from tidal.control.api.schemas import JoinTokenCreate
+from tidal.control.api.schemas import JoinTokenCreate, NodeDrain
 from tidal.control.clock import now
 from tidal.errors import NotFound
 
@@ -71,3 +71,19 @@ def remove_node(node: str, request: Request, p: Admin, ctx: Ctx) -> dict[str, An
     if not out.pop("known") and not out["credential"] and not out["join_tokens"]:
         raise NotFound(f"no node {node}", node=node, hint="`tidal nodes` lists them")
     return out
+
+
+@router.post("/nodes/{node}/drain")
+def drain_node(node: str, p: Admin, ctx: Ctx, body: NodeDrain | None = None) -> dict[str, Any]:
+    """Drain the node: nothing new is placed or restored there, while its jobs run on, until an admin
+    undrains it (``reason``: shown by ``GET /v1/nodes``). The node's drain fields after."""
+    with ctx.db.tx() as s:
+        return drains.drain(s, node, body.reason if body else None, p.name, now(s), f"api:{p.name}")
+
+
+@router.post("/nodes/{node}/undrain")
+def undrain_node(node: str, p: Admin, ctx: Ctx) -> dict[str, Any]:
+    """Undrain the node, whoever drained it (its lease losses so far are forgotten). The node's drain fields
+    after."""
+    with ctx.db.tx() as s:
+        return drains.undrain(s, node, p.name, now(s), f"api:{p.name}")

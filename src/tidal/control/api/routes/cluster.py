@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from sqlalchemy import select
 
-from tidal.control import jobs, linkrates
+from tidal.control import drains, jobs, linkrates
 from tidal.control.api import views
 from tidal.control.api.auth import AnyToken, User
 from tidal.control.api.context import Ctx
@@ -41,16 +41,20 @@ def events(p: User, ctx: Ctx, job: str | None = None, after: Annotated[int, Quer
 
 @router.get("/nodes")
 def nodes(p: AnyToken, ctx: Ctx) -> list[dict[str, Any]]:
-    """Every node; ``gpus`` lists a GPU node's devices (its GPU, and the jobs on each), null on a CPU node."""
+    """Every node; ``gpus`` lists a GPU node's devices (its GPU, and the jobs on each), null on a CPU node;
+    ``drained`` (``lease`` | ``admin``), ``drain_reason``, ``drained_at`` and ``undrain_at`` say whether it takes
+    new jobs, and why not (:func:`tidal.control.drains.listing`)."""
     with ctx.db.read() as s:
         free = jobs.free_devices(s)
+        at = now(s)
         rows = list(s.scalars(select(NodeRow).order_by(NodeRow.name)))
         on = jobs.jobs_on_devices(s) if any(n.gpus for n in rows) else {}
         return [{"name": n.name, "region": n.region, "cluster": n.cluster, "devices": n.devices,
                  "free": len(free.get(n.name, [])) if n.up else 0, "up": n.up, "cpus": n.cpus,
                  "address": n.advertise_addr,
-                 "lease_left_s": round(max(0.0, n.lease_until - now(s)), 1),
-                 "gpus": views.node_gpus(n.gpus, n.name, on) if n.gpus else None}
+                 "lease_left_s": round(max(0.0, n.lease_until - at), 1),
+                 "gpus": views.node_gpus(n.gpus, n.name, on) if n.gpus else None,
+                 **drains.listing(s, n)}
                 for n in rows]
 
 
