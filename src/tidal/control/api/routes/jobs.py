@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from fastapi.responses import Response
 from sqlalchemy import select
 
-from tidal.control import agents, jobs, requests, submission
+from tidal.control import agents, jobs, projects, requests, submission, userlimits, users
 from tidal.control.api import views
 from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
@@ -25,6 +25,9 @@ router = APIRouter(prefix="/v1/jobs")
 async def submit(body: JobSubmit, p: User, ctx: Ctx) -> dict[str, Any]:
     spec = body.to_spec(owner=p.name)
     with ctx.db.tx() as s:
+        # Under a project the user belongs to, within their limits and the project's (else refused, nothing kept).
+        u = users.get(s, p.name)
+        userlimits.admit(s, u, projects.for_submission(s, u, spec.project))
         job, why = submission.submit(s, spec, p.name, f"api:{p.name}", quotas=ctx.quotas, sla=ctx.admit_sla)
         out: dict[str, Any] = {"id": job.id, "state": job.state, "name": job.name, "tier": job.tier}
         if job.state == JobState.HELD.value and why.startswith("deferred: "):  # against the load: deferred
