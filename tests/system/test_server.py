@@ -146,7 +146,7 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
 
     # The admin's token commands; a user is refused them.
     with d.api() as c:
-        r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": "root"})
+        r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": "root", "allow_root": True})
         assert r.status_code == 201, r.text
     user = r.json()["token"]
     p = d.cli("token", "create", "--node", "n1", token=user)

@@ -131,7 +131,7 @@ def parse_changes(changes: dict[str, Any], allowed: tuple[str, ...]) -> dict[str
         else:
             least = 1 if name == "burst" else 0
             if value != int(value) or not least <= value <= MAX_COUNT:
-                raise ValidationError(f"{name}: {value!r}; a whole number from {least} to {MAX_COUNT}", field=name,
+                raise ValidationError(f"{name}: {value:g}; a whole number from {least} to {MAX_COUNT}", field=name,
                                       hint=f"or {UNLIMITED!r} for no limit")
             out[name] = int(value)
     return out

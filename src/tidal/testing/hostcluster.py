@@ -154,7 +154,8 @@ class HostCluster:
                                       what="the CA's fingerprint in the server's output").group(1)
         self.admin_token = (self.home / "tokens" / "admin.token").read_text().strip()
         with self.api(self.admin_token) as c:
-            r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": unix_user})
+            # Jobs run as root by default here (the test hosts' own account): said so explicitly.
+            r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": unix_user, "allow_root": True})
             if r.status_code != 201:
                 raise TidalError(f"making user ops: {r.status_code} {r.text}")
         self.user_token: str = r.json()["token"]
