@@ -61,7 +61,7 @@ def _changes(**given: str | None) -> dict[str, Any]:
 
 # -- users ------------------------------------------------------------------------------------------------
 @user_app.command("add")
-def user_add(name: str = typer.Argument(..., help="the user's name (letters, digits, '-', '_', '.')"),
+def user_add(name: str = typer.Argument(..., metavar="NAME", help="the user's name (letters, digits, '-', '_', '.')"),
              role: str = typer.Option("user", "--role", help="user, admin or metrics (a scraper's: GET /metrics only)"),
              unix_user: str = typer.Option(None, "--unix-user", metavar="ACCOUNT",
                                            help="the Unix account the user's jobs run as on the nodes (default: the "
@@ -88,7 +88,7 @@ def user_ls(output: Format = output_option()) -> None:
 
 
 @user_app.command("show")
-def user_show(name: str = typer.Argument(..., help="the user"), output: Format = output_option()) -> None:
+def user_show(name: str = typer.Argument(..., metavar="NAME", help="the user"), output: Format = output_option()) -> None:
     """Show a user: role, projects, tokens, limits (each with where it comes from) and what the user uses of
     them."""
     u = Api(who="admin").get(f"/v1/users/{name}")
@@ -96,7 +96,7 @@ def user_show(name: str = typer.Argument(..., help="the user"), output: Format =
 
 
 @user_app.command("set")
-def user_set(name: str = typer.Argument(..., help="the user"),
+def user_set(name: str = typer.Argument(..., metavar="NAME", help="the user"),
              rate: str = typer.Option(None, "--rate", metavar="R", help=f"requests per second: {LIMIT_HELP}"),
              burst: str = typer.Option(None, "--burst", metavar="B", help=f"requests at once above it: {LIMIT_HELP}"),
              max_queued: str = typer.Option(None, "--max-queued", metavar="N",
@@ -111,7 +111,7 @@ def user_set(name: str = typer.Argument(..., help="the user"),
 
 
 @user_app.command("rm")
-def user_rm(name: str = typer.Argument(..., help="the user"),
+def user_rm(name: str = typer.Argument(..., metavar="NAME", help="the user"),
             force: bool = typer.Option(False, "--force", help="cancel the user's unfinished jobs (else the user is "
                                                               "not removed while it has any)")) -> None:
     """Remove a user, its tokens and its project memberships."""
@@ -146,7 +146,7 @@ def _limits_table(limits: dict[str, Any], in_use: dict[str, str]) -> None:
 
 # -- projects ----------------------------------------------------------------------------------------------
 @project_app.command("add")
-def project_add(name: str = typer.Argument(..., help="the project's name (letters, digits, '-', '_', '.')"),
+def project_add(name: str = typer.Argument(..., metavar="PROJECT", help="the project's name (letters, digits, '-', '_', '.')"),
                 member: list[str] = typer.Option([], "--member", metavar="USER", help="a member (repeat)")) -> None:
     """Add a project (its members may then submit under it)."""
     p = Api(who="admin").post("/v1/projects", json={"name": name, "members": member})
@@ -160,14 +160,14 @@ def project_ls(output: Format = output_option()) -> None:
 
 
 @project_app.command("show")
-def project_show(name: str = typer.Argument(..., help="the project"), output: Format = output_option()) -> None:
+def project_show(name: str = typer.Argument(..., metavar="PROJECT", help="the project"), output: Format = output_option()) -> None:
     """Show a project: members, limits and what its jobs use of them."""
     p = Api(who="admin").get(f"/v1/projects/{name}")
     emit(p, output, lambda wide: _show_project(p))
 
 
 @project_app.command("set")
-def project_set(name: str = typer.Argument(..., help="the project"),
+def project_set(name: str = typer.Argument(..., metavar="PROJECT", help="the project"),
                 max_queued: str = typer.Option(None, "--max-queued", metavar="N",
                                                help=f"jobs waiting at once, all members' together: {LIMIT_HELP}"),
                 max_devices: str = typer.Option(None, "--max-devices", metavar="N",
@@ -180,15 +180,15 @@ def project_set(name: str = typer.Argument(..., help="the project"),
 
 
 @project_app.command("rm")
-def project_rm(name: str = typer.Argument(..., help="the project")) -> None:
+def project_rm(name: str = typer.Argument(..., metavar="PROJECT", help="the project")) -> None:
     """Remove a project and its memberships (not while jobs under it are unfinished)."""
     r = Api(who="admin").delete(f"/v1/projects/{name}")
     console.print(escape(f"removed project {r['name']} ({r['members']} member(s))"), highlight=False)
 
 
 @member_app.command("add")
-def member_add(project: str = typer.Argument(..., help="the project"),
-               user: str = typer.Argument(..., help="the user")) -> None:
+def member_add(project: str = typer.Argument(..., metavar="PROJECT", help="the project"),
+               user: str = typer.Argument(..., metavar="USER", help="the user")) -> None:
     """Make a user a member of a project."""
     r = Api(who="admin").request("PUT", f"/v1/projects/{project}/members/{user}").json()
     console.print(escape(f"{user} {'is now' if r['added'] else 'was already'} a member of project {project}"),
@@ -196,8 +196,8 @@ def member_add(project: str = typer.Argument(..., help="the project"),
 
 
 @member_app.command("rm")
-def member_rm(project: str = typer.Argument(..., help="the project"),
-              user: str = typer.Argument(..., help="the user")) -> None:
+def member_rm(project: str = typer.Argument(..., metavar="PROJECT", help="the project"),
+              user: str = typer.Argument(..., metavar="USER", help="the user")) -> None:
     """Take a user out of a project (their jobs under it go on)."""
     Api(who="admin").delete(f"/v1/projects/{project}/members/{user}")
     console.print(escape(f"{user} is no longer a member of project {project}"), highlight=False)
