@@ -89,7 +89,9 @@ class Principals:
     def forget_where(self, *, user: str | None = None, token_id: str | None = None) -> None:
         """Forget the entries of a user, or of a token (its limits changed, it was revoked)."""
         self.generation += 1
-        self.known = {k: e for k, e in self.known.items()
+        # A copy of the items first (one step for the interpreter): a route's thread may call this while the
+        # event loop adds an entry.
+        self.known = {k: e for k, e in list(self.known.items())
                       if e.principal.name != user and e.token_id != token_id}
 
 
