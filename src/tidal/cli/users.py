@@ -88,7 +88,8 @@ def user_ls(output: Format = output_option()) -> None:
 
 
 @user_app.command("show")
-def user_show(name: str = typer.Argument(..., metavar="NAME", help="the user"), output: Format = output_option()) -> None:
+def user_show(name: str = typer.Argument(..., metavar="NAME", help="the user"),
+              output: Format = output_option()) -> None:
     """Show a user: role, projects, tokens, limits (each with where it comes from) and what the user uses of
     them."""
     u = Api(who="admin").get(f"/v1/users/{name}")
@@ -146,7 +147,8 @@ def _limits_table(limits: dict[str, Any], in_use: dict[str, str]) -> None:
 
 # -- projects ----------------------------------------------------------------------------------------------
 @project_app.command("add")
-def project_add(name: str = typer.Argument(..., metavar="PROJECT", help="the project's name (letters, digits, '-', '_', '.')"),
+def project_add(name: str = typer.Argument(..., metavar="PROJECT",
+                                           help="the project's name (letters, digits, '-', '_', '.')"),
                 member: list[str] = typer.Option([], "--member", metavar="USER", help="a member (repeat)")) -> None:
     """Add a project (its members may then submit under it)."""
     p = Api(who="admin").post("/v1/projects", json={"name": name, "members": member})
@@ -160,7 +162,8 @@ def project_ls(output: Format = output_option()) -> None:
 
 
 @project_app.command("show")
-def project_show(name: str = typer.Argument(..., metavar="PROJECT", help="the project"), output: Format = output_option()) -> None:
+def project_show(name: str = typer.Argument(..., metavar="PROJECT", help="the project"),
+                 output: Format = output_option()) -> None:
     """Show a project: members, limits and what its jobs use of them."""
     p = Api(who="admin").get(f"/v1/projects/{name}")
     emit(p, output, lambda wide: _show_project(p))
