@@ -344,7 +344,7 @@ USER_TOKENS = Listing("token ls: a user's tokens", {
     "user": "the user whose token it is",
     "label": "its label (--label; null: none)",
     "created_at": "when it was made (Unix time)",
-    "created_by": "who made it (null: the user's first, or one of an older version)",
+    "created_by": "who made it (null: the control plane itself: `tidal up`'s, a node's join, an older version's)",
     "expires_at": "when it expires (Unix time; null: never, until revoked)",
     "last_used_at": "when it was last used, to within a minute (Unix time; null: not yet)",
     "revoked_at": "when it was revoked (Unix time; null: it was not)",

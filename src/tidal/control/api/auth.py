@@ -136,7 +136,7 @@ async def principal(request: Request, ctx: Ctx, authorization: Annotated[str | N
     clock = clock_of(ctx)
     wall, mono = clock.time(), clock.monotonic()
     entry = cache.known.get(key)
-    if entry is not None and entry.works(wall) and mono - entry.checked_at < RECHECK_S:
+    if entry is not None and entry.works(wall) and 0.0 <= mono - entry.checked_at < RECHECK_S:
         return entry.principal
     generation = cache.generation
     with ctx.db.read() as s:
