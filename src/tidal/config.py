@@ -84,6 +84,30 @@ class Settings(BaseSettings):
         "moving a job to another region's cluster rather than preempting it, where no rate was measured from "
         "the checkpoints copied between them (default 0.5)"
     )
+    # Per-user limits (docs/cluster.md, Limits): the defaults; an admin overrides them per user and per project
+    # (`tidal user set`, `tidal project set`). 0 means no limit.
+    user_rate: float = Field(
+        default=50.0, ge=0, description="requests per second a user's tokens may make to the API, on average (0: no "
+        "limit); beyond it, 429 with Retry-After"
+    )
+    user_burst: int = Field(default=500, ge=0, description="requests a user may make at once above that rate")
+    admin_rate: float = Field(default=500.0, ge=0, description="requests per second of an admin (0: no limit)")
+    admin_burst: int = Field(default=5000, ge=0, description="requests an admin may make at once above that rate")
+    user_max_queued: int = Field(
+        default=1000, ge=0, description="jobs a user may have waiting (pending, held or preempted) at once; a "
+        "submission beyond is refused (0: no limit)"
+    )
+    user_max_devices: int = Field(
+        default=0, ge=0, description="devices a user's jobs may hold at once; the scheduler leaves the others "
+        "waiting (0: no limit)"
+    )
+    project_max_queued: int = Field(
+        default=0, ge=0, description="jobs a project may have waiting at once, all its members' together (0: no "
+        "limit)"
+    )
+    project_max_devices: int = Field(
+        default=0, ge=0, description="devices a project's jobs may hold at once (0: no limit)"
+    )
     stall_after: float = Field(
         default=300.0, gt=0, description="seconds without a step or collective after which a distributed job is "
         "reported stalled (an event, and `tidal show`)"

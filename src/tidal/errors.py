@@ -89,6 +89,13 @@ class PayloadTooLarge(TidalError):
     status_code = 413
 
 
+class TooManyRequests(TidalError):
+    """A caller over its request rate: ``retry_after`` says in how many seconds (whole, at least 1) a request will
+    be taken again, ``rate`` and ``burst`` what the limit is (docs/cluster.md, Limits)."""
+
+    status_code = 429
+
+
 class Unauthorized(TidalError):
     status_code = 401
 

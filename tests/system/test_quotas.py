@@ -12,6 +12,10 @@ pytestmark = pytest.mark.criu
 
 def test_a_job_over_its_projects_quota_is_admitted_as_basic(make_cluster, workdir: Path) -> None:
     c = make_cluster(nodes=2, devices=1, quotas="vision=0.5")  # vision: 1 of the 2 devices guaranteed
+    with c.api() as api:
+        me = api.get("/v1/whoami").json()["name"]
+    for project in ("vision", "speech"):  # the admin's (`tidal up` made both tokens): the user may submit there
+        c.cli("project", "add", project, "--member", me)
     first = c.cli("submit", "-q", "--tier", "standard", "--project", "vision", "--", "sleep", "600",
                   cwd=workdir).stdout.strip()
     p = c.cli("submit", "--tier", "premium", "--project", "vision", "--", "echo", "done", cwd=workdir)

@@ -11,6 +11,7 @@ admin and are refused to a user."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -146,7 +147,7 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
 
     # The admin's token commands; a user is refused them.
     with d.api() as c:
-        r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": "root"})
+        r = c.post("/v1/users", json={"name": "ops", "role": "user", "unix_user": "root", "allow_root": True})
         assert r.status_code == 201, r.text
     user = r.json()["token"]
     p = d.cli("token", "create", "--node", "n1", token=user)
@@ -240,7 +241,11 @@ def test_a_node_joins_runs_a_job_over_tls_and_is_revoked(deployment: Deployment,
     assert d.cli("token", "revoke", extra_id).returncode == 0
     listing = d.cli("token", "ls", "-o", "json").stdout
     assert '"state": "used"' in listing and '"state": "revoked"' in listing and "tdj_" not in listing
-    p = d.cli("token", "ls", token=user)
+    # A user's `tidal token ls` lists their own API tokens (never a secret); the join tokens are an admin's.
+    mine = json.loads(d.cli("token", "ls", "-o", "json", token=user).stdout)
+    assert [(t["user"], t["label"], t["state"]) for t in mine] == [("ops", "initial", "active")]
+    assert "tdl_" not in json.dumps(mine)
+    p = d.cli("token", "revoke", extra_id, token=user)
     assert p.returncode == 1 and "this needs an admin token" in p.stderr
 
 

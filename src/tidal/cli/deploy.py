@@ -1,6 +1,6 @@
 """Commands of a deployment over several machines: ``tidal server`` (the control plane), ``tidal agent`` (a
-node joining it), ``tidal token create|ls|revoke`` (join tokens and node credentials, admin) and ``tidal
-node remove|drain|undrain``.
+node joining it), ``tidal token create|ls|rotate|revoke`` (join tokens and node credentials, admin; users' own
+tokens: :mod:`tidal.cli.users`) and ``tidal node remove|drain|undrain``.
 
 ``server`` and ``agent`` replace this process with the control plane's or the agent's own entry point
 (``python -m tidal.control.server``, ``python -m tidal.agent``): the CLI runs nothing of them itself, and a
@@ -20,7 +20,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from tidal.cli import listings, units
+from tidal.cli import listings, units, users
 from tidal.cli.api import Api
 from tidal.cli.formats import Format, output_option, print_rows
 from tidal.cli.output import console
@@ -30,7 +30,8 @@ from tidal.core.topology import devices_option
 from tidal.errors import ConfigError, Conflict
 
 JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
-token_app = typer.Typer(help="Join tokens for new nodes, and the nodes' credentials (admin).", no_args_is_help=True)
+token_app = typer.Typer(help="Users' API tokens (create, list, rotate, revoke); join tokens for new nodes, and the "
+                             "nodes' credentials (admin).", no_args_is_help=True)
 node_app = typer.Typer(help="Nodes (admin): drain, undrain or remove one.", no_args_is_help=True)
 
 
@@ -141,12 +142,23 @@ def register(app: typer.Typer) -> None:
 
 
 @token_app.command("create")
-def token_create(node: str = typer.Option(..., "--node", help="the node the token lets join"),
-                 ttl: str = typer.Option("24h", "--ttl", help="how long it is valid: 30m, 24h, 7d ..."),
+def token_create(node: str = typer.Option(None, "--node", help="a join token: the node it lets join (admin)"),
+                 user: str = typer.Option(None, "--user", help="an API token of this user (yours, or as an admin "
+                                                               "anyone's)"),
+                 ttl: str = typer.Option(None, "--ttl", help="how long it is valid: 30m, 24h, 90d ... (default: 24h "
+                                                            "for a join token; a user's token until revoked)"),
+                 label: str = typer.Option(None, "--label", help="a user's token: a label to tell it by"),
                  quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the token")) -> None:
-    """Create a join token for one node (shown once)."""
+    """Create a join token for one node (--node), or an API token of a user (--user); shown once."""
+    if (node is None) == (user is None):
+        raise ConfigError("give --node NODE (a join token) or --user NAME (a user's API token)", field="token")
+    if user is not None:
+        users.token_create(user, ttl, label, quiet)
+        return
+    if label is not None:
+        raise ConfigError("--label is for a user's token (--user)", field="label")
     api = Api(who="admin")
-    r = api.post("/v1/tokens", json={"node": node, "ttl": parse_duration(ttl, "ttl")})
+    r = api.post("/v1/tokens", json={"node": node, "ttl": parse_duration(ttl or "24h", "ttl")})
     if quiet:
         print(r["token"])
         return
@@ -160,20 +172,35 @@ def token_create(node: str = typer.Option(..., "--node", help="the node the toke
 
 
 @token_app.command("ls")
-def token_ls(output: Format = output_option()) -> None:
-    """List join tokens (active, used, expired, revoked) and the agent credentials."""
-    print_rows(Api(who="admin").get("/v1/tokens"), listings.TOKENS, output)
+def token_ls(user: str = typer.Option(None, "--user", help="a user's API tokens (yours, or as an admin anyone's)"),
+             output: Format = output_option()) -> None:
+    """List join tokens (active, used, expired, revoked) and the agent credentials (admin); with --user, or
+    for a user, a user's API tokens."""
+    if not users.token_ls(user, output):
+        print_rows(Api(who="admin").get("/v1/tokens"), listings.TOKENS, output)
+
+
+@token_app.command("rotate")
+def token_rotate(token_id: str = typer.Argument(..., metavar="ID", help="a user's token's id (tk-...)"),
+                 quiet: bool = typer.Option(False, "--quiet", "-q", help="print only the new token")) -> None:
+    """Give a user's token a new secret (a new id, the same label and time to live): the old one is revoked at
+    once."""
+    users.token_rotate(token_id, quiet)
 
 
 @token_app.command("revoke")
 def token_revoke(target: str = typer.Argument(None, metavar="[ID|NODE]",
-                                              help="a join token's id (jt-...), or a node's name"),
+                                              help="a user's token's id (tk-...), a join token's id (jt-...), or a "
+                                                   "node's name"),
                  node: str = typer.Option(None, "--node", help="a node's name (as NODE)")) -> None:
-    """Revoke a join token (ID), or a node's own credential and its unused join tokens (NODE: its agent stops
-    at its next call)."""
+    """Revoke a user's token or a join token (ID), or a node's own credential and its unused join tokens (NODE: its
+    agent stops at its next call)."""
     if (target is None) == (node is None):
-        raise ConfigError("give a join token's ID, or a node (NODE or --node NODE)", field="token",
+        raise ConfigError("give a token's ID, or a node (NODE or --node NODE)", field="token",
                           hint="`tidal token ls` lists them")
+    if target is not None and users.TOKEN_ID.fullmatch(target):
+        users.token_revoke(target)
+        return
     api = Api(who="admin")
     if target is not None and JOIN_ID.fullmatch(target):
         r = api.delete(f"/v1/tokens/{target}")

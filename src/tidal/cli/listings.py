@@ -285,7 +285,94 @@ STORE_JOBS = Listing("store usage: jobs", {
     Column("STORED", lambda j: units.size(j["stored_bytes"])),
 ))
 
+def limit_value(name: str, value: float | None) -> str:
+    """A limit for people: ``unlimited``, ``50/s`` for a rate, else the number."""
+    if value is None:
+        return "unlimited"
+    return f"{value:g}/s" if name == "rate" else f"{value:g}"
+
+
+LIMIT_FIELDS = ("limits: each limit (rate: requests/s; burst: requests at once above it; max_queued: jobs waiting; "
+                "max_devices: devices held) as {value (null: no limit), source: user or project (an admin set it) "
+                "or default}")
+USE_FIELDS = "what its jobs use: queued (jobs pending, held or preempted), devices (held now)"
+
+
+def _projects(r: Row) -> str:
+    return ", ".join(r["projects"]) if r.get("projects") else "-"
+
+
+USERS = Listing("user ls", {
+    "name": "the user's name",
+    "role": "user, admin, metrics (a scraper's) or agent (a node's credential)",
+    "unix_user": "the Unix account its jobs run as (null: the agent's own)",
+    "created_at": "when it was made (Unix time)",
+    "projects": "the projects it may submit under (default first); [] for agents and scrapers",
+    "tokens": "how many of its tokens work (not revoked, not expired)",
+    "usage": USE_FIELDS,
+}, (
+    Column("NAME", _text("name")),
+    Column("ROLE", _text("role")),
+    Column("UNIX USER", _text("unix_user")),
+    Column("PROJECTS", _projects),
+    Column("TOKENS", _text("tokens")),
+    Column("QUEUED", lambda u: str(u["usage"]["queued"])),
+    Column("DEVICES", lambda u: str(u["usage"]["devices"])),
+    Column("CREATED", lambda u: units.ago(u["created_at"]), wide=True),
+), note="Every account, by name (admin).")
+
+USER_DETAIL = Listing("user show", {
+    **{k: v for k, v in USERS.fields.items() if k != "usage"},
+    "limits": LIMIT_FIELDS,
+    "usage": USE_FIELDS + "; requests_refused (requests refused over its rate by the API process that answered, "
+                          "since it started)",
+}, note="One user, as one object.")
+WHOAMI = Listing("whoami", USER_DETAIL.fields, note="Your own account, as `user show` shows one.")
+
+PROJECTS = Listing("project ls", {
+    "name": "the project's name",
+    "created_at": "when it was made (Unix time)",
+    "created_by": "the admin who made it (null: made from the jobs of an older version)",
+    "members": "the users who may submit under it, besides admins (null for default: every user)",
+    "limits": LIMIT_FIELDS.replace("rate: requests/s; burst: requests at once above it; ", "") + ", over all its jobs",
+    "usage": USE_FIELDS,
+}, (
+    Column("PROJECT", _text("name")),
+    Column("MEMBERS", lambda p: "(every user)" if p["members"] is None else ", ".join(p["members"]) or "-"),
+    Column("QUEUED", lambda p: str(p["usage"]["queued"])),
+    Column("MAX QUEUED", lambda p: limit_value("max_queued", p["limits"]["max_queued"]["value"])),
+    Column("DEVICES", lambda p: str(p["usage"]["devices"])),
+    Column("MAX DEVICES", lambda p: limit_value("max_devices", p["limits"]["max_devices"]["value"])),
+    Column("CREATED", lambda p: units.ago(p["created_at"]), wide=True),
+), note="Every project for an admin; yours for a user.")
+PROJECT_DETAIL = Listing("project show", PROJECTS.fields, note="One project, as one object.")
+
+USER_TOKENS = Listing("token ls: a user's tokens", {
+    "id": "the token's id (tk-…): what `tidal token rotate` and `revoke` take; never the token itself",
+    "user": "the user whose token it is",
+    "label": "its label (--label; null: none)",
+    "created_at": "when it was made (Unix time)",
+    "created_by": "who made it (null: the control plane itself: `tidal up`'s, a node's join, an older version's)",
+    "expires_at": "when it expires (Unix time; null: never, until revoked)",
+    "last_used_at": "when it was last used, to within a minute (Unix time; null: not yet)",
+    "revoked_at": "when it was revoked (Unix time; null: it was not)",
+    "state": "active, expired or revoked",
+}, (
+    Column("ID", _text("id")),
+    Column("USER", _text("user")),
+    Column("LABEL", _text("label")),
+    Column("STATE", _text("state"), style=lambda r: "green" if r["state"] == "active" else "dim"),
+    Column("CREATED", lambda r: units.ago(r["created_at"])),
+    Column("CREATED BY", _text("created_by"), wide=True),
+    Column("EXPIRES", lambda r: units.ago(r["expires_at"]) if r["expires_at"] is not None else "never"),
+    Column("LAST USED", lambda r: units.ago(r["last_used_at"])),
+    Column("REVOKED", lambda r: units.ago(r["revoked_at"]), wide=True),
+), note="A user's API tokens, oldest first: yours, or as an admin anyone's (`tidal token ls` without --user "
+        "lists yours too, unless you are an admin: then the join tokens and the agents' credentials).")
+
 LISTINGS = {x.command: x for x in (JOBS, JOB_DETAIL, PLACEMENT, CHECKPOINTS, EVENTS, NODES, NODE_GPUS, NODE_LINKS,
-                                   TOKENS, PROCESSES, CHECKS, STORE_USAGE, STORE_USERS, STORE_JOBS)}
+                                   TOKENS, USER_TOKENS, USERS, USER_DETAIL, WHOAMI, PROJECTS, PROJECT_DETAIL,
+                                   PROCESSES, CHECKS,
+                                   STORE_USAGE, STORE_USERS, STORE_JOBS)}
 """Every command's listing, by command (``ls``, ``token ls``; ``show: placement`` for a part of one): what
 docs/cli.md documents."""

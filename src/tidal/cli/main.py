@@ -66,9 +66,9 @@ def _root(
 
 def _register() -> None:
     # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import cluster, demo, deploy, doctor, jobs, logs, reference, run, sim, store
+    from tidal.cli import cluster, demo, deploy, doctor, jobs, logs, reference, run, sim, store, users
 
-    for module in (cluster, deploy, jobs, logs, store, run, demo, sim, doctor, completion, reference):
+    for module in (cluster, deploy, jobs, logs, store, users, run, demo, sim, doctor, completion, reference):
         module.register(app)
 
 

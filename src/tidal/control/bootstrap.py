@@ -16,6 +16,9 @@ from tidal.control.store.db import Database
 from tidal.control.store.models import User
 
 TOKENS = ("admin", "user", "cluster")
+#: The limits of the user `tidal up` makes (tidal.control.userlimits; None: no limit): none on its requests and
+#: its queued jobs.
+LOCAL_USER_LIMITS = {"rate": None, "max_queued": None}
 
 
 def bootstrap(settings: Settings, who: Sequence[str] = TOKENS) -> None:
@@ -37,9 +40,14 @@ def bootstrap(settings: Settings, who: Sequence[str] = TOKENS) -> None:
             with db.tx() as s:
                 old = s.get(User, name)
                 if old is not None:  # its token file was lost: issue a new token
-                    s.delete(old)
-                    s.flush()
-                token = tokens.create_user(s, name, role, unix if role != "agent" else None)
+                    tokens.remove_account(s, old)
+                # Run as root, `tidal up` makes a user whose jobs run as root: its caller's choice, on their own
+                # machine.
+                token = tokens.create_user(s, name, role, unix if role != "agent" else None, allow_root=True)
+                if kind == "user":  # one person's cluster (`tidal up`): no neighbour to protect from its user
+                    user = s.get(User, name)
+                    assert user is not None
+                    user.limits = dict(LOCAL_USER_LIMITS)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 f.write(token + "\n")

@@ -30,6 +30,7 @@ from tidal.errors import (
     NotFound,
     PayloadTooLarge,
     TidalError,
+    TooManyRequests,
     Unauthorized,
     Unsupported,
     ValidationError,
@@ -45,7 +46,7 @@ class ControlPlaneError(TidalError):
 
 _BY_STATUS: dict[int, type[TidalError]] = {400: ValidationError, 401: Unauthorized, 403: Forbidden, 404: NotFound,
                                            409: Conflict, 413: PayloadTooLarge, 422: ValidationError,
-                                           501: Unsupported}
+                                           429: TooManyRequests, 501: Unsupported}
 
 
 def error_for(status: int, body: dict[str, Any], text: str = "") -> TidalError:

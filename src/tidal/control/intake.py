@@ -5,8 +5,8 @@ Under a burst that is one take of the writers' lock and one commit for many jobs
 commit is a WAL flush on PostgreSQL), and the API's event loop never waits for the database: it goes on
 parsing requests (an agent's heartbeat among them) while the batch commits. A lone submission is committed
 at once, as before. A submission refused (bad input, over a limit, against the load) is refused alone:
-:func:`tidal.control.submission.submit` refuses before it writes anything, so the others of its batch are
-kept; a batch whose transaction fails (the database away) fails every submission in it, none of them kept.
+:func:`accept` refuses before it writes anything, so the others of its batch are kept; a batch whose
+transaction fails (the database away) fails every submission in it, none of them kept.
 """
 
 from __future__ import annotations
@@ -18,8 +18,11 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from tidal.control import submission
+from sqlalchemy.orm import Session
+
+from tidal.control import projects, submission, userlimits, users
 from tidal.control.store.db import Database
+from tidal.control.store.models import JobRow
 from tidal.core import JobSpec
 from tidal.errors import TidalError
 from tidal.policy.admission import Quotas
@@ -90,8 +93,7 @@ class Intake:
             with self.db.tx() as s:
                 for it in batch:
                     try:
-                        job, why = submission.submit(s, it.spec, it.owner, it.cause, quotas=self.quotas,
-                                                     sla=self.sla)
+                        job, why = accept(s, it.spec, it.owner, it.cause, quotas=self.quotas, sla=self.sla)
                     except TidalError as exc:  # refused before anything of it was written
                         answers.append((it, exc))
                         continue
@@ -105,6 +107,15 @@ class Intake:
             self.committed += sum(1 for _, a in answers if not isinstance(a, BaseException))
         for it, answer in answers:
             it.loop.call_soon_threadsafe(_settle, it.future, answer)
+
+
+def accept(s: Session, spec: JobSpec, owner: str, cause: str, *, quotas: Quotas | None = None,
+           sla: SlaMode = "off") -> tuple[JobRow, str]:
+    """A user's submission: under a project they belong to, within their limits and the project's (else
+    refused, nothing written), then admitted and stored (:func:`tidal.control.submission.submit`)."""
+    u = users.get(s, owner)
+    userlimits.admit(s, u, projects.for_submission(s, u, spec.project))
+    return submission.submit(s, spec, owner, cause, quotas=quotas, sla=sla)
 
 
 def job_values(job: Any) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import uvicorn
 from sqlalchemy import select, update
 
 from tidal.config import Settings, load_settings
-from tidal.control import agents, clock, pki
+from tidal.control import agents, clock, pki, userlimits
 from tidal.control.api.app import Context, create_app
 from tidal.control.bootstrap import bootstrap
 from tidal.control.clusterfile import token_path
@@ -273,6 +273,7 @@ def serve(args: argparse.Namespace) -> None:
     db.info["stores"] = stores  # which region's store holds a checkpoint, and where a restore copies it from
     db.info["drains"] = DrainRule(losses=settings.drain_lease_losses, window_s=settings.drain_window,
                                   healthy_s=settings.drain_healthy_for)
+    db.info["limits"] = userlimits.Defaults.from_settings(settings)  # users' and projects' limits but overrides
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     links = Links(region_gbps=settings.region_gbps) if settings.region_gbps else None
     rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links)

@@ -1,20 +1,24 @@
 """API tokens: random secrets given once to their holder; the database keeps only their sha256.
 
-Besides users' tokens, a node's agent holds a credential: the cluster's (``tidal up``), or the node's own
-(an agent user named after the node). An admin gives a new node a **join token**: single-node, expiring,
-revocable, and used up when the node's agent exchanges it for the node's own credential
-(:func:`join`). Revoking a node's credential (:func:`revoke_node`) makes its agent's next call fail."""
+A user (any role) holds one or more tokens (:class:`~tidal.control.store.models.UserToken`): each with an id
+(shown, never the secret), a label, an optional time to live, revocable; :mod:`tidal.control.usertokens`
+manages them. A node's agent holds a credential: the cluster's (``tidal up``), or the node's own (an agent user
+named after the node). An admin gives a new node a **join token**: single-node, expiring, revocable, and used up
+when the node's agent exchanges it for the node's own credential (:func:`join`). Revoking a node's credential
+(:func:`revoke_node`) makes its agent's next call fail."""
 
 from __future__ import annotations
 
 import hashlib
+import pwd
+import re
 import secrets
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
-from tidal.control.store.models import JoinToken, User
+from tidal.control.store.models import JoinToken, ProjectMember, User, UserToken
 from tidal.core.limits import MAX_ID_CHARS
 from tidal.errors import Conflict, Forbidden, NotFound, Unauthorized, ValidationError
 
@@ -22,7 +26,10 @@ ROLES = ("admin", "user", "agent", "metrics")  # metrics: reads GET /metrics and
 # The agent credential of the whole cluster (`tidal up` gives it to every agent): it may act for any
 # node. Any other agent user is one node's own credential, named after the node, for that node only.
 CLUSTER_AGENT = "cluster"
+TOKEN_PREFIX = "tdl_"
 JOIN_PREFIX = "tdj_"
+#: A user token's id (``tk-`` and 12 hex digits); a join token's is ``jt-``.
+TOKEN_ID = re.compile(r"tk-[0-9a-f]{12}")
 #: How long a join token lasts unless its creator says otherwise, and the most it may last.
 DEFAULT_JOIN_TTL_S = 24 * 3600.0
 MAX_JOIN_TTL_S = 365 * 86400.0
@@ -38,20 +45,98 @@ def _check_name(name: str, field: str = "name") -> None:
                               hint=f"letters, digits, '-', '_' and '.', at most {MAX_ID_CHARS}")
 
 
-def create_user(s: Session, name: str, role: str, unix_user: str | None = None) -> str:
-    """Create a user and return its token (shown once)."""
+def runs_as_root(unix_user: str | None) -> bool:
+    """Whether ``unix_user`` is an account of uid 0 on this host (``root``, or another name for it)."""
+    if unix_user is None:
+        return False
+    try:
+        return pwd.getpwnam(unix_user).pw_uid == 0
+    except KeyError:
+        return False
+
+
+def create_user(s: Session, name: str, role: str, unix_user: str | None = None, *, allow_root: bool = False,
+                created_by: str | None = None) -> str:
+    """Create a user and return its first token (shown once). A user-role account whose jobs would run as
+    root (``unix_user`` of uid 0) needs ``allow_root``."""
     if role not in ROLES:
         raise ValidationError(f"unknown role {role!r}", field="role", hint="one of " + ", ".join(ROLES))
     _check_name(name)
     if s.get(User, name) is not None:
         raise Conflict(f"user {name} exists", field="name")
-    token = f"tdl_{secrets.token_urlsafe(32)}"
-    s.add(User(name=name, role=role, token_hash=digest(token), unix_user=unix_user, created_at=now(s)))
+    if role == "user" and runs_as_root(unix_user) and not allow_root:
+        raise Forbidden(f"user {name}'s jobs would run as root (Unix account {unix_user!r} has uid 0): refused "
+                        "without allow_root", field="unix_user",
+                        hint="give the user an ordinary Unix account (--unix-user), or, if its jobs must run as root, "
+                             "say so with --allow-root (API: \"allow_root\": true)")
+    s.add(User(name=name, role=role, unix_user=unix_user, created_at=now(s), limits={}))
+    s.flush()
+    _, token = issue(s, name, label="initial", ttl_s=None, created_by=created_by)
     return token
 
 
+def issue(s: Session, user: str, *, label: str | None, ttl_s: float | None,
+          created_by: str | None) -> tuple[UserToken, str]:
+    """A new token of ``user``, valid ``ttl_s`` seconds (None: until revoked): its row and the token (shown
+    once)."""
+    token = f"{TOKEN_PREFIX}{secrets.token_urlsafe(32)}"
+    t = now(s)
+    row = UserToken(id=f"tk-{secrets.token_hex(6)}", username=user, token_hash=digest(token), label=label,
+                    ttl_s=ttl_s, created_at=t, created_by=created_by,
+                    expires_at=None if ttl_s is None else t + ttl_s)
+    s.add(row)
+    return row, token
+
+
+def token_state(row: UserToken, at: float) -> str:
+    """``active``, ``revoked`` or ``expired``."""
+    if row.revoked_at is not None:
+        return "revoked"
+    return "expired" if row.expires_at is not None and at >= row.expires_at else "active"
+
+
+UNKNOWN_HINT = ("ask an admin for a token; a node whose credential was revoked joins again with a new join token "
+                "(`tidal token create --node NODE`)")
+
+
+def authenticate(s: Session, token: str) -> tuple[User, UserToken]:
+    """The user a token is, and the token's row; :class:`Unauthorized` for a token that is unknown, revoked or
+    expired, saying which."""
+    row = s.scalar(select(UserToken).where(UserToken.token_hash == digest(token)))
+    u = s.get(User, row.username) if row is not None else None
+    if row is None or u is None:
+        raise Unauthorized("invalid API token: unknown, or revoked", hint=UNKNOWN_HINT)
+    t = now(s)
+    state = token_state(row, t)
+    if state == "revoked":
+        raise Unauthorized(f"API token {row.id} of user {u.name} was revoked", hint="use another of your tokens, or "
+                           "make a new one (`tidal token create --user NAME`; an admin's for another user)")
+    if state == "expired":
+        assert row.expires_at is not None
+        raise Unauthorized(f"API token {row.id} of user {u.name} expired {t - row.expires_at:.0f}s ago",
+                           hint="make a new one (`tidal token create --user NAME`), or rotate it (`tidal token "
+                                "rotate ID`) before it expires")
+    return u, row
+
+
 def lookup(s: Session, token: str) -> User | None:
-    return s.scalar(select(User).where(User.token_hash == digest(token)))
+    """The user whose token this is, while it works (not revoked, not expired)."""
+    try:
+        return authenticate(s, token)[0]
+    except Unauthorized:
+        return None
+
+
+def remove_account(s: Session, u: User) -> int:
+    """Delete a user with its tokens and project memberships; how many of its tokens worked until now."""
+    t = now(s)
+    live = sum(1 for r in s.scalars(select(UserToken).where(UserToken.username == u.name))
+               if token_state(r, t) == "active")
+    s.execute(delete(UserToken).where(UserToken.username == u.name))
+    s.execute(delete(ProjectMember).where(ProjectMember.username == u.name))
+    s.delete(u)
+    s.flush()
+    return live
 
 
 # -- join tokens and node credentials ---------------------------------------------------------------------
@@ -122,8 +207,7 @@ def join(s: Session, token: str, node: str) -> str:
     row.used_at = t
     old = s.get(User, node)
     if old is not None:  # the node joins again (re-installed, or its credential was lost): a new credential
-        s.delete(old)
-        s.flush()
+        remove_account(s, old)
     return create_user(s, node, "agent")
 
 
@@ -161,5 +245,5 @@ def revoke_node(s: Session, node: str) -> dict[str, object]:
     for j in pending:
         j.revoked_at = t
     if u is not None:
-        s.delete(u)
+        remove_account(s, u)
     return {"node": node, "credential": u is not None, "join_tokens": [j.id for j in pending]}

@@ -13,24 +13,31 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tidal.control import submission, tokens
+from tidal.control import projects, submission, tokens
 from tidal.control.api.app import Context, create_app
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.db import Database
+from tidal.control.userlimits import Defaults
 from tidal.core import JobSpec, protocol
 from tidal.policy.admission import Quotas
 from tidal.policy.firstfit import FirstFitPolicy
 from tidal.policy.sla_admission import SlaMode
 
+#: The limits of a test's plane unless it gives its own: the defaults, but no request rate (a test polls the API
+#: as fast as it likes).
+UNLIMITED_RATE = Defaults(user_rate=None, admin_rate=None)
+
 
 class Plane:
     """A control plane over a SQLite database in ``home``, with a user ``alice`` and the cluster's agent
-    credential. ``rec.once()`` runs one round of the reconcile loop; ``http`` calls the API."""
+    credential. ``rec.once()`` runs one round of the reconcile loop; ``http`` calls the API. ``limits``: the
+    users' and projects' default limits (:mod:`tidal.control.userlimits`)."""
 
     def __init__(self, home: Path, lease_s: float = 30.0, quotas: Quotas | None = None,
-                 admit_sla: SlaMode = "off", url: str | None = None) -> None:
+                 admit_sla: SlaMode = "off", limits: Defaults = UNLIMITED_RATE, url: str | None = None) -> None:
         """``url``: the database (default: SQLite in ``home``)."""
         self.db = Database(url or f"sqlite:///{home / 'tidal.db'}")
+        self.db.info["limits"] = limits
         self.db.migrate()
         with self.db.tx() as s:
             self.user = tokens.create_user(s, "alice", "user")
@@ -39,6 +46,12 @@ class Plane:
         self.http = TestClient(create_app(Context(db=self.db, home=home, lease_s=lease_s, quotas=quotas,
                                                   admit_sla=admit_sla)))
         self.workdir = home
+
+    def add_projects(self, *names: str, members: tuple[str, ...] = ("alice",)) -> None:
+        """Make projects (as an admin does), ``members`` in each: alice may then submit under them."""
+        with self.db.tx() as s:
+            for name in names:
+                projects.add(s, name, "test", members)
 
     def as_user(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.user}"}

@@ -278,6 +278,7 @@ def test_migrations_upgrade_an_existing_database(tmp_path: Path) -> None:
 
 def test_guaranteed_jobs_over_their_projects_quota_are_admitted_as_basic(tmp_path: Path) -> None:
     p = Plane(tmp_path, quotas=Quotas({"vision": 0.5}))
+    p.add_projects("vision", "speech")
     for name in ("node-1", "node-2", "node-3", "node-4"):
         assert FakeAgent(p, name, name).register() == 200  # 4 devices: vision may hold 2 guaranteed
     first = p.submit_reply(tier="standard", ranks=2, project="vision")

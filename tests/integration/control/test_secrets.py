@@ -124,7 +124,7 @@ def _assert_no_plaintext(db_file: Path, tokens: list[str], others: list[str]) ->
     secrets = tokens + others
     db = Database(f"sqlite:///{db_file}")
     with db.read() as s:
-        hashes = {h for (h,) in s.execute(text("SELECT token_hash FROM users"))}
+        hashes = {h for (h,) in s.execute(text("SELECT token_hash FROM user_tokens"))}
         tables = [t for (t,) in s.execute(text("SELECT name FROM sqlite_master WHERE type = 'table'"))]
         dump = "\n".join(repr(row) for t in tables for row in s.execute(text(f'SELECT * FROM "{t}"')))
     db.close()

@@ -142,6 +142,7 @@ def test_the_backlog_is_the_run_time_left_and_a_run_folds_into_the_service(tmp_p
 
 def test_a_deferred_job_does_not_count_towards_its_projects_quota(tmp_path: Path) -> None:
     p = Plane(tmp_path, admit_sla="defer", quotas=Quotas({"vision": 0.5}))
+    p.add_projects("vision", "other")
     assert FakeAgent(p, "node-1", "A", devices=4).register() == 200
     # vision's quota: 2 of the 4 devices at guaranteed tiers. The premium job fills the cluster for an hour.
     assert p.submit_reply(tier="premium", ranks=4, runtime=HOUR, project="other").get("admitted_as") is None

@@ -18,7 +18,9 @@ from tidal.control.api import auth, handlers, lanes, latency, trend
 from tidal.control.api.bodylimit import BodyLimit
 from tidal.control.api.context import Context
 from tidal.control.api.nodefigures import NodeFigures
-from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, service, store, stream, ui
+from tidal.control.api.ratelimit import Buckets, RateLimit
+from tidal.control.api.routes import admin, agents, cluster, jobs, metrics, projects, service, store, stream, ui, users
+from tidal.control.api.usagemetrics import UsageCollector
 from tidal.control.metrics import TidalCollector
 from tidal.core import limits
 
@@ -36,6 +38,7 @@ def create_app(ctx: Context) -> FastAPI:
     app.state.ctx = ctx
     app.state.trend = trend.Trend()  # the cluster's figures over time, for the dashboard
     app.state.principals = auth.Principals()  # who each token is, once looked up
+    app.state.buckets = Buckets()  # each user's request rate
     app.state.streams = stream.Streams()  # event streams open
     # Log chunks from agents are larger than anything else a client sends.
     app.add_middleware(BodyLimit, limit=limits.MAX_BODY_BYTES,
@@ -45,9 +48,13 @@ def create_app(ctx: Context) -> FastAPI:
     registry.register(TidalCollector(ctx.db))
     app.state.node_figures = NodeFigures()  # what the agents' heartbeats say of their nodes
     registry.register(app.state.node_figures)
+    registry.register(UsageCollector(ctx.db, app.state.buckets))
     ProcessCollector(registry=registry)
+    # Before anything else is done of a request (its body read, its route's database work): its user's rate.
+    app.add_middleware(RateLimit, principals=app.state.principals, buckets=app.state.buckets,
+                       clock=lambda: auth.clock_of(ctx))
     app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)
-    for area in (service, jobs, cluster, store, stream, agents, admin, metrics, ui):
+    for area in (service, users, projects, jobs, cluster, store, stream, agents, admin, metrics, ui):
         app.include_router(area.router)
     return app

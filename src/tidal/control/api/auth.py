@@ -10,12 +10,13 @@ server never grants) and, where the browser says where it comes from (``Origin``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, cast
 
 from fastapi import Depends, Header, Request
 
-from tidal.control import tokens
-from tidal.control.api.context import Ctx
+from tidal.control import tokens, userlimits, usertokens
+from tidal.control.api.context import Context, Ctx
+from tidal.core.clock import SYSTEM, Clock
 from tidal.errors import Forbidden, Unauthorized, shown
 
 
@@ -37,17 +38,61 @@ def bearer(authorization: str | None) -> str:
     return authorization.removeprefix("Bearer ").strip()
 
 
+#: How long a cached principal is served without looking at the database again: a token revoked by another
+#: API process (sharing the database) is refused within this time; by this one, at once.
+RECHECK_S = 1.0
+#: A token's ``last_used_at`` is written at most this often (never a write per request).
+TOUCH_EVERY_S = 60.0
+#: Tokens cached at most (the oldest looked-up are dropped first: they are looked up again when used).
+MAX_KNOWN = 100_000
+
+
+@dataclass
+class Known:
+    """A token looked up: who it is, until when it works (wall time; None: until revoked), when it was last
+    checked against the database (monotonic), and its user's request rate (None: no limit) and burst."""
+
+    principal: Principal
+    token_id: str
+    expires_at: float | None
+    checked_at: float
+    rate: float | None
+    burst: int
+
+    def works(self, wall: float) -> bool:
+        return self.expires_at is None or wall < self.expires_at
+
+
 class Principals:
-    """Who each token is, once looked up (token digest → Principal). A revocation forgets them all: a token
-    looked up while it was being revoked is not kept either (the generation changed meanwhile)."""
+    """Who each token is, once looked up (token digest → :class:`Known`). An entry is served while its token
+    has not expired and for :data:`RECHECK_S` after it was checked; then the database is read again (so a
+    revocation made by another API process is seen within that time). A revocation here forgets the token's
+    entry: a token looked up while it was being revoked is not kept either (the generation changed
+    meanwhile)."""
 
     def __init__(self) -> None:
-        self.known: dict[str, Principal] = {}
+        self.known: dict[str, Known] = {}
         self.generation = 0
+
+    def put(self, key: str, entry: Known, generation: int) -> None:
+        if generation != self.generation:
+            return
+        self.known.pop(key, None)  # re-inserted last: the dict's order is that of the lookups
+        self.known[key] = entry
+        while len(self.known) > MAX_KNOWN:
+            del self.known[next(iter(self.known))]
 
     def forget(self) -> None:
         self.generation += 1
         self.known = {}
+
+    def forget_where(self, *, user: str | None = None, token_id: str | None = None) -> None:
+        """Forget the entries of a user, or of a token (its limits changed, it was revoked)."""
+        self.generation += 1
+        # A copy of the items first (one step for the interpreter): a route's thread may call this while the
+        # event loop adds an entry.
+        self.known = {k: e for k, e in list(self.known.items())
+                      if e.principal.name != user and e.token_id != token_id}
 
 
 #: The dashboard's session cookie: the API token, HttpOnly, SameSite=Strict.
@@ -78,31 +123,46 @@ def same_origin(request: Request, origin: str) -> bool:
     return origin.rstrip("/") in (f"{request.url.scheme}://{host}", f"http://{host}", f"https://{host}")
 
 
+def clock_of(ctx: Context) -> Clock:
+    return cast(Clock, ctx.db.info.get("clock", SYSTEM))
+
+
 async def principal(request: Request, ctx: Ctx, authorization: Annotated[str | None, Header()] = None) -> Principal:
     token = bearer(authorization) if authorization or COOKIE not in request.cookies else cookie_token(request)
     if not token:
         raise Unauthorized("missing API token", hint="send 'Authorization: Bearer TOKEN'")
     key = tokens.digest(token)
     cache: Principals = request.app.state.principals
-    p = cache.known.get(key)
-    if p is None:
-        generation = cache.generation
-        with ctx.db.read() as s:
-            u = tokens.lookup(s, token)
-            if u is None:
-                raise Unauthorized("invalid API token: unknown, or revoked",
-                                   hint="ask an admin for a token; a node whose credential was revoked joins again "
-                                        "with a new join token (`tidal token create --node NODE`)")
-            p = Principal(u.name, u.role)
-        if cache.generation == generation:
-            cache.known[key] = p
-    return p
+    clock = clock_of(ctx)
+    wall, mono = clock.time(), clock.monotonic()
+    entry = cache.known.get(key)
+    if entry is not None and entry.works(wall) and 0.0 <= mono - entry.checked_at < RECHECK_S:
+        return entry.principal
+    generation = cache.generation
+    with ctx.db.read() as s:
+        try:
+            u, row = tokens.authenticate(s, token)
+        except Unauthorized:
+            cache.known.pop(key, None)
+            raise
+        rate, burst = userlimits.request_rate(s, u)
+        entry = Known(Principal(u.name, u.role), row.id, row.expires_at, mono, rate, burst)
+        used = row.last_used_at
+    if used is None or wall - used >= TOUCH_EVERY_S:
+        with ctx.db.tx(notify=False) as s:
+            usertokens.touch(s, entry.token_id, wall)
+    cache.put(key, entry, generation)
+    return entry.principal
 
 
-def forget_principals(request: Request) -> None:
-    """After a credential was revoked or replaced: every token is looked up again."""
+def forget_principals(request: Request, *, user: str | None = None, token_id: str | None = None) -> None:
+    """After a credential was revoked or replaced: every token is looked up again (``user``, ``token_id``: only
+    that user's, or that token)."""
     cache: Principals = request.app.state.principals
-    cache.forget()
+    if user is None and token_id is None:
+        cache.forget()
+    else:
+        cache.forget_where(user=user, token_id=token_id)
 
 
 async def _user(p: Annotated[Principal, Depends(principal)]) -> Principal:

@@ -31,6 +31,9 @@ from tidal.core.protocol import UnixName as UnixName
 # A job's submission: JobSpec's fields, strict about its keys (the CLI checks a job file with it too).
 from tidal.core.submission_body import JobSubmit as JobSubmit
 
+#: Users or projects named in one request, at most.
+MAX_LISTED = 1000
+
 
 class MigrateRequest(BaseModel):
     to: NodeName | None = None
@@ -52,6 +55,39 @@ class UserCreate(BaseModel):
     name: Ident
     role: str = Field(default="user", max_length=16)
     unix_user: UnixName | None = None
+    # A user-role account whose Unix account is root (uid 0) is refused without it.
+    allow_root: bool = False
+    projects: list[Ident] = Field(default_factory=list, max_length=MAX_LISTED)  # made a member of each
+
+
+# A limit as an admin sets it: a number, "unlimited", or "default" (the override removed).
+LimitValue = float | Annotated[str, StringConstraints(max_length=16)]
+
+
+class UserLimits(BaseModel):
+    """The limits to change (those left out stay as they are)."""
+
+    model_config = ConfigDict(extra="forbid")
+    rate: LimitValue | None = None
+    burst: LimitValue | None = None
+    max_queued: LimitValue | None = None
+    max_devices: LimitValue | None = None
+
+
+class ProjectLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_queued: LimitValue | None = None
+    max_devices: LimitValue | None = None
+
+
+class ProjectCreate(BaseModel):
+    name: str = Field(max_length=256)  # its rule is checked by the control plane, which says what it is
+    members: list[Ident] = Field(default_factory=list, max_length=MAX_LISTED)
+
+
+class TokenCreate(BaseModel):
+    label: str | None = Field(default=None, max_length=64)
+    ttl: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # seconds; None: until revoked
 
 
 class NodeDrain(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import enum
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, Integer, String, Text
+from sqlalchemy import JSON, BigInteger, Boolean, Enum, Float, Index, Integer, String, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from tidal.core.operations import Phase
@@ -17,13 +17,56 @@ class Base(DeclarativeBase):
 
 
 class User(Base):
+    """An account: its role, the Unix account its jobs run as, and the limits an admin set for it (``limits``:
+    limit → a number, or None for no limit; a limit not there is the default: :mod:`tidal.control.userlimits`).
+    Its API tokens are :class:`UserToken` rows."""
+
     __tablename__ = "users"
 
     name: Mapped[str] = mapped_column(String(64), primary_key=True)
-    role: Mapped[str] = mapped_column(String(16))  # admin | user | agent
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    role: Mapped[str] = mapped_column(String(16))  # admin | user | agent | metrics
     unix_user: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class UserToken(Base):
+    """An API token of a user: only its sha256 is kept. ``id`` names it (shown, listed, revoked by; not a
+    secret). It works until ``expires_at`` (None: no end) unless revoked; ``ttl_s`` is the time to live it was
+    given (a rotation gives the new token the same). ``last_used_at`` is updated at most once a minute."""
+
+    __tablename__ = "user_tokens"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True, index=True)
+    label: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    ttl_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Project(Base):
+    """A project jobs are submitted under (``tidal submit --project``): its members may submit under it
+    (``default`` is open to every user). ``limits`` as a user's: the project's own, over all its jobs."""
+
+    __tablename__ = "projects"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict, server_default="{}")
+
+
+class ProjectMember(Base):
+    __tablename__ = "project_members"
+
+    project: Mapped[str] = mapped_column(String(64), primary_key=True)
+    username: Mapped[str] = mapped_column(String(64), primary_key=True, index=True)
+    added_at: Mapped[float] = mapped_column(Float)
 
 
 class JoinToken(Base):
@@ -74,6 +117,8 @@ class NodeRow(Base):
 
 class JobRow(Base):
     __tablename__ = "jobs"
+    # A user's jobs in a state (their waiting jobs, counted against their limit at each submission).
+    __table_args__ = (Index("ix_jobs_owner_state", "owner", "state"),)
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
     seq: Mapped[int] = mapped_column(Integer, index=True)  # submission order

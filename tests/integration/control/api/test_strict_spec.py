@@ -35,5 +35,6 @@ def test_a_bad_submission_is_refused_naming_the_key(plane: Plane, extra: dict[st
 
 
 def test_a_good_submission_still_goes_through(plane: Plane, tmp_path: Path) -> None:
+    plane.add_projects("vision")
     r = plane.submit_reply(tier="premium", ranks=2, min_devices=1, checkpoint_every=60, project="vision")
     assert r["tier"] == "premium" and r["name"] == "train"

@@ -15,9 +15,9 @@ from tidal.control.store.models import NodeRow
 NEW = {"lease_losses", "drain", "drain_reason", "drained_by", "drained_at"}
 
 
-def upgrade_from_0014(url: str) -> None:
+def upgrade_from_0015(url: str) -> None:
     db = Database(url)
-    to(db, "0014")
+    to(db, "0015")
     nodes = sa.table("nodes", *(sa.column(c) for c in ("name", "region", "cluster", "devices", "agent_id",
                                                       "lease_until", "up", "registered_at")),
                      sa.column("cpus", sa.JSON))
@@ -38,7 +38,7 @@ def upgrade_from_0014(url: str) -> None:
         assert node is not None
         assert (node.lease_losses, node.drain, node.drain_reason, node.drained_by, node.drained_at) == (
             [5.0, 6.0], "admin", "disk swap", "root", 7.0)
-    to(db, "0014", up=False)
+    to(db, "0015", up=False)
     assert not NEW & columns(db, "nodes")
     db.migrate()
     assert columns(db, "nodes") >= NEW
@@ -46,9 +46,9 @@ def upgrade_from_0014(url: str) -> None:
 
 
 def test_migration_0016_on_sqlite(tmp_path: Path) -> None:
-    upgrade_from_0014(f"sqlite:///{tmp_path / 'old.db'}")
+    upgrade_from_0015(f"sqlite:///{tmp_path / 'old.db'}")
 
 
 @pytest.mark.postgres
 def test_migration_0016_on_postgres(postgres_url: str) -> None:
-    upgrade_from_0014(postgres_url)
+    upgrade_from_0015(postgres_url)

@@ -10,12 +10,12 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
 
-from tidal.control import agents, bulk, jobfilter, jobs, requests, submission
+from tidal.control import agents, bulk, jobfilter, jobs, requests
 from tidal.control.api import views
 from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
 from tidal.control.api.schemas import BulkRequest, JobSubmit, MigrateRequest, ResizeRequest, ResumeRequest
-from tidal.control.intake import Intake, job_values
+from tidal.control.intake import Intake, accept, job_values
 from tidal.core import JobState, limits
 from tidal.errors import ValidationError
 
@@ -32,7 +32,7 @@ async def submit(body: JobSubmit, request: Request, p: User, ctx: Ctx) -> dict[s
     else:  # an app served without its lifespan (a test client): one transaction of its own
         def run() -> tuple[dict[str, Any], str]:
             with ctx.db.tx() as s:
-                job, why = submission.submit(s, spec, p.name, cause, quotas=ctx.quotas, sla=ctx.admit_sla)
+                job, why = accept(s, spec, p.name, cause, quotas=ctx.quotas, sla=ctx.admit_sla)
                 return job_values(job), why
 
         out, why = await run_in_threadpool(run)
