@@ -16,6 +16,7 @@ from tidal.cli.api import Api
 from tidal.cli.formats import Column, Format, emit, output_option, print_rows, print_table
 from tidal.cli.output import console
 from tidal.cli.units import parse_duration
+from tidal.errors import ValidationError
 
 #: A user token's id (the control plane's tidal.control.tokens.TOKEN_ID).
 TOKEN_ID = re.compile(r"tk-[0-9a-f]{12}")
@@ -55,7 +56,8 @@ def _limit_arg(text: str | None) -> Any:
 def _changes(**given: str | None) -> dict[str, Any]:
     out = {k: _limit_arg(v) for k, v in given.items() if v is not None}
     if not out:
-        raise typer.BadParameter("give at least one limit to set", param_hint="--rate/--burst/--max-queued/...")
+        raise ValidationError("give at least one limit to set", field="limits",
+                              hint="--rate, --burst, --max-queued or --max-devices (a number, unlimited or default)")
     return out
 
 

@@ -5,6 +5,7 @@ paging (every job once, in order, while jobs are submitted), and the bulk reques
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from sqlalchemy import update
 
 from tidal.control import bulk, jobfilter, tokens
 from tidal.control.store.models import JobRow
-from tidal.testing.control import FakeAgent, Plane, start
+from tidal.testing.control import UNLIMITED_RATE, FakeAgent, Plane, start
 
 
 class Team:
@@ -143,7 +144,9 @@ def test_a_user_naming_another_user_is_refused(team: Team, jobs: dict[str, str])
     assert team.state(jobs["b_sweep1"]) == "pending" and team.state(jobs["b_eval"]) == "pending"
 
 
-def test_paging_walks_2500_jobs_each_once_in_order_while_jobs_are_submitted(plane: Plane) -> None:
+def test_paging_walks_2500_jobs_each_once_in_order_while_jobs_are_submitted(tmp_path: Path) -> None:
+    # Alice may keep every one of them waiting (the default is 1000 a user).
+    plane = Plane(tmp_path, limits=dataclasses.replace(UNLIMITED_RATE, user_max_queued=None))
     made = plane.submit_many(2500, name="j-{i}")
     newest_first = made[::-1]
     walked: list[str] = []
