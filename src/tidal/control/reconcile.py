@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import secrets
 import threading
+from collections.abc import Callable, Mapping
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -52,13 +53,16 @@ S = JobState
 class Reconciler:
     """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
     leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing); by default the
-    database's, the one every transaction of the control plane reads."""
+    database's, the one every transaction of the control plane reads. ``device_caps``: read in each pass's
+    transaction, the most devices each user may hold (users not named: no cap); None: no caps."""
 
     def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
                  min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None,
-                 links: Links | None = None) -> None:
+                 links: Links | None = None,
+                 device_caps: Callable[[Session], Mapping[str, int]] | None = None) -> None:
         self.db = db
         self.policy = policy
+        self.device_caps = device_caps
         # The links between clusters and regions the policy weighs moves over, as the settings give them; each
         # pass adds the rates measured between regions (snapshot).
         self.links = links or Links()
@@ -158,7 +162,8 @@ class Reconciler:
         # A new generation every pass: the live loop hands the policy no event stream, so a stateful
         # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
         self._passes += 1
-        view, rows = snapshot(s, generation=self._passes, links=self.links)
+        caps = self.device_caps(s) if self.device_caps is not None else None
+        view, rows = snapshot(s, generation=self._passes, links=self.links, device_caps=caps)
         free = jobs.free_devices(s)
         self._unfit = {j: p for j, p in self._unfit.items() if j in rows}
         freeing: dict[str, int] = {}  # job → devices of its placement that preemptions have yet to free
@@ -262,11 +267,13 @@ def _unexplained(s: Session) -> bool:
     return s.scalar(select(JobRow.id).where(waiting).limit(1)) is not None
 
 
-def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
+def snapshot(s: Session, generation: int = 0, links: Links | None = None,
+             device_caps: Mapping[str, int] | None = None) -> tuple[ClusterView, dict[str, JobRow]]:
     """The immutable view the policy decides over: nodes that are up, and every job that waits for or
-    holds devices (a migration's target devices count as held: they are reserved); ``links``: the network
-    between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else :class:`Links`'s default),
-    with the rate measured from one region to another where there is one (:mod:`tidal.control.linkrates`)."""
+    holds devices (a migration's target devices count as held: they are reserved), with its owner;
+    ``links``: the network between clusters and regions as the settings give it (TIDAL_REGION_GBPS, else
+    :class:`Links`'s default), with the rate measured from one region to another where there is one
+    (:mod:`tidal.control.linkrates`); ``device_caps``: the most devices each user may hold (none: no cap)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -295,13 +302,14 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None) -> tup
                               requested_tier=spec.tier if spec.tier > tier else None,
                               home_cluster=spec.cluster, home_region=spec.region, image_gb=_image_gb(j),
                               attained_device_s=attained, duration_hint=spec.runtime, last_cluster=j.last_cluster,
-                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks))
+                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks), owner=j.owner)
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     measured = linkrates.links(s, links or Links())
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured), rows
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured,
+                       device_caps=device_caps or {}), rows
 
 
 def _image_gb(job: JobRow) -> float | None:

@@ -42,6 +42,9 @@ class JobView:
     requested_tier: Tier | None = None  # the tier asked for, where admission gave a lower one (``tier``)
     home_region: str | None = None  # pinned to a region's clusters (tidal submit --region), else anywhere
     image_gb: float | None = None  # its checkpoint image, all ranks, GB, where known: what a move transfers
+    # The user who submitted it: users of a project take turns by the devices they hold, and a user's devices
+    # may be capped (``ClusterView.device_caps``). "" where unknown (a trace without users: one user).
+    owner: str = ""
 
     @property
     def devices(self) -> tuple[DeviceRef, ...]:
@@ -100,13 +103,23 @@ class ClusterView:
 
     ``generation`` changes when the world diverged from what events and the policy's own actions
     describe (a restart, a failed action): the policy then rebuilds its indexes from the view.
+    ``device_caps``: the most devices each user named may hold at once (jobs of every project and tier
+    together); a user not named has no cap.
     """
 
     topology: Topology
     jobs: Mapping[str, JobView]
     generation: int = 0
     links: Links = Links()  # between clusters and regions: what a move's transfer is estimated over
+    device_caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, MappingProxyType):
             object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
+        for owner, cap in self.device_caps.items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise ValidationError(f"device cap of user {owner!r} must be a whole number of devices, 0 or more, "
+                                      f"not {cap!r}", field="device_caps",
+                                      hint="give each capped user the most devices they may hold, e.g. 8")
+        if not isinstance(self.device_caps, MappingProxyType):
+            object.__setattr__(self, "device_caps", MappingProxyType(dict(self.device_caps)))
