@@ -132,23 +132,22 @@ class OwnerQueues:
     def __len__(self) -> int:
         return self._n
 
-    def _owner(self, rec: JobRec) -> str:
-        return rec.owner if self._by_owner else ""
-
-    def add(self, rec: JobRec) -> None:
-        o = self._owner(rec)
+    def add(self, rec: JobRec) -> bool:
+        """Queue ``rec`` (again); whether it was not queued before."""
+        o = rec.owner if self._by_owner else ""
         q = self._q.get(o)
         if q is None:
             q = self._q[o] = PendingQueue(self._key)
-        if rec.id not in q:
-            self._n += 1
+        new = rec.id not in q
+        self._n += new
         q.add(rec)
+        return new
 
     def add_many(self, recs: list[JobRec]) -> None:
         """Add jobs not yet queued (a rebuild), grouped per owner and sorted once."""
         groups: dict[str, list[JobRec]] = {}
         for rec in recs:
-            groups.setdefault(self._owner(rec), []).append(rec)
+            groups.setdefault(rec.owner if self._by_owner else "", []).append(rec)
         for o, group in groups.items():
             q = self._q.get(o)
             if q is None:
@@ -157,7 +156,7 @@ class OwnerQueues:
             self._n += len(group)
 
     def remove(self, rec: JobRec) -> bool:
-        q = self._q.get(self._owner(rec))
+        q = self._q.get(rec.owner if self._by_owner else "")
         if q is not None and rec.id in q:
             q.remove(rec.id)
             self._n -= 1
@@ -167,18 +166,20 @@ class OwnerQueues:
     def __contains__(self, rec: object) -> bool:
         if not isinstance(rec, JobRec):
             return False
-        q = self._q.get(self._owner(rec))
+        q = self._q.get(rec.owner if self._by_owner else "")
         return q is not None and rec.id in q
 
     def iter(self, usage: Mapping[str, int]) -> Iterator[JobRec]:
         """Owners interleaved by the devices they hold (``usage``: owner → devices), re-read as the caller
         starts their jobs. Owners with nothing waiting are dropped here, before iterating, never during
         (a queue iterated on must stay the one a requeued job joins)."""
-        for o in [o for o, q in self._q.items() if not len(q)]:
-            del self._q[o]
-        if len(self._q) == 1:
-            return iter(next(iter(self._q.values())))
-        return _merge({o: iter(q) for o, q in self._q.items()}, usage)
+        qs = self._q
+        if len(qs) > 1:
+            for o in [o for o, q in qs.items() if not len(q)]:
+                del qs[o]
+        if len(qs) == 1:  # one user (or none): their queue as it is
+            return iter(next(iter(qs.values())))
+        return _merge({o: iter(q) for o, q in qs.items()}, usage)
 
 
 class TieredFairQueue:
@@ -209,10 +210,7 @@ class TieredFairQueue:
         return q
 
     def add(self, rec: JobRec) -> None:
-        q = self._group(rec)
-        n = len(q)
-        q.add(rec)
-        self._n += len(q) - n
+        self._n += self._group(rec).add(rec)
 
     def add_many(self, recs: list[JobRec]) -> None:
         """Add jobs not yet queued (a rebuild), grouped per queue and sorted once."""

@@ -139,6 +139,7 @@ class Singularity(BasePolicy):
         self._no_room: dict[tuple[object, ...], Outcome] = {}
         self._no_fit: set[tuple[object, ...]] = set()  # placements that failed likewise
         self._shown: tuple[str, ...] = ()  # the reserved nodes shown to the job being tried
+        self._caps: Mapping[str, int] = {}  # the users' device caps, in this decision
 
     @property
     def grows(self) -> bool:
@@ -152,12 +153,11 @@ class Singularity(BasePolicy):
     # ---- the owner's device cap -----------------------------------------------------------------------
     def device_room(self, rec: JobRec) -> int | None:
         """Devices ``rec``'s owner may still take under their cap (None: no cap)."""
-        caps = self._view.device_caps if self._view is not None else None
-        if not caps:
+        if not self._caps:
             return None
         st = self.st
         assert st is not None
-        return room(caps, st.owner_usage, rec.owner)
+        return room(self._caps, st.owner_usage, rec.owner)
 
     def _cap_size(self, rec: JobRec) -> int:
         """The most devices waiting ``rec`` may start on under its owner's cap (0: none)."""
@@ -374,6 +374,7 @@ class Singularity(BasePolicy):
         failed: dict[tuple[int, tuple[str, ...]], int] = {}  # (tier, clusters) → smallest size that failed
         wake: list[float] = []
         self._preempted_now = set()
+        self._caps = self._view.device_caps if self._view is not None else {}
         self._releases: list[tuple[float, int]] | None = None
         self._now = now
         self._ts_failed = set()
@@ -429,7 +430,7 @@ class Singularity(BasePolicy):
         if rec.id not in self._visited_ids:
             self._visited[rec.tier][kind] += 1
             self._visited_ids.add(rec.id)
-        hi = self._cap_size(rec)
+        hi = self._cap_size(rec) if self._caps else rec.hi
         if hi == 0:
             return True  # its owner is at their device cap: it waits; other users' jobs may start
         sharing = cfg.time_slice and rec.tier == 0
@@ -454,7 +455,7 @@ class Singularity(BasePolicy):
                     return True
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
-        smallest = min(kind[0], hi)
+        smallest = kind[0] if kind[0] <= hi else hi
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:
                 st.node_up(n)
