@@ -484,9 +484,10 @@ class Singularity(BasePolicy):
         st = self.st
         assert st is not None
         cfg = self.cfg
+        capped = f"on {hi} of {rec.hi} device(s): its owner's device cap" if hi < rec.hi else ""
         devs = self._place(rec, hi)
         if devs is not None:
-            self.start(rec, devs, now)
+            self.start(rec, devs, now, reason=capped)
             return True
         if cfg.preempt and rec.tier > 0 and within_quota(st, rec, cfg.quotas):
             tier = rec.tier
@@ -514,7 +515,7 @@ class Singularity(BasePolicy):
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
                 devs = self._place(rec, hi)
                 if devs is not None:
-                    self.start(rec, devs, now, reason="after preemption")
+                    self.start(rec, devs, now, reason="after preemption" + (f", {capped}" if capped else ""))
                     return True
             elif out.wake is not None:
                 wake.append(out.wake)

@@ -60,6 +60,7 @@ def test_an_elastic_job_is_shrunk_to_fit_the_cap() -> None:
     v = view(8, run("r", "alice", [0]), pend("e", "alice", w=4, lo=1), caps={"alice": 3})
     (a,) = Singularity(NO_LANE).decide(v, [], NOW)
     assert a.kind is ActionKind.PLACE and len(a.devices) == 2 and len(a.placement) == 4
+    assert a.reason == "on 2 of 4 device(s): its owner's device cap"
 
 
 def test_a_job_whose_minimum_exceeds_what_is_left_waits() -> None:
