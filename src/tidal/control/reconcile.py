@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import secrets
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -57,13 +57,16 @@ S = JobState
 class Reconciler:
     """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
     leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing); by default the
-    database's, the one every transaction of the control plane reads."""
+    database's, the one every transaction of the control plane reads. ``device_caps``: read in each pass's
+    transaction, the most devices each user may hold (users not named: no cap); None: no caps."""
 
     def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
                  min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None,
-                 links: Links | None = None) -> None:
+                 links: Links | None = None,
+                 device_caps: Callable[[Session], Mapping[str, int]] | None = None) -> None:
         self.db = db
         self.policy = policy
+        self.device_caps = device_caps
         # The links between clusters and regions the policy weighs moves over, as the settings give them; each
         # pass adds the rates measured between regions (snapshot).
         self.links = links or Links()
@@ -126,7 +129,7 @@ class Reconciler:
         now = self.clock.time()
         # Look first without the writers' lock (SQLite WAL and PostgreSQL give a consistent snapshot):
         # most passes find nothing to do, and holding the lock for their queries would stall the API.
-        with self.db.sessions() as s:
+        with self.db.read() as s:
             if not self._anything_to_do(s, now):
                 return
         with self.db.tx() as s:
@@ -166,13 +169,14 @@ class Reconciler:
         must not wait for it. Only applying the decisions takes the lock, and each is checked again there
         against the job and the devices as they are then (a job cancelled or moved meanwhile is left alone,
         a device taken meanwhile is not given twice)."""
-        with self.db.sessions() as s:
+        with self.db.read() as s:
             if not self._worth_deciding(s) and not self._explain_due(s):
                 return
             # A new generation every pass: the live loop hands the policy no event stream, so a stateful
             # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
             self._passes += 1
-            view, seen = snapshot(s, generation=self._passes, links=self.links, specs=self._specs)
+            caps = self.device_caps(s) if self.device_caps is not None else None
+            view, seen = snapshot(s, generation=self._passes, links=self.links, specs=self._specs, device_caps=caps)
         self._unfit = {j: p for j, p in self._unfit.items() if j in seen}
         actions = self.policy.decide(view, [], now)
         why = self.policy.reasons()
@@ -305,8 +309,8 @@ class Seen:
 
 
 #: The columns of a live job the policy's view is made of (its spec is read once per job: it never changes).
-_VIEW_COLUMNS = (JobRow.id, JobRow.ranks, JobRow.tier, JobRow.submitted_at, JobRow.state, JobRow.held, JobRow.op,
-                 JobRow.op_purpose, JobRow.placement, JobRow.started_at, JobRow.attained_device_s,
+_VIEW_COLUMNS = (JobRow.id, JobRow.owner, JobRow.ranks, JobRow.tier, JobRow.submitted_at, JobRow.state, JobRow.held,
+                 JobRow.op, JobRow.op_purpose, JobRow.placement, JobRow.started_at, JobRow.attained_device_s,
                  JobRow.last_cluster, JobRow.target, JobRow.pinned_devices, JobRow.progress, JobRow.reason_code,
                  JobRow.reason)
 _SPECS_PER_QUERY = 500  # ids per IN list when reading the specs of new jobs
@@ -321,13 +325,14 @@ def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
             cache[jid] = JobSpec.from_json(spec)
 
 
-def snapshot(s: Session, generation: int = 0, links: Links | None = None,
-             specs: dict[str, JobSpec] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
+def snapshot(s: Session, generation: int = 0, links: Links | None = None, specs: dict[str, JobSpec] | None = None,
+             device_caps: Mapping[str, int] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
     """The immutable view the policy decides over: nodes that are up (the drained ones named in ``drained``),
     and every job that waits for or holds devices (a migration's target devices count as held: they are
-    reserved); ``links``: the network between clusters and regions as the settings give it (TIDAL_REGION_GBPS,
-    else :class:`Links`'s default), with the rate measured from one region to another where there is one
-    (:mod:`tidal.control.linkrates`).
+    reserved), with its owner; ``links``: the network between clusters and regions as the settings give it
+    (TIDAL_REGION_GBPS, else :class:`Links`'s default), with the rate measured from one region to another where
+    there is one (:mod:`tidal.control.linkrates`); ``device_caps``: the most devices each user may hold (none:
+    no cap).
     With it, what the view was made of for each live job (:class:`Seen`). ``specs``: job id → its spec,
     kept by the caller from one pass to the next (pruned here to the live jobs), so that a pass over
     thousands of waiting jobs does not decode each one's spec again."""
@@ -368,14 +373,15 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None,
                               home_cluster=spec.cluster, home_region=spec.region,
                               image_gb=_image_gb(j.progress, j.ranks), attained_device_s=attained,
                               duration_hint=spec.runtime, last_cluster=j.last_cluster,
-                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks))
+                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks), owner=j.owner)
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
                                               submitted_at=j.submitted_at, state=S.MIGRATING, placement=tgt)
     measured = linkrates.links(s, links or Links())
     drained = frozenset(n.name for n in nodes if n.drain is not None)
-    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained), seen
+    return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained,
+                       device_caps=device_caps or {}), seen
 
 
 def _image_gb(progress: dict[str, Any] | None, ranks: int) -> float | None:

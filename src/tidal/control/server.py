@@ -276,7 +276,8 @@ def serve(args: argparse.Namespace) -> None:
     db.info["limits"] = userlimits.Defaults.from_settings(settings)  # users' and projects' limits but overrides
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     links = Links(region_gbps=settings.region_gbps) if settings.region_gbps else None
-    rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links)
+    rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links,
+                     device_caps=userlimits.device_caps)
     rec.start()
     rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
                   quotas=_store_quotas(settings.store_quota))

@@ -42,6 +42,9 @@ class JobView:
     requested_tier: Tier | None = None  # the tier asked for, where admission gave a lower one (``tier``)
     home_region: str | None = None  # pinned to a region's clusters (tidal submit --region), else anywhere
     image_gb: float | None = None  # its checkpoint image, all ranks, GB, where known: what a move transfers
+    # The user who submitted it: users of a project take turns by the devices they hold, and a user's devices
+    # may be capped (``ClusterView.device_caps``). "" where unknown (a trace without users: one user).
+    owner: str = ""
 
     @property
     def devices(self) -> tuple[DeviceRef, ...]:
@@ -104,6 +107,8 @@ class ClusterView:
     ``drained``: nodes of the topology that take nothing new (a node that kept losing its lease, or one an
     admin drained): no job is placed, resumed, moved or grown onto them, while the jobs already there stay
     where they are. Their devices stay in the topology (the jobs on them hold some).
+    ``device_caps``: the most devices each user named may hold at once (jobs of every project and tier
+    together); a user not named has no cap.
     """
 
     topology: Topology
@@ -111,9 +116,17 @@ class ClusterView:
     generation: int = 0
     links: Links = Links()  # between clusters and regions: what a move's transfer is estimated over
     drained: frozenset[str] = frozenset()
+    device_caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, MappingProxyType):
             object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
         if not isinstance(self.drained, frozenset):
             object.__setattr__(self, "drained", frozenset(self.drained))
+        for owner, cap in self.device_caps.items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                raise ValidationError(f"device cap of user {owner!r} must be a whole number of devices, 0 or more, "
+                                      f"not {cap!r}", field="device_caps",
+                                      hint="give each capped user the most devices they may hold, e.g. 8")
+        if not isinstance(self.device_caps, MappingProxyType):
+            object.__setattr__(self, "device_caps", MappingProxyType(dict(self.device_caps)))

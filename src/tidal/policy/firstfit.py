@@ -9,7 +9,8 @@ any node fills the emptiest nodes one after the other. A premium or
 standard job that does not fit preempts running basic jobs (checkpoint, never kill), newest first, on the
 node where the fewest must go. Devices that preemptions will free are set aside for the job that asked
 for them, so nothing else takes them and no more jobs are preempted than needed. A drained node
-(``ClusterView.drained``) is never chosen, nor are its jobs preempted to make room there; they run on.
+(``ClusterView.drained``) is never chosen, nor are its jobs preempted to make room there; they run on. A job whose
+owner would then hold more devices than their cap (``ClusterView.device_caps``) waits.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, Topology, rank_map
+from tidal.policy.device_cap import held_by_owner
 from tidal.policy.reasons import Need, Reason, explain
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
@@ -44,7 +46,7 @@ class FirstFitPolicy:
             return Need(j.max_d, ("all of them, on one node" if j.max_d > 1 else "") if j.max_d <= biggest
                         else "all of them")
 
-        return explain(self._view, self._out, need, room_for=self._room_for)
+        return explain(self._view, self._out, need, room_for=self._room_for, cap_need=lambda j: j.max_d)
 
     def decide(self, view: ClusterView, events: Sequence[Event], now: float) -> list[Action]:
         self._view, self._room_for = view, set()
@@ -70,8 +72,13 @@ class FirstFitPolicy:
                          key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
         out: list[Action] = []
         topo = view.topology
+        caps = view.device_caps
+        held = held_by_owner(view) if caps else {}
         for j in waiting:
             need = j.max_d
+            cap = caps.get(j.owner)
+            if cap is not None and held.get(j.owner, 0) + need > cap:
+                continue  # its owner would hold more than their cap
             # A job pinned to a cluster or region (tidal submit --cluster/--region) sees only its nodes.
             inside = {n: idx for n, idx in free.items() if n not in view.drained and _within_pins(topo, j, n)}
             node = _best_fit(inside, need)
@@ -82,6 +89,8 @@ class FirstFitPolicy:
             elif need > max((topo.node(n).devices for n in inside), default=0):
                 devs = _spread(inside, need)  # larger than any node: fill nodes one after the other
             if devs:
+                if cap is not None:
+                    held[j.owner] = held.get(j.owner, 0) + len(devs)
                 kind = ActionKind.RESUME if j.state is JobState.PREEMPTED else ActionKind.PLACE
                 out.append(self._action(kind, j, devs, cause, "fits"))
                 continue

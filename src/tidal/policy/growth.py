@@ -2,7 +2,8 @@
 
 Highest tier first, then the most shrunk. A single-node job grows in place when its node has room,
 else moves to a node where it fits larger (a resize is a checkpoint and a restore either way). A job
-is not resized again within the minimum run time, so shrink/grow cannot ping-pong.
+is not resized again within the minimum run time, so shrink/grow cannot ping-pong. A job grows no further
+than its owner's device cap allows (policy/device_cap.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ def grow(pol: Singularity, now: float) -> None:
         if rec.shared or now - rec.last_change < pol.cfg.min_run_s:
             continue
         d = len(rec.devices)
-        for size in useful_sizes(rec.W, d + 1, rec.hi):
+        left = pol.device_room(rec)
+        hi = rec.hi if left is None else min(rec.hi, d + left)
+        for size in useful_sizes(rec.W, d + 1, hi):
             nodes = {x.node for x in rec.devices}
             devs: list[DeviceRef] | None = None
             if len(nodes) == 1:

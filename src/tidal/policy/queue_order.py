@@ -1,12 +1,20 @@
 """Queue order: pending jobs kept sorted by a key fixed while they wait.
 
 ``PendingQueue`` is a sorted list (bisect): insert and remove are O(log n) searches plus a memmove,
-iteration is in order. ``TieredFairQueue`` is Tidal's order: tiers first (premium, standard, basic);
-within a tier, projects take turns by fair share (the project holding the fewest devices per unit of
-weight goes next, as in DRF with one resource); within a project, a two-level least-attained-service
-order (jobs that have had little service first, as in Tiresias) and then arrival — for the tiers in
-``las_tiers``; the others are served in arrival order, so that a long guaranteed job preempted by a
-higher tier resumes before newer work of its tier (its SLA attainment is GPU-time weighted).
+iteration is in order. ``TieredFairQueue`` is Tidal's order, hierarchical as Slurm's fair tree: tiers
+first (premium, standard, basic); within a tier, projects take turns by fair share (the project holding
+the fewest devices per unit of weight goes next, as in DRF with one resource); within a project, users
+take turns by equal shares (:class:`OwnerQueues`: the user holding the fewest devices goes next, so that
+one user's thousand waiting jobs do not put another's single job behind them all); within a user's
+jobs, a two-level least-attained-service order (jobs that have had little service first, as in
+Tiresias) and then arrival — for the tiers in ``las_tiers``; the others are served in arrival order, so
+that a long guaranteed job preempted by a higher tier resumes before newer work of its tier (its SLA
+attainment is GPU-time weighted).
+
+Usage is the devices held now (the policy's view), not a decayed history: the live control plane hands the
+policy a fresh view every pass and the simulator the same events, so that both order alike from what they
+see. Ties (the same devices held) go to the group whose next job has the lower sequence number (arrived
+first), then by name.
 """
 
 from __future__ import annotations
@@ -85,46 +93,70 @@ def las_key(threshold: float, levels: int = 2, factor: float = 10.0) -> Callable
     return key
 
 
-class TieredFairQueue:
-    def __init__(self, las_threshold: float, weights: Mapping[str, float] | None = None,
-                 fair_share: bool = True, las_tiers: tuple[int, ...] = (0, 1, 2), las_levels: int = 2) -> None:
-        las = las_key(las_threshold, las_levels)
+def _merge(groups: Mapping[str, Iterator[JobRec]], usage: Mapping[str, int],
+           weights: Mapping[str, float] | None = None) -> Iterator[JobRec]:
+    """Interleave the groups' jobs (each iterator in its own order): the group with the fewest devices held
+    (``usage``) per unit of weight goes next, ties to the next job that arrived first, then by name. A
+    group's usage is read again after each of its jobs is yielded, as the caller may have started it."""
+    heap: list[tuple[float, int, str]] = []
+    heads: dict[str, JobRec] = {}
+    its: dict[str, Iterator[JobRec]] = {}
+    w = weights or {}
+    for g in sorted(groups):
+        it = groups[g]
+        first = next(it, None)
+        if first is not None:
+            its[g] = it
+            heads[g] = first
+            heapq.heappush(heap, (usage.get(g, 0) / w.get(g, 1.0), first.seq, g))
+    while heap:
+        _, _, g = heapq.heappop(heap)
+        yield heads.pop(g)
+        nxt = next(its[g], None)
+        if nxt is not None:
+            heads[g] = nxt
+            heapq.heappush(heap, (usage.get(g, 0) / w.get(g, 1.0), nxt.seq, g))
 
-        def fifo(rec: JobRec) -> Key:
-            return (0.0, rec.submit)
 
-        self._keys = [las if t in las_tiers else fifo for t in range(3)]
-        self._weights = dict(weights or {})
-        self._fair = fair_share
-        self._q: list[dict[str, PendingQueue]] = [{}, {}, {}]  # tier rank → project → queue
+class OwnerQueues:
+    """Waiting jobs of one group (a project's jobs of a tier, or the short lane) by owner, each owner's in
+    ``key`` order; iterated with owners taking turns by the devices they hold (equal shares). With
+    ``by_owner`` False every job is in one queue (``key`` order alone)."""
+
+    def __init__(self, key: Callable[[JobRec], Key], by_owner: bool = True) -> None:
+        self._key = key
+        self._by_owner = by_owner
+        self._q: dict[str, PendingQueue] = {}
         self._n = 0
 
     def __len__(self) -> int:
         return self._n
 
-    def add(self, rec: JobRec) -> None:
-        projects = self._q[rec.tier]
-        q = projects.get(rec.project if self._fair else "")
+    def add(self, rec: JobRec) -> bool:
+        """Queue ``rec`` (again); whether it was not queued before."""
+        o = rec.owner if self._by_owner else ""
+        q = self._q.get(o)
         if q is None:
-            q = projects[rec.project if self._fair else ""] = PendingQueue(self._keys[rec.tier])
-        if rec.id not in q:
-            self._n += 1
+            q = self._q[o] = PendingQueue(self._key)
+        new = rec.id not in q
+        self._n += new
         q.add(rec)
+        return new
 
     def add_many(self, recs: list[JobRec]) -> None:
-        """Add jobs not yet queued (a rebuild), grouped per queue and sorted once."""
-        groups: dict[tuple[int, str], list[JobRec]] = {}
+        """Add jobs not yet queued (a rebuild), grouped per owner and sorted once."""
+        groups: dict[str, list[JobRec]] = {}
         for rec in recs:
-            groups.setdefault((rec.tier, rec.project if self._fair else ""), []).append(rec)
-        for (tier, project), group in groups.items():
-            q = self._q[tier].get(project)
+            groups.setdefault(rec.owner if self._by_owner else "", []).append(rec)
+        for o, group in groups.items():
+            q = self._q.get(o)
             if q is None:
-                q = self._q[tier][project] = PendingQueue(self._keys[tier])
+                q = self._q[o] = PendingQueue(self._key)
             q.add_many(group)
             self._n += len(group)
 
     def remove(self, rec: JobRec) -> bool:
-        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        q = self._q.get(rec.owner if self._by_owner else "")
         if q is not None and rec.id in q:
             q.remove(rec.id)
             self._n -= 1
@@ -134,40 +166,87 @@ class TieredFairQueue:
     def __contains__(self, rec: object) -> bool:
         if not isinstance(rec, JobRec):
             return False
-        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        q = self._q.get(rec.owner if self._by_owner else "")
         return q is not None and rec.id in q
+
+    def iter(self, usage: Mapping[str, int]) -> Iterator[JobRec]:
+        """Owners interleaved by the devices they hold (``usage``: owner → devices), re-read as the caller
+        starts their jobs. Owners with nothing waiting are dropped here, before iterating, never during
+        (a queue iterated on must stay the one a requeued job joins)."""
+        qs = self._q
+        if len(qs) > 1:
+            for o in [o for o, q in qs.items() if not len(q)]:
+                del qs[o]
+        if len(qs) == 1:  # one user (or none): their queue as it is
+            return iter(next(iter(qs.values())))
+        return _merge({o: iter(q) for o, q in qs.items()}, usage)
+
+
+class TieredFairQueue:
+    def __init__(self, las_threshold: float, weights: Mapping[str, float] | None = None,
+                 fair_share: bool = True, las_tiers: tuple[int, ...] = (0, 1, 2), las_levels: int = 2,
+                 user_share: bool = True) -> None:
+        las = las_key(las_threshold, las_levels)
+
+        def fifo(rec: JobRec) -> Key:
+            return (0.0, rec.submit)
+
+        self._keys = [las if t in las_tiers else fifo for t in range(3)]
+        self._weights = dict(weights or {})
+        self._fair = fair_share
+        self._users = user_share
+        self._q: list[dict[str, OwnerQueues]] = [{}, {}, {}]  # tier rank → project → its users' queues
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _group(self, rec: JobRec) -> OwnerQueues:
+        projects = self._q[rec.tier]
+        p = rec.project if self._fair else ""
+        q = projects.get(p)
+        if q is None:
+            q = projects[p] = OwnerQueues(self._keys[rec.tier], self._users)
+        return q
+
+    def add(self, rec: JobRec) -> None:
+        self._n += self._group(rec).add(rec)
+
+    def add_many(self, recs: list[JobRec]) -> None:
+        """Add jobs not yet queued (a rebuild), grouped per queue and sorted once."""
+        groups: dict[tuple[int, str], list[JobRec]] = {}
+        for rec in recs:
+            groups.setdefault((rec.tier, rec.project if self._fair else ""), []).append(rec)
+        for group in groups.values():
+            self._group(group[0]).add_many(group)
+            self._n += len(group)
+
+    def remove(self, rec: JobRec) -> bool:
+        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        if q is not None and q.remove(rec):
+            self._n -= 1
+            return True
+        return False
+
+    def __contains__(self, rec: object) -> bool:
+        if not isinstance(rec, JobRec):
+            return False
+        q = self._q[rec.tier].get(rec.project if self._fair else "")
+        return q is not None and rec in q
 
     def has_tier(self, tier: int) -> bool:
         return any(len(q) for q in self._q[tier].values())
 
-    def iter_tier(self, tier: int, usage: Mapping[str, int]) -> Iterator[JobRec]:
-        """Jobs of one tier: projects interleaved by fair share, re-read as placements change usage."""
+    def iter_tier(self, tier: int, usage: Mapping[str, int],
+                  owner_usage: Mapping[str, int] | None = None) -> Iterator[JobRec]:
+        """Jobs of one tier: projects interleaved by fair share (``usage``: project → devices held), and
+        within each its users by the devices they hold (``owner_usage``), re-read as placements change
+        them."""
+        owners = owner_usage if owner_usage is not None else {}
         projects = [(p, q) for p, q in self._q[tier].items() if len(q)]
         if len(projects) == 1:
-            yield from projects[0][1]
-            return
-        heap: list[tuple[float, int, str]] = []
-        iters: dict[str, Iterator[JobRec]] = {}
-        heads: dict[str, JobRec] = {}
-        for p, q in sorted(projects):
-            it = iter(q)
-            first = next(it, None)
-            if first is not None:
-                iters[p] = it
-                heads[p] = first
-                heapq.heappush(heap, (self._share(p, usage), first.seq, p))
-        weights = self._weights
-        while heap:
-            _, _, p = heapq.heappop(heap)
-            rec = heads.pop(p)
-            yield rec
-            nxt = next(iters[p], None)
-            if nxt is not None:
-                heads[p] = nxt
-                heapq.heappush(heap, (usage.get(p, 0) / weights.get(p, 1.0), nxt.seq, p))  # _share, inlined
-
-    def _share(self, project: str, usage: Mapping[str, int]) -> float:
-        return usage.get(project, 0) / self._weights.get(project, 1.0)
+            return projects[0][1].iter(owners)
+        return _merge({p: q.iter(owners) for p, q in projects}, usage, self._weights)
 
 
 class TierQueues:

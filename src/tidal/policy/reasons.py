@@ -2,8 +2,9 @@
 
 Each policy says how few devices it would start a waiting job on (:data:`StartSize`); :func:`explain` reads
 the view and the decision's actions and gives each job still waiting one :class:`Reason`, the first that
-holds of: larger than the cluster; devices being freed for it (preemptions in flight); its project at its
-quota; waiting behind higher-tier jobs; not enough free devices; free devices too scattered. A job admitted
+holds of: larger than the cluster; devices being freed for it (preemptions in flight); its owner at their
+device cap; its project at its quota; waiting behind higher-tier jobs; not enough free devices; free
+devices too scattered. A job admitted
 at a lower tier than it asked for says so first. The live control plane stores the reason with the job and
 shows it; the simulator has no use for it and never asks.
 """
@@ -15,6 +16,7 @@ import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tidal.core import Action, ActionKind, ClusterView, JobState, JobView
+from tidal.policy.device_cap import held_by_owner, smallest_size
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 _STARTS = frozenset({ActionKind.PLACE, ActionKind.RESUME, ActionKind.TIME_SLICE})
@@ -28,6 +30,7 @@ class Why(enum.Enum):
     TOO_LARGE = "too_large"  # it needs more devices than the cluster has
     NO_NODES = "no_nodes"  # no node is up
     MAKING_ROOM = "making_room"  # jobs are being preempted for it: it starts once their devices are free
+    DEVICE_CAP = "device_cap"  # its owner holds as many devices as their cap allows (or it needs more than that)
     QUOTA = "quota"  # its project is at its quota: it may not take devices from lower tiers
     ADMISSION = "admission"  # admitted at a lower tier than asked for (its project's quota), so it waits longer
     BEHIND = "behind"  # higher-tier jobs wait before it
@@ -80,6 +83,13 @@ def quota(project: str, used: int, limit: float) -> Reason:
                              "use): it waits for idle devices")
 
 
+def device_cap(owner: str, held: int, cap: int, need: int) -> Reason:
+    """``owner`` holds ``held`` devices of at most ``cap``; the job starts on ``need`` at the fewest."""
+    if need > cap:
+        return Reason(Why.DEVICE_CAP, f"needs {need} device(s) at the fewest; user {owner} may hold at most {cap}")
+    return Reason(Why.DEVICE_CAP, f"user {owner} holds {held} of at most {cap} devices (it needs {need})")
+
+
 def whole(job: JobView) -> Need:
     """The whole job: every device it may use."""
     return Need(job.max_d, "all of them" if job.max_d > 1 else "")
@@ -87,9 +97,12 @@ def whole(job: JobView) -> Need:
 
 def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize, *,
             room_for: Collection[str] = (),
-            over_quota: Callable[[JobView], Reason | None] | None = None) -> dict[str, Reason]:
+            over_quota: Callable[[JobView], Reason | None] | None = None,
+            cap_need: Callable[[JobView], int] | None = None) -> dict[str, Reason]:
     """The reason of every job of ``view`` left waiting by ``actions``. ``room_for``: jobs for which devices
-    are being freed (preemptions asked for or in flight); ``over_quota``: the quota reason of a job, if any."""
+    are being freed (preemptions asked for or in flight); ``over_quota``: the quota reason of a job, if any;
+    ``cap_need``: the fewest devices the policy starts a job on under its owner's device cap (by default
+    the smallest size its bounds allow: it is shrunk to fit)."""
     free: dict[str, int] = {n.name: n.devices for n in view.topology.nodes()}
     capacity = sum(free.values())
     taken: set[tuple[str, int]] = set()
@@ -110,17 +123,43 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
     waiting = sorted((j for j in view.jobs.values() if j.state in WAITING and j.id not in started),
                      key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
     by_tier: Mapping[int, int] = {r: sum(1 for j in waiting if j.tier.rank > r) for r in (0, 1, 2)}
+    capped = _at_cap(view, actions, cap_need) if view.device_caps else None
     out: dict[str, Reason] = {}
     for j in waiting:
         out[j.id] = _reason(j, start_size(j), capacity, free_total, largest, by_tier[j.tier.rank],
                             j.id in room_for, over_quota, all_drained=capacity > 0 and not free,
-                            idle_drained=idle_drained)
+                            idle_drained=idle_drained, at_cap=capped)
     return out
+
+
+def _at_cap(view: ClusterView, actions: Sequence[Action],
+            cap_need: Callable[[JobView], int] | None) -> Callable[[JobView], Reason | None]:
+    """Whether a waiting job's owner's device cap keeps it waiting, once ``actions`` are applied."""
+    held = held_by_owner(view)
+    for a in actions:
+        j = view.jobs.get(a.job_id)
+        if j is None:
+            continue
+        if a.kind in _STARTS and j.state in WAITING:
+            held[j.owner] = held.get(j.owner, 0) + len(a.devices)
+        elif a.kind is ActionKind.RESIZE:
+            held[j.owner] = held.get(j.owner, 0) + len(a.devices) - len(j.devices)
+    caps = view.device_caps
+
+    def reason(j: JobView) -> Reason | None:
+        cap = caps.get(j.owner)
+        if cap is None:
+            return None
+        need = cap_need(j) if cap_need is not None else smallest_size(j.ranks, j.min_devices, j.max_d)
+        have = held.get(j.owner, 0)
+        return device_cap(j.owner, have, cap, need) if have + need > cap else None
+
+    return reason
 
 
 def _reason(j: JobView, need: Need, capacity: int, free: int, largest: int, ahead: int, room: bool,
             over_quota: Callable[[JobView], Reason | None] | None, *, all_drained: bool = False,
-            idle_drained: int = 0) -> Reason:
+            idle_drained: int = 0, at_cap: Callable[[JobView], Reason | None] | None = None) -> Reason:
     n = need.devices
     because = f" ({need.because})" if need.because else ""
     if capacity == 0:
@@ -131,6 +170,9 @@ def _reason(j: JobView, need: Need, capacity: int, free: int, largest: int, ahea
         return Reason(Why.TOO_LARGE, f"needs {n} device(s){because}; the cluster has {capacity}")
     if room:
         return Reason(Why.MAKING_ROOM, "waiting for devices being freed for it (preempted jobs are checkpointing)")
+    c = at_cap(j) if at_cap is not None else None
+    if c is not None:
+        return c
     q = over_quota(j) if over_quota is not None else None
     if q is not None:
         return q

@@ -16,7 +16,9 @@ A guaranteed gang that cannot start reserves nodes; with ``backfill`` their idle
 lower-tier work until it is due.
 Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of their own.
 Basic jobs with little service go through a short lane, right after premium, within a share of the
-devices (see ``SingularityConfig.short_lane_device_s``).
+devices (see ``SingularityConfig.short_lane_device_s``). Within a project's jobs of a tier, and within the
+lane, users take turns by the devices they hold (``user_share``); a user's cap on the devices they hold
+(``ClusterView.device_caps``, policy/device_cap.py) bounds every start and growth.
 """
 
 from __future__ import annotations
@@ -31,12 +33,13 @@ from collections.abc import Iterator, Mapping
 from tidal.core import ActionKind, DeviceRef, JobView, Links
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
+from tidal.policy.device_cap import capped_size, room
 from tidal.policy.equals import las_level, may_preempt_equal
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
 from tidal.policy.placement import useful_sizes
 from tidal.policy.preemption import Outcome, make_room
-from tidal.policy.queue_order import PendingQueue, TieredFairQueue
+from tidal.policy.queue_order import OwnerQueues, TieredFairQueue
 from tidal.policy.quota import within_quota
 from tidal.policy.reasons import Need, Reason, quota, whole
 from tidal.policy.reservation import Reservations
@@ -54,6 +57,9 @@ class SingularityConfig:
     # Basic queues split at 1, 10 and 100 device-hours: a backlog drains smallest first (mean JCT).
     las_levels: int = 4
     fair_share: bool = True
+    # Within a project's jobs of a tier (and within the short lane), users take turns: the user holding the
+    # fewest devices goes next (policy/queue_order.py). Off: the project's jobs in one queue.
+    user_share: bool = True
     project_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     quotas: Mapping[str, float] = dataclasses.field(default_factory=dict)  # project → share of capacity
     shrink: bool = True
@@ -108,8 +114,7 @@ class Singularity(BasePolicy):
     def __init__(self, cfg: SingularityConfig | None = None) -> None:
         super().__init__()
         self.cfg = cfg or SingularityConfig()
-        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
-                                     self.cfg.las_tiers, self.cfg.las_levels)
+        self.queue = self._new_queue()
         self.shrunk: dict[str, None] = {}
         self.sharable: dict[int, dict[str, None]] = {}
         self.guests: dict[str, None] = {}
@@ -124,7 +129,7 @@ class Singularity(BasePolicy):
         self._visited: list[Counter[tuple[int, int]]] = [Counter(), Counter(), Counter()]
         self._visited_ids: set[str] = set()
         self._open_kind: list[tuple[int, int] | None] = [None, None, None]  # see _tier_exhausted
-        self.lane = PendingQueue(_arrival)
+        self.lane = OwnerQueues(_arrival, self.cfg.user_share)
         self.lane_held: dict[str, int] = {}  # basic jobs started from the lane → devices
         self._lane_devices = 0
         self._lane_until: list[tuple[float, int, str]] = []  # when each leaves the lane (its service)
@@ -134,10 +139,29 @@ class Singularity(BasePolicy):
         self._no_room: dict[tuple[object, ...], Outcome] = {}
         self._no_fit: set[tuple[object, ...]] = set()  # placements that failed likewise
         self._shown: tuple[str, ...] = ()  # the reserved nodes shown to the job being tried
+        self._caps: Mapping[str, int] = {}  # the users' device caps, in this decision
 
     @property
     def grows(self) -> bool:
         return self.cfg.grow
+
+    def _new_queue(self) -> TieredFairQueue:
+        cfg = self.cfg
+        return TieredFairQueue(cfg.las_threshold_device_s, cfg.project_weights, cfg.fair_share, cfg.las_tiers,
+                               cfg.las_levels, cfg.user_share)
+
+    # ---- the owner's device cap -----------------------------------------------------------------------
+    def device_room(self, rec: JobRec) -> int | None:
+        """Devices ``rec``'s owner may still take under their cap (None: no cap)."""
+        if not self._caps:
+            return None
+        st = self.st
+        assert st is not None
+        return room(self._caps, st.owner_usage, rec.owner)
+
+    def _cap_size(self, rec: JobRec) -> int:
+        """The most devices waiting ``rec`` may start on under its owner's cap (0: none)."""
+        return capped_size(rec.W, rec.lo, rec.hi, self.device_room(rec))
 
     # ---- why a job waits ----------------------------------------------------------------------------
     def start_size(self, job: JobView) -> Need:
@@ -169,10 +193,9 @@ class Singularity(BasePolicy):
         st = self.st
         assert st is not None
         self._cluster_devices = {c.name: c.devices for c in st.topology.clusters()}
-        self.queue = TieredFairQueue(self.cfg.las_threshold_device_s, self.cfg.project_weights, self.cfg.fair_share,
-                                     self.cfg.las_tiers, self.cfg.las_levels)
+        self.queue = self._new_queue()
         self.shrunk, self.sharable, self.guests = {}, {}, {}
-        self.lane = PendingQueue(_arrival)
+        self.lane = OwnerQueues(_arrival, self.cfg.user_share)
         self.lane_held, self._lane_devices, self._lane_until = {}, 0, []
         self._kinds = [Counter(), Counter(), Counter()]
         waiting = list(st.pending.values())
@@ -207,7 +230,7 @@ class Singularity(BasePolicy):
         if rec.id in self.reservations.by_job:
             assert self.st is not None
             self.reservations.drop(rec.id, self.st, hidden=self._hidden)
-        self.lane.remove(rec.id)
+        self.lane.remove(rec)
         if self.queue.remove(rec):
             k = self._kind(rec)
             self._kinds[rec.tier][k] -= 1
@@ -326,13 +349,30 @@ class Singularity(BasePolicy):
         if not freed:
             for tier in (2, 1, 0):
                 if tier == 1 and lane:
-                    yield True, iter(sorted((r for r in new if r.id in self.lane), key=lambda r: r.seq))
-                yield False, iter(sorted((r for r in new if r.tier == tier), key=lambda r: r.seq))
+                    yield True, self._in_turn([r for r in new if r in self.lane], None)
+                yield False, self._in_turn([r for r in new if r.tier == tier], tier)
             return
         for tier in (2, 1, 0):
             if tier == 1 and lane:
-                yield True, iter(self.lane)
-            yield False, self.queue.iter_tier(tier, st.usage)
+                yield True, self.lane.iter(st.owner_usage)
+            yield False, self.queue.iter_tier(tier, st.usage, st.owner_usage)
+
+    def _in_turn(self, recs: list[JobRec], tier: int | None) -> Iterator[JobRec]:
+        """New arrivals of ``tier`` (None: of the short lane) in the order the whole queue takes them: by
+        arrival, or, where they are several users', with users taking turns as in the queue (so that the
+        simulator, which weighs only the new arrivals, decides as the live loop, which rebuilds every pass)."""
+        recs.sort(key=lambda r: r.seq)
+        if len(recs) < 2 or not self.cfg.user_share or len({r.owner for r in recs}) < 2:
+            return iter(recs)
+        st = self.st
+        assert st is not None
+        if tier is None:
+            lane = OwnerQueues(_arrival)
+            lane.add_many(recs)
+            return lane.iter(st.owner_usage)
+        q = self._new_queue()
+        q.add_many(recs)
+        return q.iter_tier(tier, st.usage, st.owner_usage)
 
     def schedule(self, now: float, new: list[JobRec], freed: bool) -> None:
         st = self.st
@@ -341,6 +381,7 @@ class Singularity(BasePolicy):
         failed: dict[tuple[int, tuple[str, ...]], int] = {}  # (tier, clusters) → smallest size that failed
         wake: list[float] = []
         self._preempted_now = set()
+        self._caps = self._view.device_caps if self._view is not None else {}
         self._releases: list[tuple[float, int]] | None = None
         self._now = now
         self._ts_failed = set()
@@ -396,6 +437,9 @@ class Singularity(BasePolicy):
         if rec.id not in self._visited_ids:
             self._visited[rec.tier][kind] += 1
             self._visited_ids.add(rec.id)
+        hi = self._cap_size(rec) if self._caps else rec.hi
+        if hi == 0:
+            return True  # its owner is at their device cap: it waits; other users' jobs may start
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
             return False  # even a 1-device job of this tier could not start
@@ -418,20 +462,21 @@ class Singularity(BasePolicy):
                     return True
         clusters = candidate_clusters(st, rec)
         memo = (rec.tier, tuple(clusters))
-        smallest = kind[0]
+        smallest = kind[0] if kind[0] <= hi else hi
         if failed.get(memo, 1 << 30) > smallest or allowed:
             for n in allowed:
                 st.node_up(n)
             self._shown = tuple(allowed)
             try:
-                started = self._try(rec, clusters, now, wake)
+                started = self._try(rec, clusters, now, wake, hi)
             finally:
                 for n in allowed:
                     if any(n in nodes for _, nodes in self.reservations.by_job.values()):
                         st.node_down(n)
             if started:
                 return True
-            if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job:
+            # A job its owner's cap shrinks reserves nothing: its size changes as their other jobs end.
+            if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job and hi == rec.hi:
                 self.reservations.make(self, rec, clusters)
                 self._forget()  # its nodes are hidden now
             failed[memo] = min(failed.get(memo, 1 << 30), smallest)
@@ -441,13 +486,15 @@ class Singularity(BasePolicy):
             return not self._tier_exhausted(rec.tier, failed.get(memo, 1 << 30), sharing)
         return True
 
-    def _try(self, rec: JobRec, clusters: list[str], now: float, wake: list[float]) -> bool:
+    def _try(self, rec: JobRec, clusters: list[str], now: float, wake: list[float], hi: int) -> bool:
+        """Start ``rec`` on at most ``hi`` devices (its full size, or what its owner's cap leaves)."""
         st = self.st
         assert st is not None
         cfg = self.cfg
-        devs = self._place(rec, rec.hi)
+        capped = f"on {hi} of {rec.hi} device(s): its owner's device cap" if hi < rec.hi else ""
+        devs = self._place(rec, hi)
         if devs is not None:
-            self.start(rec, devs, now)
+            self.start(rec, devs, now, reason=capped)
             return True
         if cfg.preempt and rec.tier > 0 and within_quota(st, rec, cfg.quotas):
             tier = rec.tier
@@ -455,9 +502,9 @@ class Singularity(BasePolicy):
             # nodes (else a stream of short jobs could keep it off them for ever).
             gang = tier == 2 or rec.id in self.reservations.by_job
             held = {} if gang else self.lane_held
-            key: tuple[object, ...] = ("tier", tier, gang, rec.hi, tuple(clusters), self._shown)
+            key: tuple[object, ...] = ("tier", tier, gang, hi, tuple(clusters), self._shown)
             out = self._no_room.get(key) or make_room(
-                st, clusters, rec.hi, now,
+                st, clusters, hi, now,
                 eligible=lambda j: j.tier < tier and j.id not in held,
                 order=lambda j: (float(j.tier), -j.last_change),
                 min_run_s=cfg.min_run_s, shrink=cfg.shrink, below_tier=tier,
@@ -473,9 +520,9 @@ class Singularity(BasePolicy):
                         continue
                     self._preempted_now.add(victim.id)
                     self.preempt(victim, now, reason=f"make room for {rec.id}")
-                devs = self._place(rec, rec.hi)
+                devs = self._place(rec, hi)
                 if devs is not None:
-                    self.start(rec, devs, now, reason="after preemption")
+                    self.start(rec, devs, now, reason="after preemption" + (f", {capped}" if capped else ""))
                     return True
             elif out.wake is not None:
                 wake.append(out.wake)
@@ -485,25 +532,25 @@ class Singularity(BasePolicy):
         never_whole = rec.hi > max((self._cluster_devices[c] for c in clusters), default=rec.hi)
         shrunk_ok = rec.tier in cfg.elastic_start_tiers or never_whole  # or it could never start at all
         weigh = not shrunk_ok and rec.tier in cfg.shrunk_start_tiers and rec.remaining is not None
-        sizes = useful_sizes(rec.W, lo, rec.hi - 1) if st.free_total and (shrunk_ok or weigh) else ()
+        sizes = useful_sizes(rec.W, lo, hi - 1) if st.free_total and (shrunk_ok or weigh) else ()
         wait_s: float | None = None
         for size in sizes:
             if weigh:
                 if wait_s is None:
-                    wait_s = self._wait_for(rec.hi, now)
+                    wait_s = self._wait_for(hi, now)
                 if not shrunk_finishes_earlier(rec.W, size, rec.remaining_at(now), wait_s,
                                                pause_s=cfg.equal_pause_s, efficiency=cfg.timeslice_efficiency):
                     continue
             devs = self._place(rec, size)
             if devs is not None:
                 self.start(rec, devs, now, reason=f"elastic start on {size}" if not weigh
-                           else f"shrunk start on {size}: ends before {rec.hi} free up")
+                           else f"shrunk start on {size}: ends before {hi} free up")
                 return True
-        if rec.tier in cfg.equal_preempt_tiers and self._preempt_equals(rec, clusters, now):
+        if rec.tier in cfg.equal_preempt_tiers and self._preempt_equals(rec, clusters, now, hi):
             return True
-        if cfg.defrag and st.free_total >= rec.hi:
+        if cfg.defrag and st.free_total >= hi:
             for c in clusters:
-                devs = defragment(self, rec, rec.hi, c, now, max_moves=cfg.max_migrations,
+                devs = defragment(self, rec, hi, c, now, max_moves=cfg.max_migrations,
                                   min_run_s=cfg.min_run_s)
                 if devs is not None:
                     self.start(rec, devs, now, reason="after defragmentation")
@@ -556,7 +603,7 @@ class Singularity(BasePolicy):
                                     for r in st.running.values())
         return wait_for_devices_s(need, st.free_total, self._releases)
 
-    def _preempt_equals(self, rec: JobRec, clusters: list[str], now: float) -> bool:
+    def _preempt_equals(self, rec: JobRec, clusters: list[str], now: float, hi: int) -> bool:
         """Least attained service first within the tier, the preemption's cost weighed (policy/equals.py)."""
         st = self.st
         assert st is not None
@@ -575,8 +622,8 @@ class Singularity(BasePolicy):
 
         # Whom it may preempt does not depend on its own service (below the threshold, checked above): the
         # same search for a job of the tier and size fails alike.
-        key: tuple[object, ...] = ("equal", tier, rec.hi, tuple(clusters), self._shown)
-        out = self._no_room.get(key) or make_room(st, clusters, rec.hi, now, eligible=eligible,
+        key: tuple[object, ...] = ("equal", tier, hi, tuple(clusters), self._shown)
+        out = self._no_room.get(key) or make_room(st, clusters, hi, now, eligible=eligible,
                                                   order=lambda j: (-j.service(now), -j.submit),
                                                   min_run_s=cfg.min_run_s, shrink=False, below_tier=None)
         if out.plan is None:
@@ -585,7 +632,7 @@ class Singularity(BasePolicy):
         for victim in out.plan.victims:
             self._preempted_now.add(victim.id)
             self.preempt(victim, now, reason=f"least attained service: {rec.id} has less")
-        devs = place(st, rec, rec.hi, affinity=True)
+        devs = place(st, rec, hi, affinity=True)
         if devs is None:
             return False
         self.start(rec, devs, now, reason="after preempting a job of its tier with more service")
@@ -594,6 +641,9 @@ class Singularity(BasePolicy):
     def _share_step(self, rec: JobRec, now: float) -> bool:
         if rec.W in self._ts_failed:
             return False
+        left = self.device_room(rec)
+        if left is not None and left < rec.W:
+            return False  # a guest holds its host's W devices too: its owner's cap must allow them
         host = find_host(self, rec, now)
         if host is None:
             self._ts_failed.add(rec.W)

@@ -38,6 +38,7 @@ class JobRec:
         "last_cluster",
         "lo",
         "moves",
+        "owner",
         "preemptions",
         "project",
         "remaining",
@@ -58,6 +59,7 @@ class JobRec:
         self.tier_obj: Tier = jv.tier
         self.tier = 0 if tierless else jv.tier.rank  # tier-blind baselines see every job alike
         self.project = jv.project
+        self.owner = jv.owner
         self.submit = jv.submitted_at
         self.seq = seq
         self.home = jv.home_cluster
@@ -125,6 +127,7 @@ class SchedState:
         self.pending: dict[str, JobRec] = {}
         self.running: dict[str, JobRec] = {}
         self.usage: dict[str, int] = {}  # devices held per project
+        self.owner_usage: dict[str, int] = {}  # devices held per user (every project and tier)
         self._seq = 0
         self.cluster_names = [c.name for c in topo.clusters()]
         room1, room2 = self.room[1], self.room[2]
@@ -178,6 +181,7 @@ class SchedState:
         load_of, free_of, node_jobs, node_tier = self.load, self.free_idx, self.node_jobs, self.node_tier
         size_of, room_of = self.node_size, self._room_of
         tier_devices, usage, running = self.tier_devices, self.usage, self.running
+        owner_usage = self.owner_usage
         taken = 0
         room1, room2 = room_of[1], room_of[2]
         moved1, moved2 = moved_room[1], moved_room[2]
@@ -217,6 +221,7 @@ class SchedState:
                     moved2[node] = stamp = stamp + 1
             tier_devices[t] += len(devices)
             usage[rec.project] = usage.get(rec.project, 0) + len(devices)
+            owner_usage[rec.owner] = owner_usage.get(rec.owner, 0) + len(devices)
             rec.running = True
             running[rid] = rec
             rec.devices = list(devices)
@@ -296,6 +301,7 @@ class SchedState:
             self._touch(node)
         self.tier_devices[t] += len(devices)
         self.usage[rec.project] = self.usage.get(rec.project, 0) + len(devices)
+        self.owner_usage[rec.owner] = self.owner_usage.get(rec.owner, 0) + len(devices)
         if not rec.running:
             rec.running = True
             rec.started_at = now
@@ -352,6 +358,7 @@ class SchedState:
                     node_jobs[node].pop(rec.id, None)
         self.tier_devices[t] -= len(devices)
         self.usage[rec.project] -= len(devices)
+        self.owner_usage[rec.owner] -= len(devices)
         if not rec.devices:
             rec.running = False
             rec.shared = False

@@ -44,9 +44,9 @@ _FINISH, _PAUSE_END, _ARRIVE, _WAKE = 0, 1, 2, 3
 class SimJob:
     __slots__ = (
         "W", "attained", "deferred_s", "devices", "duration", "finish", "first_start", "has_ckpt", "home", "id",
-        "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "pause_until", "preemptions", "project",
-        "queue_s", "rate", "refused", "remaining", "requested", "resizes", "started_at", "state", "submit", "tier",
-        "version", "wait_since",
+        "killed_restart", "last_t", "lost_device_s", "mem", "migrations", "owner", "pause_until", "preemptions",
+        "project", "queue_s", "rate", "refused", "remaining", "requested", "resizes", "started_at", "state", "submit",
+        "tier", "version", "wait_since",
     )
 
     def __init__(self, tj: TraceJob, home: str | None, mem_gb: float = 6.2) -> None:
@@ -59,6 +59,7 @@ class SimJob:
         self.tier = tj.tier
         self.requested = tj.tier  # the tier asked for; ``tier`` is the one admitted
         self.project = tj.project
+        self.owner = tj.user or ""  # a trace without users: every job one user's
         self.home = home
         self.state = S.PENDING
         self.remaining = tj.duration
@@ -114,10 +115,12 @@ class Simulator:
         log: Callable[[dict[str, Any]], None] | None = None,
         admission: Admission | None = None,
         sla_admission: SlaAdmission | None = None,
+        device_caps: Mapping[str, int] | None = None,
     ) -> None:
         """``admission``: premium and standard jobs over their project's quota run as basic.
         ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted, refused, or
-        deferred (they join the policy's queue when admitted work has finished enough to meet their target)."""
+        deferred (they join the policy's queue when admitted work has finished enough to meet their target).
+        ``device_caps``: the most devices each user may hold (the view's, as the live control plane gives it)."""
         self.topo = topology
         self.policy = policy
         self.admission = admission
@@ -135,7 +138,8 @@ class Simulator:
         self.live: dict[str, SimJob] = {}  # submitted and not finished: what the view shows
         # The policy weighs a move to another cluster by its cost model's links (policy/spill.py).
         links = Links(node_gbps=self.cost.net_gbps_per_node, region_gbps=self.cost.cross_region_gbps)
-        self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)), links=links)
+        self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)), links=links,
+                                device_caps=device_caps or {})
         self.device_jobs: dict[DeviceRef, list[SimJob]] = {}
         self.busy_until: dict[DeviceRef, float] = {}
         self.heap: list[tuple[float, int, int, str, int]] = []
@@ -223,7 +227,7 @@ class Simulator:
 
     def _job_view(self, j: SimJob) -> JobView:
         return JobView(
-            id=j.id, ranks=j.W, tier=j.tier, submitted_at=j.submit, state=j.state, project=j.project,
+            id=j.id, ranks=j.W, tier=j.tier, submitted_at=j.submit, state=j.state, project=j.project, owner=j.owner,
             min_devices=1, max_devices=j.W,
             placement=tuple(j.devices[r * len(j.devices) // j.W] for r in range(j.W)) if j.devices else (),
             started_at=j.started_at, attained_device_s=j.attained, home_cluster=j.home,

@@ -6,8 +6,11 @@ Formats (times in seconds):
 - ``gavel``: Gavel's per-VC Philly traces (``<vc>.trace``, tab-separated, or a ``.tar.xz`` of them):
   ``job_type, command, num_steps_arg, needs_data_dir, total_steps, arrival_time_s, scale_factor``. They
   give steps, not seconds; without Gavel's throughput oracle a step counts ``gavel_step_s`` seconds.
-- ``generic``: ``submit_time,duration,num_gpus[,tier,project]`` with a header row.
-Tiers missing from a trace come from :func:`assign_tiers` (seeded, documented below).
+- ``generic``: ``submit_time,duration,num_gpus[,tier,project,user]`` with a header row.
+Tiers missing from a trace come from :func:`assign_tiers` (seeded, documented below). A trace without users
+(Philly's Pollux processing and Gavel's drop the log's user field) runs as one user's: the policy's turns
+between users then change nothing. :func:`assign_users` draws synthetic users for such a trace (seeded) where
+a run is to weigh fairness between users.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class TraceJob:
     tier: Tier | None = None
     project: str = "default"
     mem_gb: float | None = None  # a rank's checkpoint image where the trace tells (its model), GB
+    user: str | None = None  # who submitted it, where the trace tells (None: every such job one user's)
 
 
 @dataclasses.dataclass
@@ -154,7 +158,7 @@ def _philly_job(line: int, row: dict[str, str]) -> TraceJob:
 
 def load_generic(path: str, *, on_bad_row: OnBadRow = "skip") -> Trace:
     rows = _csv_rows(path, {"submit_time", "duration", "num_gpus"},
-                     "a generic trace needs the columns submit_time,duration,num_gpus[,tier,project]")
+                     "a generic trace needs the columns submit_time,duration,num_gpus[,tier,project,user]")
     return _jobs_of_rows(path, rows, _generic_job, on_bad_row)
 
 
@@ -165,7 +169,8 @@ def _generic_job(line: int, row: dict[str, str]) -> TraceJob:
     tier_s = (row.get("tier") or "").strip()
     tier = Tier.parse(tier_s) if tier_s else None
     project = (row.get("project") or "").strip() or "default"
-    return TraceJob(f"j{line - 1}", submit, dur, gpus, tier, project)
+    user = (row.get("user") or "").strip() or None
+    return TraceJob(f"j{line - 1}", submit, dur, gpus, tier, project, user=user)
 
 
 def _gavel_rows(path: str) -> Iterator[tuple[str, str, bytes]]:
@@ -255,6 +260,34 @@ def assign_tiers(jobs: Sequence[TraceJob], *, seed: int = 0, mix: tuple[float, f
             continue
         tier = Tier.PREMIUM if u < mix[0] else Tier.STANDARD if u < mix[0] + mix[1] else Tier.BASIC
         out.append(dataclasses.replace(j, tier=tier))
+    return out
+
+
+def assign_users(jobs: Sequence[TraceJob], *, users_per_project: int = 8, zipf_s: float = 1.0,
+                 burst_s: float = 60.0, seed: int = 0) -> list[TraceJob]:
+    """Give a synthetic user to each job without one. Jobs of a project submitted within ``burst_s`` of the
+    project's previous job form a burst (a sweep, one user's submissions); each burst's user is drawn from
+    the project's ``users_per_project`` users ``<project>/u<k>`` with Zipf weights 1/k^``zipf_s`` (a few
+    users submit most bursts, as on shared clusters), from ``random.Random(seed)``, in trace order."""
+    if users_per_project < 1:
+        raise ValidationError("users_per_project must be 1 or more", field="users_per_project",
+                              hint="give the number of users each project's jobs are drawn among, e.g. 8")
+    rng = random.Random(seed)
+    weights = [1.0 / (k ** zipf_s) for k in range(1, users_per_project + 1)]
+    last: dict[str, tuple[float, str]] = {}  # project → (its last submission, that burst's user)
+    out = []
+    for j in jobs:
+        if j.user is not None:
+            out.append(j)
+            continue
+        prev = last.get(j.project)
+        if prev is not None and j.submit - prev[0] <= burst_s:
+            user = prev[1]
+        else:
+            k = rng.choices(range(1, users_per_project + 1), weights)[0]
+            user = f"{j.project}/u{k}"
+        last[j.project] = (j.submit, user)
+        out.append(dataclasses.replace(j, user=user))
     return out
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tidal.control import tokens
 from tidal.control.reconcile import Reconciler
 from tidal.control.store.models import JobRow
 from tidal.core import Cluster, Node, Region, Tier, Topology
@@ -75,15 +76,17 @@ Batch = tuple[float, list[tuple[str, str, str]], list[Decision]]  # time, events
 
 def simulate(trace: list[tuple[str, float, float, int, Tier]] = TRACE,
              policy: Callable[[], Policy] = make_live_policy,
-             layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> list[Batch]:
+             layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off",
+             owners: dict[str, str] | None = None) -> list[Batch]:
     """The simulator's decisions, with the time and the events that led to each batch of them. ``hints``: the
     jobs' run times are known (live: each job gives its run time, ``tidal submit --runtime``); without, as
-    a live job that gives none. ``sla``: admission against the load (live: TIDAL_ADMIT_SLA)."""
+    a live job that gives none. ``sla``: admission against the load (live: TIDAL_ADMIT_SLA). ``owners``: the
+    user who submits each job (by default alice)."""
     tree: dict[str, dict[str, list[Node]]] = {}
     for n, (region, cluster, d) in layout.items():
         tree.setdefault(region, {}).setdefault(cluster, []).append(Node(n, d))
     topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items())) for r, cs in tree.items()))
-    jobs = [TraceJob(j, t, dur, w, tier) for j, t, dur, w, tier in trace]
+    jobs = [TraceJob(j, t, dur, w, tier, user=(owners or {}).get(j, "alice")) for j, t, dur, w, tier in trace]
     log: list[dict[str, Any]] = []
     admission = SlaAdmission(sla, topo.devices) if sla != "off" else None
     Simulator(topo, jobs, policy(), cost=CostModel(fixed_s=1.0), log=log.append, oracle=hints,
@@ -276,13 +279,42 @@ def test_same_resume_in_the_cluster_holding_its_checkpoint(tmp_path: Path) -> No
     replay(tmp_path, batches, trace, make_live_policy(), RESUME_LAYOUT)
 
 
+# Fair share between users (policy/queue_order.py): alice floods the basic tier with 20 one-device jobs;
+# bob submits one while they wait. In arrival order his would start after all of hers; as she holds devices
+# and he none, his goes next when one frees.
+FLOOD_TRACE = [(f"a{i}", float(i), 100.0 + 7.0 * i, 1, Tier.BASIC) for i in range(20)] + [
+    ("bob", 30.0, 100.0, 1, Tier.BASIC)]
+FLOOD_OWNERS = {"bob": "bob"}  # the others are alice's
+
+
+def test_same_decisions_when_one_user_floods_a_tier(tmp_path: Path) -> None:
+    batches = simulate(FLOOD_TRACE, owners=FLOOD_OWNERS)
+    starts = [j for k, j, _ in decisions(batches) if k == "place"]
+    assert starts[:4] == ["a0", "a1", "a2", "bob"]  # the first to start once a device frees: before 17 of 20
+    arrival = Singularity(dataclasses.replace(LIVE_SINGULARITY, user_share=False))
+    assert [j for k, j, _ in decisions(simulate(FLOOD_TRACE, lambda: arrival, owners=FLOOD_OWNERS))
+            if k == "place"][-1] == "bob"  # without turns between users: after the whole flood
+    live = replay(tmp_path, batches, FLOOD_TRACE, make_live_policy(), owners=FLOOD_OWNERS)
+    assert {j["owner"] for name, j in live.items() if name != "bob"} == {"alice"} and live["bob"]["owner"] == "bob"
+
+
 def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, float, int, Tier]], policy: Policy,
-           layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off") -> dict[str, dict[str, Any]]:
+           layout: Layout = NODES, hints: bool = False, sla: SlaMode = "off",
+           owners: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     """Feed the simulator's events to a live control plane running ``policy``: the same decisions, and, with
     ``sla``, the same admission (each job's tier, deferral and its reason). ``hints``: each job is submitted
-    with its run time. Returns each trace job's live record (``tidal show``'s), with its live id under
-    ``"id"``."""
+    with its run time; ``owners``: by the user given (by default alice). Returns each trace job's live record
+    (``tidal show``'s), with its live id under ``"id"``."""
     p = Plane(tmp_path, admit_sla=sla, lease_s=1e9)  # the agents hold their nodes across the trace's hours
+    owner_of = {j: (owners or {}).get(j, "alice") for j, *_ in trace}
+    headers = {"alice": p.as_user()}
+    with p.db.tx() as s:
+        for name in sorted(set(owner_of.values()) - {"alice"}):
+            headers[name] = {"Authorization": f"Bearer {tokens.create_user(s, name, 'user')}"}
+
+    def show(job: str) -> dict[str, Any]:
+        return p.http.get(f"/v1/jobs/{ids[job]}", headers=headers[owner_of[job]]).json()  # type: ignore[no-any-return]
+
     clock = FakeClock(time=0.0)  # the trace's time (jobs' start times, run times left, the minimum run)
     p.db.info["clock"] = clock
     p.rec = Reconciler(p.db, policy, clock=clock)
@@ -298,18 +330,22 @@ def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, f
         for kind, job, detail in events:
             if kind in ("job_submitted", "job_deferred") and job not in ids:
                 w, tier, dur = spec[job]
-                reply = p.submit_reply(name=job, ranks=w, tier=tier.value, **({"runtime": dur} if hints else {}))
+                r = p.http.post("/v1/jobs", headers=headers[owner_of[job]], json={
+                    "command": ["train"], "workdir": str(p.workdir), "name": job, "ranks": w, "tier": tier.value,
+                    **({"runtime": dur} if hints else {})})
+                assert r.status_code == 201, r.text
+                reply = r.json()
                 ids[job] = reply["id"]
                 names[ids[job]] = job
                 # Admitted as the simulator admitted it: deferred with its reason, or at the tier it gave.
                 if kind == "job_deferred":
-                    assert p.job(ids[job])["reason"] == detail
+                    assert show(job)["reason"] == detail
                 else:
                     demoted = detail.removeprefix("accepted as ").split(":")[0] if detail.startswith("accepted as") \
                         else None
                     assert reply.get("admitted_as") == demoted
             elif kind == "job_finished":
-                j = p.job(ids[job])
+                j = show(job)
                 node = j["placement"][0]["node"]
                 r = p.http.post(f"/v1/agent/{node}/exits", headers=p.as_agent(), json={
                     "agent_id": agents[node].id, "job_id": ids[job], "attempt": j["attempt"],
@@ -318,11 +354,11 @@ def replay(tmp_path: Path, batches: list[Batch], trace: list[tuple[str, float, f
         live.append(settle(p, agents, names))
         for kind, job, detail in events:  # a deferred job the simulator released: released live too, as told
             if kind == "job_submitted" and detail.startswith("released: "):
-                assert [e["detail"] for e in p.job(ids[job])["events"] if e["kind"] == "released"] == [detail]
+                assert [e["detail"] for e in show(job)["events"] if e["kind"] == "released"] == [detail]
     # The same decisions in the same order. A job preempted in one decision may resume in the next: live,
     # that is the loop's next pass; in the simulator, a wake-up a millisecond later (another batch).
     assert [d for ds in live for d in ds] == decisions(batches)
-    done = {job: p.job(i) for job, i in ids.items()}
+    done = {job: show(job) for job in ids}
     assert all(j["state"] == "succeeded" for j in done.values())
     p.db.close()
     return done

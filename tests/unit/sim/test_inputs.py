@@ -9,9 +9,11 @@ import pytest
 
 from tidal.core import Tier
 from tidal.errors import ValidationError
+from tidal.policy.registry import make_policy
 from tidal.sim.cluster_spec import parse_cluster
+from tidal.sim.engine import Simulator
 from tidal.sim.experiment import check_policies, prepare
-from tidal.sim.trace import assign_tiers, load_trace, offered_load, rescale_load
+from tidal.sim.trace import TraceJob, assign_tiers, assign_users, load_trace, offered_load, rescale_load
 
 
 def write(tmp_path: Path, name: str, text: str) -> str:
@@ -25,6 +27,36 @@ def test_generic_csv_with_tiers_and_projects(tmp_path: Path) -> None:
     tr = load_trace(path)
     assert [(j.submit, j.duration, j.gpus, j.tier, j.project) for j in tr.jobs] == [
         (0.0, 50.0, 1, None, "b"), (10.0, 100.0, 2, Tier.PREMIUM, "a")]
+
+
+def test_generic_csv_with_users(tmp_path: Path) -> None:
+    path = write(tmp_path, "t.csv", "submit_time,duration,num_gpus,user\n0,50,1,alice\n5,50,1,\n")
+    assert [j.user for j in load_trace(path).jobs] == ["alice", None]  # None: every such job one user's
+
+
+def test_synthetic_users_are_seeded_and_keep_a_burst_together() -> None:
+    jobs = [TraceJob(f"j{i}", t, 10.0, 1, Tier.BASIC, p) for i, (t, p) in enumerate(
+        [(0, "a"), (30, "a"), (50, "b"), (80, "a"), (500, "a"), (510, "a"), (900, "a")])] + [
+        TraceJob("own", 901, 10.0, 1, Tier.BASIC, "a", user="carol")]
+    users = [j.user for j in assign_users(jobs, users_per_project=4, burst_s=60.0, seed=3)]
+    assert users == [j.user for j in assign_users(jobs, users_per_project=4, burst_s=60.0, seed=3)]
+    assert users[0] == users[1] == users[3] and users[4] == users[5]  # a's bursts: 0-80 s, 500-510 s
+    assert all(u is not None and u.split("/")[0] == j.project for u, j in zip(users[:7], jobs[:7], strict=True))
+    assert users[7] == "carol"  # a trace's own user is kept
+    assert {u for u in (j.user for j in assign_users(jobs * 50, users_per_project=4, seed=1)) if u != "carol"} <= {
+        f"{p}/u{k}" for p in "ab" for k in range(1, 5)}
+    with pytest.raises(ValidationError):
+        assign_users(jobs, users_per_project=0)
+
+
+def test_the_simulator_gives_the_policy_each_jobs_user() -> None:
+    topo = parse_cluster("1x2").topology
+    sim = Simulator(topo, [TraceJob("a", 0.0, 10.0, 1, Tier.BASIC, user="alice"),
+                           TraceJob("n", 0.0, 10.0, 1, Tier.BASIC)], make_policy("singularity"),
+                    device_caps={"alice": 1})
+    sim.run()
+    assert {j.id: sim._job_view(j).owner for j in sim.jobs.values()} == {"a": "alice", "n": ""}
+    assert sim.view.device_caps == {"alice": 1}
 
 
 @pytest.mark.parametrize(
