@@ -61,9 +61,12 @@ def test_actions_keep_the_invariants(world: tuple[ClusterView, float], name: str
         if a.kind is ActionKind.PREEMPT:
             assert a.job_id in held
             del held[a.job_id]
-            # Tier-aware policies never preempt for an equal or lower tier.
+            # Tier-aware policies never preempt for a lower tier, nor for an equal one but where the simulator's
+            # singularity serves the least attained service first within a tier (policy/equals.py).
             if name in ("singularity", "priority-requeue"):
-                assert any(t > j.tier for t in started_tiers), (name, a)
+                las = (name == "singularity" and a.reason.startswith("least attained service")
+                       and j.tier in started_tiers)
+                assert las or any(t > j.tier for t in started_tiers), (name, a)
             continue
         devs = a.devices
         assert devs and set(devs) <= valid
