@@ -32,12 +32,16 @@ def _failed(request: pytest.FixtureRequest) -> bool:
     return any(getattr(getattr(request.node, f"outcome_{w}", None), "failed", False) for w in ("setup", "call"))
 
 
+#: The newest jobs whose events a failed test's report shows (a test may have submitted thousands).
+DESCRIBED = 20
+
+
 def _describe(c: LiveCluster) -> None:
-    """Print what a failed test's cluster held: its jobs with their events, and the tail of each log (pytest
-    shows it under "Captured stdout teardown")."""
+    """Print what a failed test's cluster held: its newest jobs with their events, and the tail of each log
+    (pytest shows it under "Captured stdout teardown")."""
     try:
         with c.api("admin") as api:
-            jobs = api.get("/v1/jobs", params={"all": True}).json()
+            jobs = api.get("/v1/jobs", params={"all": True, "limit": DESCRIBED}).json()
         for j in jobs:
             print(f"--- job {j['id']}: {j['state']}")
             print(c.cli("events", "--job", j["id"], check=False, timeout=30).stdout)

@@ -26,7 +26,7 @@ from tidal.config import Settings
 pytestmark = [pytest.mark.criu, pytest.mark.torch, pytest.mark.slow]
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 # About a minute and a half of a training step that computes about as long as it waits.
-ARGS = ["--steps", "600", "--hidden", "512", "--depth", "3", "--dataset-mb", "4", "--step-time", "0.06"]
+ARGS = ["--steps", "800", "--hidden", "1024", "--depth", "3", "--dataset-mb", "4", "--step-time", "0.05"]
 FLOOD_S = 60.0
 CLIENTS = 20
 
@@ -81,6 +81,7 @@ def test_a_users_flood_neither_costs_a_lease_nor_slows_another_users_job(make_cl
     assert (work / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
     assert (work / "params.bin").read_bytes() == (ref / "params.bin").read_bytes()
     ran_s = j["finished_at"] - j["started_at"]
+    print(f"bob's job: {ran_s:.1f}s with the flood, {alone_s:.1f}s alone; alice: {statuses}")
     assert ran_s <= 1.25 * alone_s, f"bob's job ran {ran_s:.1f}s with the flood, {alone_s:.1f}s alone"
 
 

@@ -195,6 +195,100 @@ class SimulatedAgent:
                 "agent_id": self.agent_id, "action_id": action.id, "ok": True, "data": data})
 
 
+@dataclass
+class UserTally:
+    """A mixed user workload's answers: per route (submit, list, cancel), each request's latency and status."""
+
+    latencies: dict[str, list[float]] = field(default_factory=dict)
+    statuses: dict[str, Counter[int]] = field(default_factory=dict)
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def note(self, route: str, seconds: float, status: int) -> None:
+        self.latencies.setdefault(route, []).append(seconds)
+        self.statuses.setdefault(route, Counter())[status] += 1
+
+    def add(self, other: UserTally) -> None:
+        for route, lat in other.latencies.items():
+            self.latencies.setdefault(route, []).extend(lat)
+        for route, st in other.statuses.items():
+            self.statuses.setdefault(route, Counter()).update(st)
+        self.errors.update(other.errors)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"errors": dict(self.errors), "routes": {}}
+        for route, lat in sorted(self.latencies.items()):
+            ordered = sorted(lat)
+            out["routes"][route] = {"requests": len(ordered), "p50_s": percentile(ordered, 0.5),
+                                    "p99_s": percentile(ordered, 0.99),
+                                    "statuses": {str(k): v for k, v in sorted(self.statuses[route].items())}}
+        return out
+
+
+def users(url: str, tokens: list[str], body: dict[str, Any], *, seconds: float, clients_per_user: int = 1,
+          list_every: int = 5, cancel_every: int = 10, verify: Any = True) -> UserTally:
+    """Each user (a token) runs ``clients_per_user`` clients for ``seconds``, each a loop of submissions, with a
+    listing of the user's newest 50 jobs after every ``list_every``-th and a cancel of one of the jobs it
+    submitted after every ``cancel_every``-th."""
+    end = time.monotonic() + seconds
+    tallies: list[UserTally] = []
+
+    def client(token: str, t: UserTally) -> None:
+        mine: list[str] = []
+        with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30,
+                          verify=verify) as c:
+            for n in range(1, MAX_REQUESTS_PER_CLIENT):
+                if time.monotonic() >= end:
+                    return
+                calls: list[tuple[str, str, str, dict[str, Any] | None]] = [("submit", "POST", "/v1/jobs", body)]
+                if n % list_every == 0:
+                    calls.append(("list", "GET", "/v1/jobs?limit=50", None))
+                if n % cancel_every == 0 and mine:
+                    calls.append(("cancel", "POST", f"/v1/jobs/{mine.pop(0)}/cancel", None))
+                for route, method, path, js in calls:
+                    t0 = time.monotonic()
+                    try:
+                        r = c.request(method, path, json=js)
+                    except httpx.HTTPError as exc:
+                        t.errors[type(exc).__name__] += 1
+                        continue
+                    t.note(route, time.monotonic() - t0, r.status_code)
+                    if route == "submit" and r.status_code == 201:
+                        mine.append(r.json()["id"])
+
+    threads = []
+    for token in tokens:
+        for _ in range(clients_per_user):
+            t = UserTally()
+            tallies.append(t)
+            threads.append(threading.Thread(target=client, args=(token, t), daemon=True))
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(seconds + 60)
+    total = UserTally()
+    for t in tallies:
+        total.add(t)
+    return total
+
+
+def agents(url: str, token: str, names: list[str], devices: int, seconds: float, *,
+           verify: Any = True) -> dict[str, Any]:
+    """Run a simulated agent for each of ``names`` for ``seconds``; what their heartbeats met."""
+    sims = [SimulatedAgent(url, token, n, devices, verify=verify) for n in names]
+    for a in sims:
+        a.start()
+    time.sleep(seconds)
+    for a in sims:
+        a._stop.set()
+    for a in sims:
+        a.stop()
+    lat = sorted(x for a in sims for x in a.latencies)
+    return {"agents": len(sims), "heartbeats": len(lat), "p50_s": percentile(lat, 0.5),
+            "p99_s": percentile(lat, 0.99), "max_s": lat[-1] if lat else None,
+            "late": sum(a.late for a in sims), "refused": sum(a.refused for a in sims),
+            "actions": sum(a.actions for a in sims), "lease_s": sims[0].lease_s if sims else None}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m tidal.testing.load")
     sub = ap.add_subparsers(dest="what", required=True)
@@ -206,14 +300,37 @@ def main(argv: list[str] | None = None) -> None:
     f.add_argument("--seconds", type=float, default=60.0)
     f.add_argument("--ignore-retry-after", action="store_true")
     f.add_argument("--nice", type=int, default=0, help="lower this process's CPU priority by this much")
+    a = sub.add_parser("agents", help="simulated agents that heartbeat and acknowledge their actions for a while")
+    a.add_argument("--url", required=True)
+    a.add_argument("--token-file", required=True, help="the cluster's agent credential")
+    a.add_argument("--names", required=True, help="the nodes' names, comma-separated")
+    a.add_argument("--devices", type=int, default=8)
+    a.add_argument("--seconds", type=float, default=60.0)
+    u = sub.add_parser("users", help="users submitting, listing and cancelling for a while")
+    u.add_argument("--url", required=True)
+    u.add_argument("--token-files", required=True, help="one file per user, comma-separated")
+    u.add_argument("--body", required=True, help="the job's submission, JSON")
+    u.add_argument("--clients-per-user", type=int, default=1)
+    u.add_argument("--seconds", type=float, default=60.0)
     args = ap.parse_args(argv)
-    if args.nice:
-        os.nice(args.nice)
-    with open(args.token_file) as fh:
-        token = fh.read().strip()
-    tally = flood(args.url, token, json.loads(args.body), clients=args.clients, seconds=args.seconds,
-                  honour_retry_after=not args.ignore_retry_after)
-    print(json.dumps(tally.to_json()), flush=True)
+    if args.what == "flood":
+        if args.nice:
+            os.nice(args.nice)
+        tally = flood(args.url, _read(args.token_file), json.loads(args.body), clients=args.clients,
+                      seconds=args.seconds, honour_retry_after=not args.ignore_retry_after)
+        print(json.dumps(tally.to_json()), flush=True)
+    elif args.what == "agents":
+        print(json.dumps(agents(args.url, _read(args.token_file), args.names.split(","), args.devices,
+                                args.seconds)), flush=True)
+    else:
+        tokens = [_read(f) for f in args.token_files.split(",")]
+        print(json.dumps(users(args.url, tokens, json.loads(args.body), seconds=args.seconds,
+                               clients_per_user=args.clients_per_user).to_json()), flush=True)
+
+
+def _read(path: str) -> str:
+    with open(path) as fh:
+        return fh.read().strip()
 
 
 if __name__ == "__main__":
