@@ -1,11 +1,18 @@
-"""The API's two lanes of worker threads. Routes written as plain functions run on threads (the database is
-reached synchronously); users' requests share one pool of :data:`USER_THREADS`, and the agents' requests
-(heartbeats, results, registrations, the long-poll for actions) run on a pool of their own, so that however
-many users' requests wait for a thread, an agent's never waits behind them. Its database transactions are
-urgent as well (:meth:`tidal.control.store.db.Database.tx`)."""
+"""How the API runs its requests' database work without letting users' load delay the agents.
+
+- Routes written as plain functions run on threads. Users' requests share one pool of :data:`USER_THREADS`;
+  the agents' requests run on a pool of their own (:func:`agent_lane`), so that however many users' requests
+  wait for a thread, an agent's never waits behind them. Agents' transactions are urgent as well
+  (:meth:`tidal.control.store.db.Database.tx`).
+- Submissions and heartbeats are committed in shared transactions (:class:`tidal.control.batches.Batcher`,
+  :func:`in_batch`): a burst costs one commit per batch, and the event loop never waits for the database.
+- An agent's long-poll for actions waits on the event loop (:class:`ActionSignal`), holding no thread: a
+  cluster of hundreds of nodes holds hundreds of long-polls at once.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
@@ -14,35 +21,88 @@ from typing import ParamSpec, TypeVar
 import anyio
 import anyio.to_thread
 from fastapi import FastAPI, Request
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
-from tidal.control.intake import Intake
+from tidal.control.batches import Batcher
+from tidal.control.store.db import Database
 
 P = ParamSpec("P")
 T = TypeVar("T")
 
 #: Threads for users' requests at once (the rest wait for one): with PostgreSQL each may hold a connection.
 USER_THREADS = 24
-#: Threads for agents' requests at once. A node's agent holds one long-poll and, now and then, one more
-#: request; past this many nodes' requests at once, agents' requests wait for each other, never for users'.
+#: Threads for agents' requests at once (their long-polls hold none while they wait).
 AGENT_THREADS = 16
+#: The batchers the app keeps: submissions, and heartbeats (urgent; nobody waits on a lease's renewal).
+INTAKE, HEARTBEATS = "intake", "heartbeats"
+
+
+class ActionSignal:
+    """Wakes the long-polls waiting on the event loop when a commit creates agent actions (the database calls
+    :meth:`wake` from the committing thread)."""
+
+    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
+        self.db = db
+        self.loop = loop
+        self._event = asyncio.Event()
+
+    def wake(self) -> None:
+        self.loop.call_soon_threadsafe(self._fire)
+
+    def _fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def changed(self, seen: int, timeout: float) -> None:
+        """Return once the database's action generation is no longer ``seen``, or after ``timeout`` seconds."""
+        deadline = self.loop.time() + timeout
+        while self.db.action_generation == seen:
+            left = deadline - self.loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._event.wait(), left)
 
 
 @contextlib.asynccontextmanager
 async def lanes(app: FastAPI) -> AsyncIterator[None]:
-    """Set up both pools while the app serves (a limiter belongs to the event loop that made it), and the
-    thread that commits submissions (:mod:`tidal.control.intake`)."""
+    """Set up the pools, the batchers and the long-polls' signal while the app serves (a limiter and an event
+    belong to the event loop that made them)."""
     anyio.to_thread.current_default_thread_limiter().total_tokens = USER_THREADS
     app.state.agent_limiter = anyio.CapacityLimiter(AGENT_THREADS)
-    ctx = app.state.ctx
-    app.state.intake = intake = Intake(ctx.db, ctx.quotas, ctx.admit_sla)
-    intake.start()
+    db: Database = app.state.ctx.db
+    batchers = {INTAKE: Batcher(db, "tidal-intake"),
+                HEARTBEATS: Batcher(db, "tidal-heartbeats", urgent=True, notify=False)}
+    app.state.batchers = batchers
+    signal = app.state.action_signal = ActionSignal(db, asyncio.get_running_loop())
+    db.on_actions.append(signal.wake)
+    for b in batchers.values():
+        b.start()
     try:
         yield
     finally:
-        intake.stop()
+        db.on_actions.remove(signal.wake)
+        for b in batchers.values():
+            b.stop()
 
 
 async def agent_lane(request: Request, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
     """Run ``fn`` on a thread of the agents' pool."""
     limiter = getattr(request.app.state, "agent_limiter", None)
     return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs), limiter=limiter)
+
+
+async def in_batch(request: Request, name: str, work: Callable[[Session], T], *, db: Database,
+                   urgent: bool = False, notify: bool = True) -> T:
+    """``work(session)`` committed in the app's batcher ``name``; where the app is served without its lifespan
+    (a test client), in a transaction of its own (``urgent``, ``notify``: that transaction's)."""
+    batchers: dict[str, Batcher] | None = getattr(request.app.state, "batchers", None)
+    if batchers is not None:
+        return await batchers[name].run(work)
+
+    def alone() -> T:
+        with db.tx(urgent=urgent, notify=notify) as s:
+            return work(s)
+
+    return await (agent_lane(request, alone) if urgent else run_in_threadpool(alone))

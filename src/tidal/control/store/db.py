@@ -19,7 +19,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -144,6 +144,9 @@ class Database:
         self._gate = threading.Condition(threading.Lock())
         self.generation = 0  # bumped at every commit: waiters compare it
         self.action_generation = 0  # bumped at commits that created agent actions (long-polls wait on it)
+        # Called (from the committing thread) after each commit that created agent actions: the API's long-polls
+        # that wait on its event loop rather than on ``changed``.
+        self.on_actions: list[Callable[[], None]] = []
 
     def migrate(self) -> None:
         migrate(self.engine)
@@ -167,6 +170,9 @@ class Database:
             if notify or new_actions:
                 self.generation += 1
                 self.changed.notify_all()
+        if new_actions:
+            for wake in self.on_actions:
+                wake()
 
     @contextmanager
     def _locked(self, urgent: bool) -> Iterator[None]:

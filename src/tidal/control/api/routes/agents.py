@@ -3,6 +3,7 @@ results, rank exits and log uploads. Every route takes an agent credential, for 
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Annotated, Any
 
@@ -12,7 +13,7 @@ from fastapi import Path as PathParam
 from tidal.control import agents, tokens
 from tidal.control.api.auth import Agent, bearer, for_node, forget_principals
 from tidal.control.api.context import Context, Ctx
-from tidal.control.api.lanes import agent_lane
+from tidal.control.api.lanes import HEARTBEATS, ActionSignal, agent_lane, in_batch
 from tidal.control.api.schemas import ActionResult, AgentHello, CommitReport, ExitReport, Heartbeat, Join, Register
 from tidal.core import limits, protocol
 
@@ -55,12 +56,9 @@ async def register(body: Register, request: Request, p: Agent, ctx: Ctx) -> dict
 @router.post("/{node}/heartbeat")
 async def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx: Ctx) -> dict[str, Any]:
     for_node(p, node)
-
-    def run() -> None:
-        with ctx.db.tx(notify=False, urgent=True) as s:
-            agents.heartbeat(s, node, body.agent_id, ctx.lease_s, body.jobs)
-
-    await agent_lane(request, run)
+    work = functools.partial(agents.heartbeat, name=node, agent_id=body.agent_id, lease_s=ctx.lease_s,
+                             progress=body.jobs)
+    await in_batch(request, HEARTBEATS, work, db=ctx.db, urgent=True, notify=False)
     if body.node:  # the node's holder said so (else the heartbeat was refused above)
         request.app.state.node_figures.report(node, body.node)
     return {"lease_s": ctx.lease_s}
@@ -69,11 +67,37 @@ async def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx:
 @router.get("/{node}/actions")
 async def take_actions(node: str, agent_id: str, request: Request, p: Agent, ctx: Ctx,
                        wait: Annotated[float, Query(ge=0, le=limits.MAX_POLL_WAIT_S)] = 0.0) -> list[dict[str, Any]]:
+    """The node's actions, handed out once each; none yet: wait up to ``wait`` seconds for some (on the event
+    loop, where the app serves with its lifespan: a long-poll holds no thread)."""
     for_node(p, node)
-    return await agent_lane(request, _take_actions, ctx, node, agent_id, wait)
+    signal: ActionSignal | None = getattr(request.app.state, "action_signal", None)
+    if signal is None:
+        return await agent_lane(request, _take_actions, ctx, node, agent_id, wait)
+    db = ctx.db
+    deadline = signal.loop.time() + wait
+    while True:
+        seen = db.action_generation
+        if await agent_lane(request, _has_actions, ctx, node):
+            break
+        left = deadline - signal.loop.time()
+        if left <= 0:
+            break
+        await signal.changed(seen, left)  # until some commit creates actions (not every commit: submissions)
+    return await agent_lane(request, _hand_out, ctx, node, agent_id)
+
+
+def _has_actions(ctx: Context, node: str) -> bool:
+    with ctx.db.read() as s:
+        return agents.has_actions(s, node)
+
+
+def _hand_out(ctx: Context, node: str, agent_id: str) -> list[dict[str, Any]]:
+    with ctx.db.tx(notify=False, urgent=True) as s:
+        return agents.take_actions(s, node, agent_id)
 
 
 def _take_actions(ctx: Context, node: str, agent_id: str, wait: float) -> list[dict[str, Any]]:
+    """The long-poll on a thread, waiting on the database's condition (an app served without its lifespan)."""
     db = ctx.db
     deadline = time.monotonic() + wait
     with db.changed:
@@ -89,8 +113,7 @@ def _take_actions(ctx: Context, node: str, agent_id: str, wait: float) -> list[d
 
             if not db.changed.wait_for(acted, timeout=max(0.0, deadline - time.monotonic())):
                 break
-        with db.tx(notify=False, urgent=True) as s:
-            return agents.take_actions(s, node, agent_id)
+    return _hand_out(ctx, node, agent_id)
 
 
 @router.post("/{node}/leave")

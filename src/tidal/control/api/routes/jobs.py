@@ -4,19 +4,19 @@ an admin sees everyone's."""
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from starlette.concurrency import run_in_threadpool
 
-from tidal.control import agents, bulk, jobfilter, jobs, requests
+from tidal.control import agents, bulk, intake, jobfilter, jobs, requests
 from tidal.control.api import views
 from tidal.control.api.auth import Principal, User
 from tidal.control.api.context import Context, Ctx
+from tidal.control.api.lanes import INTAKE, in_batch
 from tidal.control.api.schemas import BulkRequest, JobSubmit, MigrateRequest, ResizeRequest, ResumeRequest
-from tidal.control.intake import Intake, accept, job_values
-from tidal.core import JobState, limits
+from tidal.core import limits
 from tidal.errors import ValidationError
 
 router = APIRouter(prefix="/v1/jobs")
@@ -25,22 +25,9 @@ router = APIRouter(prefix="/v1/jobs")
 @router.post("", status_code=201)
 async def submit(body: JobSubmit, request: Request, p: User, ctx: Ctx) -> dict[str, Any]:
     spec = body.to_spec(owner=p.name)
-    cause = f"api:{p.name}"
-    intake: Intake | None = getattr(request.app.state, "intake", None)
-    if intake is not None:
-        out, why = await intake.submit(spec, p.name, cause)
-    else:  # an app served without its lifespan (a test client): one transaction of its own
-        def run() -> tuple[dict[str, Any], str]:
-            with ctx.db.tx() as s:
-                job, why = accept(s, spec, p.name, cause, quotas=ctx.quotas, sla=ctx.admit_sla)
-                return job_values(job), why
-
-        out, why = await run_in_threadpool(run)
-    if out["state"] == JobState.HELD.value and why.startswith("deferred: "):  # against the load: deferred
-        out["deferred"] = why.removeprefix("deferred: ")
-    elif why:  # over its project's quota, or against the load
-        out["admitted_as"], out["admission"] = out["tier"], why
-    return out
+    work = functools.partial(intake.answer, spec=spec, owner=p.name, cause=f"api:{p.name}", quotas=ctx.quotas,
+                             sla=ctx.admit_sla)
+    return await in_batch(request, INTAKE, work, db=ctx.db)
 
 
 def _selection(p: Principal, *, all_users: bool, state: list[str] | None, user: list[str] | None,
