@@ -18,7 +18,7 @@ def new_action(s: Session, job: JobRow, node: str, order: protocol.Order, cause:
                   status="pending", cause=cause, created_at=now(s))
     a.op = op or a.id
     s.add(a)
-    s.info["new_actions"] = True  # wakes the agents' long-polls at commit
+    s.info.setdefault("new_actions", set()).add(node)  # wakes these nodes' long-polls at commit
     if track:
         job.op = a.op
     return a

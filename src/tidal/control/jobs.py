@@ -161,9 +161,13 @@ def free_devices(s: Session, *, schedulable: bool = False) -> dict[str, list[int
     if schedulable:
         nodes = nodes.where(NodeRow.drain.is_(None))
     free = {n.name: set(range(n.devices)) for n in s.scalars(nodes)}
-    for job in s.scalars(select(JobRow).where(JobRow.state.in_([st.value for st in ACTIVE]))):
-        for d in held_devices(job):
-            free.get(d.node, set()).discard(d.index)
+    # Two columns, not whole rows: a reconcile pass asks this with hundreds of jobs running.
+    held = select(JobRow.placement, JobRow.target).where(JobRow.state.in_([st.value for st in ACTIVE]))
+    for placement, target in s.execute(held):
+        for p in placement or ():
+            free.get(p["node"], set()).discard(int(p["device"]))
+        for n, i in target or ():
+            free.get(n, set()).discard(int(i))
     return {n: sorted(v) for n, v in sorted(free.items())}
 
 
@@ -171,10 +175,11 @@ def jobs_on_devices(s: Session) -> dict[tuple[str, int], list[str]]:
     """(node, device index) → the ids of the jobs whose ranks run there now (several where jobs time-slice
     a device), in the order of their submission."""
     out: dict[tuple[str, int], list[str]] = {}
-    active = select(JobRow).where(JobRow.state.in_([st.value for st in ACTIVE])).order_by(JobRow.seq)
-    for job in s.scalars(active):
-        for key in dict.fromkeys((p["node"], int(p["device"])) for p in job.placement):
-            out.setdefault(key, []).append(job.id)
+    active = select(JobRow.id, JobRow.placement).where(JobRow.state.in_([st.value for st in ACTIVE])).order_by(
+        JobRow.seq)
+    for jid, placement in s.execute(active):
+        for key in dict.fromkeys((p["node"], int(p["device"])) for p in placement or ()):
+            out.setdefault(key, []).append(jid)
     return out
 
 

@@ -154,14 +154,20 @@ class Reconciler:
         return _unexplained(s)
 
     def _due(self, s: Session, now: float) -> list[JobRow]:
-        """Running jobs whose periodic checkpoint is due."""
-        out = []
-        for job in s.scalars(select(JobRow).where(JobRow.state == S.RUNNING.value, JobRow.op.is_(None))):
-            every = jobs.spec_of(job).checkpoint_every
-            since = max(job.last_checkpoint_at or 0.0, job.started_at or now)
-            if every and now - since >= float(every):
-                out.append(job)
-        return out
+        """Running jobs whose periodic checkpoint is due (their specs from the passes' cache: this runs at
+        every pass, over every running job)."""
+        rows = s.execute(select(JobRow.id, JobRow.last_checkpoint_at, JobRow.started_at).where(
+            JobRow.state == S.RUNNING.value, JobRow.op.is_(None))).all()
+        if len(self._specs) > 2 * len(rows) + 1000:  # no snapshot has pruned it lately (nothing waited)
+            running = {r.id for r in rows}
+            self._specs = {k: v for k, v in self._specs.items() if k in running}
+        _specs(s, [r.id for r in rows], self._specs)
+        due = []
+        for jid, last, started in rows:
+            every = self._specs[jid].checkpoint_every
+            if every and now - max(last or 0.0, started or now) >= float(every):
+                due.append(jid)
+        return [j for j in (s.get(JobRow, jid) for jid in due) if j is not None]
 
     def _schedule(self, now: float) -> None:
         """Snapshot, decide, then commit. The snapshot is read and the policy decides without the writers'

@@ -39,30 +39,35 @@ INTAKE, HEARTBEATS = "intake", "heartbeats"
 
 
 class ActionSignal:
-    """Wakes the long-polls waiting on the event loop when a commit creates agent actions (the database calls
-    :meth:`wake` from the committing thread)."""
+    """Wakes the long-polls of a node waiting on the event loop when a commit creates actions for it (the
+    database calls :meth:`wake` from the committing thread with the nodes it made actions for). Each node
+    has a count of its wake-ups: a long-poll reads it before it looks for actions, and waits only while it has
+    not moved, so actions made while it looked are not slept through."""
 
-    def __init__(self, db: Database, loop: asyncio.AbstractEventLoop) -> None:
-        self.db = db
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._event = asyncio.Event()
+        self.woken: dict[str, int] = {}  # node → wake-ups (one entry per node the cluster has had)
+        self._events: dict[str, asyncio.Event] = {}  # node → the event its long-polls wait on now
 
-    def wake(self) -> None:
-        self.loop.call_soon_threadsafe(self._fire)
+    def wake(self, nodes: frozenset[str]) -> None:
+        self.loop.call_soon_threadsafe(self._fire, nodes)
 
-    def _fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+    def _fire(self, nodes: frozenset[str]) -> None:
+        for node in nodes:
+            self.woken[node] = self.woken.get(node, 0) + 1
+            event = self._events.pop(node, None)
+            if event is not None:
+                event.set()
 
-    async def changed(self, seen: int, timeout: float) -> None:
-        """Return once the database's action generation is no longer ``seen``, or after ``timeout`` seconds."""
-        deadline = self.loop.time() + timeout
-        while self.db.action_generation == seen:
-            left = deadline - self.loop.time()
-            if left <= 0:
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._event.wait(), left)
+    async def changed(self, node: str, seen: int, timeout: float) -> None:
+        """Return once ``node`` has been woken since its count was ``seen``, or after ``timeout`` seconds."""
+        if self.woken.get(node, 0) != seen:
+            return
+        event = self._events.get(node)
+        if event is None:
+            event = self._events[node] = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout)
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +80,7 @@ async def lanes(app: FastAPI) -> AsyncIterator[None]:
     batchers = {INTAKE: Batcher(db, "tidal-intake"),
                 HEARTBEATS: Batcher(db, "tidal-heartbeats", urgent=True, notify=False)}
     app.state.batchers = batchers
-    signal = app.state.action_signal = ActionSignal(db, asyncio.get_running_loop())
+    signal = app.state.action_signal = ActionSignal(asyncio.get_running_loop())
     db.on_actions.append(signal.wake)
     for b in batchers.values():
         b.start()

@@ -144,9 +144,9 @@ class Database:
         self._gate = threading.Condition(threading.Lock())
         self.generation = 0  # bumped at every commit: waiters compare it
         self.action_generation = 0  # bumped at commits that created agent actions (long-polls wait on it)
-        # Called (from the committing thread) after each commit that created agent actions: the API's long-polls
-        # that wait on its event loop rather than on ``changed``.
-        self.on_actions: list[Callable[[], None]] = []
+        # Called (from the committing thread) after each commit that created agent actions, with the nodes they
+        # are for: the API's long-polls, which wait on its event loop rather than on ``changed``.
+        self.on_actions: list[Callable[[frozenset[str]], None]] = []
 
     def migrate(self) -> None:
         migrate(self.engine)
@@ -163,7 +163,7 @@ class Database:
                 s.info.update(self.info)
                 yield s
                 s.flush()  # what fails here was not made; only the COMMIT itself leaves it in doubt
-                new_actions = bool(s.info.get("new_actions"))
+                new_actions = frozenset(s.info.get("new_actions") or ())
                 committing[0] = True
             if new_actions:
                 self.action_generation += 1
@@ -172,7 +172,7 @@ class Database:
                 self.changed.notify_all()
         if new_actions:
             for wake in self.on_actions:
-                wake()
+                wake(new_actions)
 
     @contextmanager
     def _locked(self, urgent: bool) -> Iterator[None]:

@@ -73,17 +73,15 @@ async def take_actions(node: str, agent_id: str, request: Request, p: Agent, ctx
     signal: ActionSignal | None = getattr(request.app.state, "action_signal", None)
     if signal is None:
         return await agent_lane(request, _take_actions, ctx, node, agent_id, wait)
-    db = ctx.db
     deadline = signal.loop.time() + wait
     while True:
-        seen = db.action_generation
+        seen = signal.woken.get(node, 0)
         if await agent_lane(request, _has_actions, ctx, node):
-            break
+            return await agent_lane(request, _hand_out, ctx, node, agent_id)
         left = deadline - signal.loop.time()
         if left <= 0:
-            break
-        await signal.changed(seen, left)  # until some commit creates actions (not every commit: submissions)
-    return await agent_lane(request, _hand_out, ctx, node, agent_id)
+            return []
+        await signal.changed(node, seen, left)  # until a commit makes actions for this node
 
 
 def _has_actions(ctx: Context, node: str) -> bool:
