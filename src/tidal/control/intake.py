@@ -21,8 +21,11 @@ def accept(s: Session, spec: JobSpec, owner: str, cause: str, *, quotas: Quotas 
     """A user's submission: under a project they belong to, within their limits and the project's (else
     refused, nothing written), then admitted and stored (:func:`tidal.control.submission.submit`)."""
     u = users.get(s, owner)
-    userlimits.admit(s, u, projects.for_submission(s, u, spec.project))
-    return submission.submit(s, spec, owner, cause, quotas=quotas, sla=sla)
+    project = projects.for_submission(s, u, spec.project)
+    userlimits.admit(s, u, project)
+    out = submission.submit(s, spec, owner, cause, quotas=quotas, sla=sla)
+    userlimits.admitted(s, u, project)
+    return out
 
 
 def answer(s: Session, spec: JobSpec, owner: str, cause: str, *, quotas: Quotas | None = None,

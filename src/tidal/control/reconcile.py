@@ -53,6 +53,9 @@ from tidal.policy.sla_admission import run_time_left
 log = logging.getLogger(__name__)
 S = JobState
 
+#: The longest rest between two passes that the time a pass took asks for.
+MAX_REST_S = 0.5
+
 
 class Reconciler:
     """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
@@ -84,8 +87,8 @@ class Reconciler:
         self._explained_at: float | None = None
         # Job → the placement last refused for its GPU memory (see _refuse_unfit).
         self._unfit: dict[str, tuple[DeviceRef, ...]] = {}
-        # Job → its spec, for the live jobs of the last pass (snapshot prunes it).
-        self._specs: dict[str, JobSpec] = {}
+        # What a pass's snapshot keeps for the next (specs, waiting jobs' views).
+        self._cache = ViewCache()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="tidal-reconcile", daemon=True)
@@ -111,8 +114,10 @@ class Reconciler:
                 else:
                     log.exception("reconcile pass failed")
             # Coalesce bursts (a thousand submissions): a pass reads every live job, so running one per
-            # commit would make a burst quadratic.
-            self._stop.wait(max(0.0, self.min_gap - (self.clock.monotonic() - t0)))
+            # commit would make a burst quadratic. Under load, rest at least as long as the pass took (at
+            # most MAX_REST_S): the passes then take at most half of the process's time, the API the rest.
+            took = self.clock.monotonic() - t0
+            self._stop.wait(max(self.min_gap - took, min(took, MAX_REST_S)))
             with self.db.changed:
                 # once() itself commits; wait for a commit by someone else, or the interval.
                 seen = self.db.generation
@@ -158,13 +163,14 @@ class Reconciler:
         every pass, over every running job)."""
         rows = s.execute(select(JobRow.id, JobRow.last_checkpoint_at, JobRow.started_at).where(
             JobRow.state == S.RUNNING.value, JobRow.op.is_(None))).all()
-        if len(self._specs) > 2 * len(rows) + 1000:  # no snapshot has pruned it lately (nothing waited)
+        specs = self._cache.specs
+        if len(specs) > 2 * len(rows) + 1000:  # no snapshot has pruned it lately (nothing waited)
             running = {r.id for r in rows}
-            self._specs = {k: v for k, v in self._specs.items() if k in running}
-        _specs(s, [r.id for r in rows], self._specs)
+            specs = self._cache.specs = {k: v for k, v in specs.items() if k in running}
+        _specs(s, [r.id for r in rows], specs)
         due = []
         for jid, last, started in rows:
-            every = self._specs[jid].checkpoint_every
+            every = specs[jid].checkpoint_every
             if every and now - max(last or 0.0, started or now) >= float(every):
                 due.append(jid)
         return [j for j in (s.get(JobRow, jid) for jid in due) if j is not None]
@@ -182,7 +188,7 @@ class Reconciler:
             # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
             self._passes += 1
             caps = self.device_caps(s) if self.device_caps is not None else None
-            view, seen = snapshot(s, generation=self._passes, links=self.links, specs=self._specs, device_caps=caps)
+            view, seen = snapshot(s, generation=self._passes, links=self.links, cache=self._cache, device_caps=caps)
         self._unfit = {j: p for j, p in self._unfit.items() if j in seen}
         actions = self.policy.decide(view, [], now)
         why = self.policy.reasons()
@@ -314,12 +320,24 @@ class Seen:
     reason: str | None
 
 
-#: The columns of a live job the policy's view is made of (its spec is read once per job: it never changes).
-_VIEW_COLUMNS = (JobRow.id, JobRow.owner, JobRow.ranks, JobRow.tier, JobRow.submitted_at, JobRow.state, JobRow.held,
-                 JobRow.op, JobRow.op_purpose, JobRow.placement, JobRow.started_at, JobRow.attained_device_s,
-                 JobRow.last_cluster, JobRow.target, JobRow.pinned_devices, JobRow.progress, JobRow.reason_code,
-                 JobRow.reason)
+#: The columns of a live job the policy's view is made of (its spec is read once per job: it never changes). A
+#: waiting job holds no devices: its placement and target are not read.
+_WAITING_COLUMNS = (JobRow.id, JobRow.owner, JobRow.ranks, JobRow.tier, JobRow.submitted_at, JobRow.state,
+                    JobRow.held, JobRow.started_at, JobRow.attained_device_s, JobRow.last_cluster,
+                    JobRow.pinned_devices, JobRow.progress, JobRow.reason_code, JobRow.reason)
+_ACTIVE_COLUMNS = (*_WAITING_COLUMNS, JobRow.op, JobRow.op_purpose, JobRow.placement, JobRow.target)
 _SPECS_PER_QUERY = 500  # ids per IN list when reading the specs of new jobs
+
+
+@dataclasses.dataclass
+class ViewCache:
+    """What one pass's snapshot keeps for the next (both pruned to the live jobs at each snapshot): each job's
+    spec (read once: it never changes), and each waiting job's view with the row it was made from (made
+    again only when the row changed). A pass over thousands of waiting jobs so decodes and builds only what
+    is new."""
+
+    specs: dict[str, JobSpec] = dataclasses.field(default_factory=dict)
+    views: dict[str, tuple[Any, JobView]] = dataclasses.field(default_factory=dict)
 
 
 def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
@@ -331,31 +349,31 @@ def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
             cache[jid] = JobSpec.from_json(spec)
 
 
-def snapshot(s: Session, generation: int = 0, links: Links | None = None, specs: dict[str, JobSpec] | None = None,
+def snapshot(s: Session, generation: int = 0, links: Links | None = None, cache: ViewCache | None = None,
              device_caps: Mapping[str, int] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
     """The immutable view the policy decides over: nodes that are up (the drained ones named in ``drained``),
     and every job that waits for or holds devices (a migration's target devices count as held: they are
     reserved), with its owner; ``links``: the network between clusters and regions as the settings give it
     (TIDAL_REGION_GBPS, else :class:`Links`'s default), with the rate measured from one region to another where
     there is one (:mod:`tidal.control.linkrates`); ``device_caps``: the most devices each user may hold (none:
-    no cap).
-    With it, what the view was made of for each live job (:class:`Seen`). ``specs``: job id → its spec,
-    kept by the caller from one pass to the next (pruned here to the live jobs), so that a pass over
-    thousands of waiting jobs does not decode each one's spec again."""
+    no cap). With it, what the view was made of for each live job (:class:`Seen`). ``cache``: what the last
+    pass's snapshot kept (:class:`ViewCache`)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
         tree.setdefault(n.region, {}).setdefault(n.cluster, []).append(Node(n.name, n.devices))
     topo = Topology(tuple(Region(r, tuple(Cluster(c, tuple(ns)) for c, ns in cs.items()))
                           for r, cs in tree.items()))
-    live = [st.value for st in (S.PENDING, S.PREEMPTED, *jobs.ACTIVE)]
-    rows = s.execute(select(*_VIEW_COLUMNS).where(JobRow.state.in_(live))).all()
-    cache = {} if specs is None else specs
-    ids = [r.id for r in rows]
-    if specs is not None:
-        for gone in cache.keys() - set(ids):
-            del cache[gone]
-    _specs(s, ids, cache)
+    waiting = s.execute(select(*_WAITING_COLUMNS).where(JobRow.state.in_((S.PENDING.value, S.PREEMPTED.value))))
+    active = s.execute(select(*_ACTIVE_COLUMNS).where(JobRow.state.in_([st.value for st in jobs.ACTIVE])))
+    rows = [*waiting, *active]
+    cache = cache or ViewCache()
+    ids = {r.id for r in rows}
+    for gone in cache.specs.keys() - ids:
+        del cache.specs[gone]
+    for gone in cache.views.keys() - ids:
+        del cache.views[gone]
+    _specs(s, [r.id for r in rows], cache.specs)
     views: dict[str, JobView] = {}
     seen: dict[str, Seen] = {}
     for j in rows:
@@ -363,23 +381,17 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None, specs:
         seen[j.id] = Seen(st, bool(j.held), j.reason_code, j.reason)
         if j.held and st is S.PREEMPTED:
             continue
+        if st in (S.PENDING, S.PREEMPTED):
+            made = cache.views.get(j.id)
+            if made is None or made[0] != j:
+                made = cache.views[j.id] = (j, _view(j, st, (), cache.specs[j.id]))
+            views[j.id] = made[1]
+            continue
+        cache.views.pop(j.id, None)
         if st is S.RUNNING and j.op is not None:
             st = S.CHECKPOINTING if j.op_purpose not in ("launch", "restore") else S.RESTORING
         placement = tuple(DeviceRef(p["node"], int(p["device"])) for p in j.placement or ())
-        spec = cache[j.id]
-        lo, hi = spec.min_devices or 1, spec.max_devices or j.ranks
-        if j.pinned_devices:  # resized by hand: the scheduler keeps that size
-            lo = hi = j.pinned_devices
-        tier = Tier.parse(j.tier)
-        attained = float(j.attained_device_s or 0.0)
-        views[j.id] = JobView(id=j.id, ranks=j.ranks, tier=tier, submitted_at=j.submitted_at,
-                              state=st, min_devices=lo, max_devices=hi, placement=placement,
-                              started_at=j.started_at, project=spec.project or "default",
-                              requested_tier=spec.tier if spec.tier > tier else None,
-                              home_cluster=spec.cluster, home_region=spec.region,
-                              image_gb=_image_gb(j.progress, j.ranks), attained_device_s=attained,
-                              duration_hint=spec.runtime, last_cluster=j.last_cluster,
-                              remaining_hint=run_time_left(spec.runtime, attained, j.ranks), owner=j.owner)
+        views[j.id] = _view(j, st, placement, cache.specs[j.id])
         if j.target:
             tgt = tuple(DeviceRef(n, int(i)) for n, i in j.target)
             views[f"{j.id}@target"] = JobView(id=f"{j.id}@target", ranks=len(tgt), tier=Tier.PREMIUM,
@@ -388,6 +400,21 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None, specs:
     drained = frozenset(n.name for n in nodes if n.drain is not None)
     return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained,
                        device_caps=device_caps or {}), seen
+
+
+def _view(j: Any, st: JobState, placement: tuple[DeviceRef, ...], spec: JobSpec) -> JobView:
+    """The policy's view of the job of row ``j`` (in state ``st``, holding ``placement``)."""
+    lo, hi = spec.min_devices or 1, spec.max_devices or j.ranks
+    if j.pinned_devices:  # resized by hand: the scheduler keeps that size
+        lo = hi = j.pinned_devices
+    tier = Tier.parse(j.tier)
+    attained = float(j.attained_device_s or 0.0)
+    return JobView(id=j.id, ranks=j.ranks, tier=tier, submitted_at=j.submitted_at, state=st, min_devices=lo,
+                   max_devices=hi, placement=placement, started_at=j.started_at, project=spec.project or "default",
+                   requested_tier=spec.tier if spec.tier > tier else None, home_cluster=spec.cluster,
+                   home_region=spec.region, image_gb=_image_gb(j.progress, j.ranks), attained_device_s=attained,
+                   duration_hint=spec.runtime, last_cluster=j.last_cluster,
+                   remaining_hint=run_time_left(spec.runtime, attained, j.ranks), owner=j.owner)
 
 
 def _image_gb(progress: dict[str, Any] | None, ranks: int) -> float | None:

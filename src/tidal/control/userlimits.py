@@ -12,6 +12,7 @@ no limit."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,7 +207,7 @@ def admit(s: Session, u: User, project: Project) -> None:
     jobs waiting as it may."""
     most = user_limits(s, u)["max_queued"].value
     if most is not None:
-        n = queued(s, u.name)
+        n = _counted(s, ("user", u.name), lambda: queued(s, u.name))
         if n >= most:
             raise Conflict(f"user {u.name} has {n} job(s) waiting (pending, held or preempted), the most it may "
                            f"have: submit again once some have started or ended", limit=int(most), queued=n,
@@ -214,12 +215,32 @@ def admit(s: Session, u: User, project: Project) -> None:
                                              f"{u.name} --max-queued N`")
     most = project_limits(s, project)["max_queued"].value
     if most is not None:
-        n = project_queued(s, project.name)
+        n = _counted(s, ("project", project.name), lambda: project_queued(s, project.name))
         if n >= most:
             raise Conflict(f"project {project.name} has {n} job(s) waiting (pending, held or preempted), the most it "
                            f"may have: submit again once some have started or ended", limit=int(most), queued=n,
                            project=project.name, hint=f"an admin may raise the limit: `tidal project set "
                                                       f"{project.name} --max-queued N`")
+
+
+def admitted(s: Session, u: User, project: Project) -> None:
+    """A job of ``u`` under ``project`` was stored waiting: the counts :func:`admit` took in this transaction
+    count it (a batch of submissions counts each user's waiting jobs once, not once a submission)."""
+    memo = s.info.get(_QUEUED)
+    if memo:
+        for key in (("user", u.name), ("project", project.name)):
+            if key in memo:
+                memo[key] += 1
+
+
+_QUEUED = "queued_jobs"  # the transaction's counts of waiting jobs, in Session.info
+
+
+def _counted(s: Session, key: tuple[str, str], count: Callable[[], int]) -> int:
+    memo: dict[tuple[str, str], int] = s.info.setdefault(_QUEUED, {})
+    if key not in memo:
+        memo[key] = count()
+    return memo[key]
 
 
 def device_caps(s: Session) -> dict[str, int]:
