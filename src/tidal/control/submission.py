@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 
 from tidal.control.clock import now
 from tidal.control.history import record
+from tidal.control.store.db import flush_behind, write_behind
 from tidal.control.store.models import JobRow, NodeRow
 from tidal.core import TERMINAL, JobSpec, JobState, Tier
 from tidal.errors import Conflict, ValidationError
@@ -33,6 +34,8 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
         raise ValidationError(f"workdir {spec.workdir} does not exist", field="workdir",
                               hint="the working directory must exist at the same path on every node")
     tier, why, deferred = spec.tier, "", ""
+    if (quotas is not None or sla != "off") and spec.tier is not Tier.BASIC:
+        flush_behind(s, _JOBS, _write_jobs)  # admission counts the jobs submitted before in this transaction
     if quotas is not None and spec.tier is not Tier.BASIC:
         d = decide(quotas, capacity(s), spec.project, spec.tier, spec.ranks, _guaranteed_use(s, spec.project))
         tier, why = d.tier, d.reason
@@ -50,15 +53,15 @@ def submit(s: Session, spec: JobSpec, owner: str, cause: str,
         if a.outcome == "deferred":
             deferred = a.reason
     jid = secrets.token_hex(4)
-    values: dict[str, Any] = dict(id=jid, name=spec.name, owner=owner, spec=spec.to_json(),
+    values: dict[str, Any] = dict(id=jid, seq=_next_seq(s), name=spec.name, owner=owner, spec=spec.to_json(),
                                   tier=tier.value, ranks=spec.ranks, held=False,
                                   state=(JobState.HELD if deferred else JobState.PENDING).value,
                                   reason_code=Why.DEFERRED.value if deferred else None,
                                   reason=deferred or None,
                                   submitted_at=now(s), restarts=0, attempt=0, placement=[])
-    # A Core insert (no unit-of-work bookkeeping): submission is the hot path of the API. One cached
-    # statement, the values as parameters; its submission number computed in the same statement.
-    s.execute(_INSERT_JOB, values)
+    # Written behind (no unit-of-work bookkeeping): submission is the hot path of the API, and a batch of them
+    # is inserted in one statement at its commit.
+    write_behind(s, _JOBS, _write_jobs, values)
     record(s, "submitted", job_id=jid, cause=cause,
            detail=f"{spec.tier.value} job {spec.name!r} of {spec.ranks} rank(s) by {owner}"
                   + (f"; admitted as {tier.value}: {why}" if why else "")
@@ -120,6 +123,21 @@ def _guaranteed_use(s: Session, project: str) -> int:
     return sum(ranks for ranks, spec in rows if (spec.get("project") or "default") == project)
 
 
-_INSERT_JOB = insert(JobRow).values(
-    seq=select(func.coalesce(func.max(JobRow.seq), 0) + 1).scalar_subquery())
+_INSERT_JOB = insert(JobRow)
+_JOBS = "jobs"  # Session.info: the jobs a transaction writes behind
+_NEXT_SEQ = "next_seq"  # Session.info: the submission number the transaction gives next
+
+
+def _write_jobs(s: Session, rows: list[dict[str, Any]]) -> None:
+    s.execute(_INSERT_JOB, rows)
+
+
+def _next_seq(s: Session) -> int:
+    """The next submission number: the highest stored, plus those given in this transaction (taken under the
+    writers' lock, so no other transaction gives one meanwhile)."""
+    seq = s.info.get(_NEXT_SEQ)
+    if seq is None:
+        seq = int(s.scalar(select(func.coalesce(func.max(JobRow.seq), 0))) or 0) + 1
+    s.info[_NEXT_SEQ] = seq + 1
+    return seq
 

@@ -14,6 +14,7 @@ again); the next transaction connects again (the pool tests a connection before 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import stat
@@ -38,6 +39,9 @@ log = logging.getLogger(__name__)
 MIGRATIONS = Path(__file__).with_name("migrations")
 # SQLite's companions of a database file: they hold the same rows.
 SQLITE_FILES = ("", "-wal", "-shm", "-journal")
+#: ``Session.info`` key of a transaction's hooks, each called with the session just before it commits: what
+#: code writes behind (rows it adds many of, inserted together at the end; see tidal.control.history).
+BEFORE_COMMIT = "before_commit"
 #: A server connection idle longer than this (seconds) is tested before it is used again.
 PING_IDLE_S = 1.0
 
@@ -161,7 +165,11 @@ class Database:
         with self._locked(urgent):
             with _unavailable(committing), self.sessions() as s, s.begin():
                 s.info.update(self.info)
+                hooks: list[Callable[[Session], None]] = []
+                s.info[BEFORE_COMMIT] = hooks
                 yield s
+                for hook in hooks:  # rows written behind (events, submissions): in one statement each
+                    hook(s)
                 s.flush()  # what fails here was not made; only the COMMIT itself leaves it in doubt
                 new_actions = frozenset(s.info.get("new_actions") or ())
                 committing[0] = True
@@ -206,6 +214,31 @@ class Database:
 
     def close(self) -> None:
         self.engine.dispose()
+
+
+def write_behind(s: Session, key: str, write: Callable[[Session, list[dict[str, Any]]], None],
+                 row: dict[str, Any]) -> None:
+    """Add ``row`` to the rows of ``key`` that this transaction writes just before it commits, all in one
+    statement (``write(s, rows)``), in the order added; outside a transaction of :meth:`Database.tx` (no
+    hooks), write it now. For rows added many at a time and not read back before the commit (or only after
+    :func:`flush_behind`)."""
+    rows: list[dict[str, Any]] | None = s.info.get(key)
+    if rows is None:
+        hooks = s.info.get(BEFORE_COMMIT)
+        if hooks is None:
+            write(s, [row])
+            return
+        rows = s.info[key] = []
+        hooks.append(functools.partial(flush_behind, key=key, write=write))
+    rows.append(row)
+
+
+def flush_behind(s: Session, key: str, write: Callable[[Session, list[dict[str, Any]]], None]) -> None:
+    """Write now what this transaction holds back of ``key`` (before a query that must see those rows)."""
+    rows: list[dict[str, Any]] | None = s.info.get(key)
+    if rows:
+        write(s, list(rows))
+        rows.clear()
 
 
 def lost_connection(exc: BaseException) -> bool:
