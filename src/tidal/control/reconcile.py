@@ -55,6 +55,9 @@ S = JobState
 
 #: The longest rest between two passes that the time a pass took asks for.
 MAX_REST_S = 0.5
+#: How often the passes that take no snapshot (nothing waits) forget the specs of jobs that ended.
+PRUNE_EVERY_S = 60.0
+LIVE = tuple(st.value for st in (S.PENDING, S.PREEMPTED, *jobs.ACTIVE))
 
 
 class Reconciler:
@@ -164,9 +167,9 @@ class Reconciler:
         rows = s.execute(select(JobRow.id, JobRow.last_checkpoint_at, JobRow.started_at).where(
             JobRow.state == S.RUNNING.value, JobRow.op.is_(None))).all()
         specs = self._cache.specs
-        if len(specs) > 2 * len(rows) + 1000:  # no snapshot has pruned it lately (nothing waited)
-            running = {r.id for r in rows}
-            specs = self._cache.specs = {k: v for k, v in specs.items() if k in running}
+        if self.clock.monotonic() - self._cache.pruned_at > PRUNE_EVERY_S:  # when no snapshot prunes it
+            self._cache.prune(set(s.scalars(select(JobRow.id).where(JobRow.state.in_(LIVE)))),
+                              self.clock.monotonic())
         _specs(s, [r.id for r in rows], specs)
         due = []
         for jid, last, started in rows:
@@ -272,6 +275,7 @@ class Reconciler:
         jobs whose reason changed since the snapshot are read again (under the lock: still waiting?)."""
         self._explained_at = self.clock.monotonic()
         cause = f"reconcile-{self._run}"
+        changed: dict[str, policy_reasons.Reason] = {}
         for jid, was in seen.items():
             if was.state not in (S.PENDING, S.PREEMPTED):
                 continue
@@ -281,13 +285,15 @@ class Reconciler:
                 reason = policy_reasons.making_room(freeing[jid])
             else:
                 reason = why.get(jid) or policy_reasons.queued()
-            if (reason.why.value, reason.text) == (was.reason_code, was.reason):
-                continue
-            job = s.get(JobRow, jid)
-            # Placed, cancelled or held meanwhile: its reason is no longer this pass's to give.
-            if job is None or jobs.state(job) is not was.state or job.held != was.held:
-                continue
-            set_reason(s, job, reason, cause)
+            if (reason.why.value, reason.text) != (was.reason_code, was.reason):
+                changed[jid] = reason
+        ids = list(changed)
+        for k in range(0, len(ids), _SPECS_PER_QUERY):  # the rows to change, a few queries for thousands
+            for job in s.scalars(select(JobRow).where(JobRow.id.in_(ids[k:k + _SPECS_PER_QUERY]))):
+                was = seen[job.id]
+                # Placed, cancelled or held meanwhile: its reason is no longer this pass's to give.
+                if jobs.state(job) is was.state and job.held == was.held:
+                    set_reason(s, job, changed[job.id], cause)
 
     def _worth_deciding(self, s: Session) -> bool:
         """Cheap pre-check (it reads only the jobs holding devices): the policy can only act when a job
@@ -338,6 +344,15 @@ class ViewCache:
 
     specs: dict[str, JobSpec] = dataclasses.field(default_factory=dict)
     views: dict[str, tuple[Any, JobView]] = dataclasses.field(default_factory=dict)
+    pruned_at: float = 0.0  # monotonic
+
+    def prune(self, live: set[str], at: float) -> None:
+        """Forget the jobs not in ``live`` (a snapshot's, or the passes' that take no snapshot)."""
+        for gone in self.specs.keys() - live:
+            del self.specs[gone]
+        for gone in self.views.keys() - live:
+            del self.views[gone]
+        self.pruned_at = at
 
 
 def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
@@ -368,11 +383,7 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None, cache:
     active = s.execute(select(*_ACTIVE_COLUMNS).where(JobRow.state.in_([st.value for st in jobs.ACTIVE])))
     rows = [*waiting, *active]
     cache = cache or ViewCache()
-    ids = {r.id for r in rows}
-    for gone in cache.specs.keys() - ids:
-        del cache.specs[gone]
-    for gone in cache.views.keys() - ids:
-        del cache.views[gone]
+    cache.prune({r.id for r in rows}, cache.pruned_at)
     _specs(s, [r.id for r in rows], cache.specs)
     views: dict[str, JobView] = {}
     seen: dict[str, Seen] = {}
