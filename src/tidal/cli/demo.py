@@ -18,20 +18,24 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.table import Table
 
 from tidal.cli import jobenv
 from tidal.cli.output import console
-from tidal.config import Settings, load_settings
 from tidal.control.client import Client
 from tidal.mechanisms.demo import demo_dir, example_script, run_mechanism_demo, until
+
+if TYPE_CHECKING:
+    from tidal.config import Settings
 
 
 def _mechanism_demo(steps: int, keep: bool) -> bool:
     """The checkpoint mechanism alone (no control plane): told as it happens, then a table of what happened."""
+    from tidal.config import load_settings  # here: `tidal --help` imports this module, and needs no settings
+
     home = load_settings().home
     console.print(f"[bold]Tidal demo[/] — the checkpoint mechanism alone, state under {home}")
     got = run_mechanism_demo(home, steps, keep, say=lambda text: console.print(text, highlight=False))
@@ -54,6 +58,8 @@ def _verdict(same: bool) -> str:
 def _own_home(prefix: str) -> tuple[Settings, Path, Path]:
     """A fresh TIDAL_HOME for the demo's cluster, away from the user's cluster (its state, tokens and port);
     with the training job's working directory and the reference run's in it."""
+    from tidal.config import load_settings
+
     home = demo_dir(load_settings().home, prefix)
     os.environ["TIDAL_HOME"] = str(home)
     for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):

@@ -7,9 +7,15 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from tidal.core.units import size
-
 __all__ = ["ago", "clock", "duration", "rate", "size"]
+
+
+def size(n: int | float | None) -> str:
+    """``512 B``, ``1.5 KiB``, ``4.0 GiB``: :func:`tidal.core.units.size`, as the control plane's event details
+    say them. Imported on first use: importing tidal.core makes its whole model, which `tidal ls` can do without."""
+    from tidal.core.units import size
+
+    return size(n)
 
 def duration(seconds: float | None) -> str:
     """``350 ms``, ``1.08 s``, ``12.3 s``, ``3m 12s``, ``2h 05m``, ``3d 4h``; ``-`` for none."""
