@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from tidal.cli import jobenv
 from tidal.cli.output import console
 from tidal.control.client import Client
 from tidal.mechanisms.demo import demo_dir, example_script, run_mechanism_demo, until
@@ -34,6 +32,8 @@ if TYPE_CHECKING:
 
 def _mechanism_demo(steps: int, keep: bool) -> bool:
     """The checkpoint mechanism alone (no control plane): told as it happens, then a table of what happened."""
+    from rich.table import Table
+
     from tidal.config import load_settings  # here: `tidal --help` imports this module, and needs no settings
 
     home = load_settings().home
@@ -164,6 +164,8 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False, 
     """Preemption by a premium job, resume on another node, migration, identical output; ``hosts``: on 3
     test hosts with PostgreSQL and S3, the job moving from host to host. ``keep_for``: seconds the local
     cluster stays up after the story, for its dashboard."""
+    from tidal.cli import jobenv  # here: `tidal --help` imports this module, and needs none of the core
+
     script = example_script("train.py")
     settings, workdir, refdir = _own_home("demo-hosts-" if hosts else "demo-cluster-")
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
@@ -244,6 +246,8 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False, 
         same_log = out == ref_out and reference.returncode == 0
         same_params = (st.workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
         story.say(f"Basic job {final['state']}")
+        from rich.table import Table
+
         table = Table(title=f"Basic job {basic}: what happened")
         for col in ("time", "event", "node", "cause"):
             table.add_column(col)
@@ -269,6 +273,8 @@ def _free_port() -> int:
 
 def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
     """A DDP job of 4 ranks over two nodes: resized, one rank moved, grown back; identical to torchrun."""
+    from tidal.cli import jobenv
+
     script = example_script("ddp_train.py")
     settings, workdir, refdir = _own_home("demo-ddp-")
     args = [str(script), "--steps", str(steps), "--step-time", "0.05", "--collectives"]
