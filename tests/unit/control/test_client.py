@@ -12,6 +12,7 @@ import socket
 import ssl
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -225,6 +226,17 @@ def test_connections_are_kept_alive_and_replaced_once_the_server_closed_them(hom
         wait_until(lambda: select.select([idle], [], [], 0)[0], timeout=10, what="the server's close to arrive")
         assert client.get("/v1/jobs/j-1") == {"id": "j-1"}  # on a new connection, without an error
         assert len({r["port"] for r in seen.requests}) == 2
+
+
+def test_threads_share_a_client(home: Path) -> None:
+    # As benchmarks/api.py submits: one client, requests from several threads at once, each on a connection of
+    # its own while it is in flight.
+    with _serve() as (url, seen):
+        client = Client(url=url, token="t")
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda _: client.get("/v1/jobs/j-1"), range(40)))
+        assert answers == [{"id": "j-1"}] * 40 and len(seen.requests) == 40
+        assert len({r["port"] for r in seen.requests}) <= 8  # kept alive and reused, not one for each
 
 
 def _free_port() -> int:
