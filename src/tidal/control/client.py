@@ -150,8 +150,7 @@ class Client:
                 headers: Mapping[str, str] | None = None) -> Response:
         origin = self._where()
         body = None if json is None else _json_body(json)
-        sent = {**self.headers, **(origin.proxy_headers if origin.proxy and origin.scheme == "http" else {}),
-                **({"Content-Type": "application/json"} if body is not None else {}), **(headers or {})}
+        sent = self._headers(origin, {"Content-Type": "application/json"} if body is not None else {}, headers or {})
         conn = self._connection(origin)
         try:
             conn.request(method, origin.target(path, params), body=body, headers=sent)
@@ -187,8 +186,7 @@ class Client:
         headers = {"Last-Event-ID": str(after)} if after is not None else {}
         query = {k: v for k, v in params.items() if v is not None}
         origin = self._where()
-        sent = {**self.headers, **(origin.proxy_headers if origin.proxy and origin.scheme == "http" else {}),
-                **headers}
+        sent = self._headers(origin, headers)
         # A connection of its own: the caller's requests go on on others while the stream is open.
         conn = self._open(origin)
         try:
@@ -210,6 +208,12 @@ class Client:
             idle, self._idle = self._idle, []
         for conn in idle:
             conn.close()
+
+    def _headers(self, origin: _Origin, *more: Mapping[str, str]) -> dict[str, str]:
+        """A request's headers: the token's, a proxy's own where a plain-HTTP request goes through it (a tunnel's
+        CONNECT carries them for HTTPS), then ``more``."""
+        proxy = origin.proxy_headers if origin.proxy and origin.scheme == "http" else {}
+        return {k: v for m in (self.headers, proxy, *more) for k, v in m.items()}
 
     def _where(self) -> _Origin:
         if self._origin is None:
@@ -308,8 +312,8 @@ def default_context() -> ssl.SSLContext:
 class _Origin:
     """Where requests go: the control plane's scheme, host, port and path prefix, and the proxy on the way."""
 
-    def __init__(self, url: str, scheme: str, host: str, port: int, prefix: str, proxy: Proxy | None) -> None:
-        self.url, self.scheme, self.host, self.port, self.prefix, self.proxy = url, scheme, host, port, prefix, proxy
+    def __init__(self, scheme: str, host: str, port: int, prefix: str, proxy: Proxy | None) -> None:
+        self.scheme, self.host, self.port, self.prefix, self.proxy = scheme, host, port, prefix, proxy
         self.proxy_headers = proxy.headers() if proxy else {}
 
     @classmethod
@@ -328,7 +332,7 @@ class _Origin:
             raise ConfigError(f"the control plane's URL {url!r} is not valid ({exc})", field="url",
                               hint="give it as http(s)://HOST[:PORT]") from None
         host = parts.hostname or ""
-        return cls(url, scheme, host, port, parts.path.rstrip("/"), proxy_for(scheme, host, port))
+        return cls(scheme, host, port, parts.path.rstrip("/"), proxy_for(scheme, host, port))
 
     def target(self, path: str, params: Mapping[str, Any] | None) -> str:
         """The request's target: the path under the URL's own, quoted as a URL's path is, and its query."""
