@@ -25,6 +25,7 @@ import argparse
 import os
 import platform
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -69,14 +70,19 @@ def cluster(env: dict[str, str]) -> Iterator[dict[str, str]]:
         say(f"using the control plane at {env['TIDAL_URL']}")
         yield env
         return
-    with tempfile.TemporaryDirectory(prefix="tidal-cli-bench-") as tmp:
-        local = {**env, "TIDAL_HOME": tmp}
-        say("starting a local cluster (tidal up --nodes 1)")
-        tidal(local, "up", "--nodes", "1")
-        try:
-            yield local
-        finally:
-            tidal(local, "down")
+    home = tempfile.mkdtemp(prefix="tidal-cli-bench-")
+    local = {**env, "TIDAL_HOME": home}
+    say(f"starting a local cluster (tidal up --nodes 1) in {home}")
+    tidal(local, "up", "--nodes", "1")
+    try:
+        yield local
+    except BaseException:
+        say(f"the local cluster's logs are kept in {home}/logs")
+        raise
+    else:
+        shutil.rmtree(home, ignore_errors=True)
+    finally:
+        tidal(local, "down")
 
 
 def timed(argv: list[str], env: dict[str, str]) -> tuple[float, float, subprocess.CompletedProcess[str]]:
