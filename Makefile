@@ -85,6 +85,7 @@ bench: criu
 	$(PY) benchmarks/cluster_pause.py --json bench-results/cluster_pause.json
 	$(PY) benchmarks/crosshost.py --json bench-results/crosshost.json
 	$(PY) benchmarks/crossregion.py --json bench-results/crossregion.json
+	$(PY) benchmarks/cli_startup.py --json bench-results/cli_startup.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info

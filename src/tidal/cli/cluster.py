@@ -10,7 +10,6 @@ from tidal.cli import listings
 from tidal.cli.api import Api
 from tidal.cli.formats import Format, emit, output_option, print_table
 from tidal.cli.output import console
-from tidal.config import load_settings
 
 
 def register(app: typer.Typer) -> None:
@@ -25,6 +24,7 @@ def register(app: typer.Typer) -> None:
                                                     "plane; by default a scrape needs a token of role metrics)"),
            ) -> None:
         """Start a local cluster (control plane and agents in the background; state in TIDAL_HOME)."""
+        from tidal.config import load_settings
         from tidal.control.localcluster import up as start
         from tidal.policy.registry import make_live_policy
 
@@ -42,6 +42,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def status(output: Format = output_option()) -> None:
         """Show the local cluster's processes and nodes."""
+        from tidal.config import load_settings
         from tidal.control.clusterfile import alive, load
 
         settings = load_settings()
@@ -65,6 +66,7 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def down() -> None:
         """Stop the local cluster (jobs' ranks stop with their agents; the database is kept)."""
+        from tidal.config import load_settings
         from tidal.control.localcluster import down as stop
 
         stopped = stop(load_settings())

@@ -22,9 +22,12 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tidal.control.client import Client
 from tidal.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tidal.control.client import Client
 
 KEYS = {"url": "TIDAL_URL", "token": "TIDAL_TOKEN", "ca": "TIDAL_CA", "ca_fingerprint": "TIDAL_CA_FINGERPRINT"}
 FLAGS = {"url": "--url", "token": "--token-file", "ca": "--ca", "ca_fingerprint": "--ca-fingerprint"}
@@ -101,6 +104,8 @@ class Connection:
         return out
 
     def client(self, who: str = "user") -> Client:
+        from tidal.control.client import Client  # here: a command that never calls the control plane needs none
+
         s = self.settings()
         return Client(url=s["url"], token=s["token"], who=who, ca=s["ca"], ca_fingerprint=s["ca_fingerprint"])
 

@@ -18,20 +18,24 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.table import Table
 
-from tidal.cli import jobenv
 from tidal.cli.output import console
-from tidal.config import Settings, load_settings
 from tidal.control.client import Client
 from tidal.mechanisms.demo import demo_dir, example_script, run_mechanism_demo, until
+
+if TYPE_CHECKING:
+    from tidal.config import Settings
 
 
 def _mechanism_demo(steps: int, keep: bool) -> bool:
     """The checkpoint mechanism alone (no control plane): told as it happens, then a table of what happened."""
+    from rich.table import Table
+
+    from tidal.config import load_settings  # here: `tidal --help` imports this module, and needs no settings
+
     home = load_settings().home
     console.print(f"[bold]Tidal demo[/] — the checkpoint mechanism alone, state under {home}")
     got = run_mechanism_demo(home, steps, keep, say=lambda text: console.print(text, highlight=False))
@@ -54,6 +58,8 @@ def _verdict(same: bool) -> str:
 def _own_home(prefix: str) -> tuple[Settings, Path, Path]:
     """A fresh TIDAL_HOME for the demo's cluster, away from the user's cluster (its state, tokens and port);
     with the training job's working directory and the reference run's in it."""
+    from tidal.config import load_settings
+
     home = demo_dir(load_settings().home, prefix)
     os.environ["TIDAL_HOME"] = str(home)
     for var in ("TIDAL_URL", "TIDAL_TOKEN", "TIDAL_DATABASE_URL", "TIDAL_CHECKPOINT_STORE"):
@@ -158,6 +164,8 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False, 
     """Preemption by a premium job, resume on another node, migration, identical output; ``hosts``: on 3
     test hosts with PostgreSQL and S3, the job moving from host to host. ``keep_for``: seconds the local
     cluster stays up after the story, for its dashboard."""
+    from tidal.cli import jobenv  # here: `tidal --help` imports this module, and needs none of the core
+
     script = example_script("train.py")
     settings, workdir, refdir = _own_home("demo-hosts-" if hosts else "demo-cluster-")
     train = [sys.executable, str(script), "--steps", str(steps), "--step-time", "0.06"]
@@ -238,6 +246,8 @@ def run_cluster_demo(steps: int = 300, keep: bool = False, hosts: bool = False, 
         same_log = out == ref_out and reference.returncode == 0
         same_params = (st.workdir / "params.bin").read_bytes() == (refdir / "params.bin").read_bytes()
         story.say(f"Basic job {final['state']}")
+        from rich.table import Table
+
         table = Table(title=f"Basic job {basic}: what happened")
         for col in ("time", "event", "node", "cause"):
             table.add_column(col)
@@ -263,6 +273,8 @@ def _free_port() -> int:
 
 def run_distributed_demo(steps: int = 150, keep: bool = False) -> bool:
     """A DDP job of 4 ranks over two nodes: resized, one rank moved, grown back; identical to torchrun."""
+    from tidal.cli import jobenv
+
     script = example_script("ddp_train.py")
     settings, workdir, refdir = _own_home("demo-ddp-")
     args = [str(script), "--steps", str(steps), "--step-time", "0.05", "--collectives"]

@@ -25,8 +25,6 @@ from tidal.cli.api import Api
 from tidal.cli.formats import Format, output_option, print_rows
 from tidal.cli.output import console
 from tidal.cli.units import parse_duration
-from tidal.config import load_settings
-from tidal.core.topology import devices_option
 from tidal.errors import ConfigError, Conflict
 
 JOIN_ID = re.compile(r"jt-[0-9a-f]{12}")  # a join token's id (tidal.control.tokens); anything else names a node
@@ -126,6 +124,9 @@ def register(app: typer.Typer) -> None:
         token_file: Path = typer.Option(None, "--token-file", help="a credential to use instead (a file)"),
     ) -> None:
         """Run this node's agent (in the foreground, as root), joining the control plane at --server."""
+        from tidal.config import load_settings  # here: the settings' import is most of a short command's start-up
+        from tidal.core.topology import devices_option
+
         name = name or socket.gethostname().split(".")[0]
         node_root = root or load_settings().home / "nodes" / name
         args = ["--name", name, "--server", server, "--devices", str(devices_option(devices)), "--cluster", cluster,

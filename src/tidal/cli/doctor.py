@@ -12,23 +12,26 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.text import Text
 
-from tidal.agent import gpuchecks
 from tidal.cli import listings
 from tidal.cli.formats import Format, emit, output_option, print_table
 from tidal.cli.output import console
-from tidal.control.checks import control_plane_checks
-from tidal.mechanisms import checks
-from tidal.mechanisms.checks import Check
-from tidal.mechanisms.slurm import site
+
+if TYPE_CHECKING:
+    from tidal.mechanisms.checks import Check
+
+# The checks are imported where they run: `tidal --help` imports this module, and needs none of them.
 
 
 def run_checks() -> list[Check]:
     """Every check, in display order: the machine's, its GPUs', then the control plane's."""
+    from tidal.agent import gpuchecks
+    from tidal.control.checks import control_plane_checks
+    from tidal.mechanisms import checks
+
     return checks.run_checks([*checks.machine_checks(), *gpuchecks.planned(), *control_plane_checks()])
 
 
@@ -41,6 +44,8 @@ def to_json(results: Sequence[Check]) -> dict[str, Any]:
 
 
 def render(results: Sequence[Check], wide: bool = False) -> None:
+    from rich.text import Text
+
     rows = [asdict(c) for c in results]
     print_table(rows, listings.CHECKS.columns, wide, title="tidal doctor")
     failed = [c.name for c in results if c.failed]
@@ -63,6 +68,9 @@ def doctor(
 ) -> None:
     """Check this machine: kernel, root, CRIU and its features, cgroups, torch, PostgreSQL, GPUs."""
     if slurm:
+        from tidal.mechanisms import checks
+        from tidal.mechanisms.slurm import site
+
         results = checks.run_checks(site.slurm_checks(store or os.environ.get("TIDAL_CHECKPOINT_STORE")))
     else:
         results = run_checks()

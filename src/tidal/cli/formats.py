@@ -20,12 +20,8 @@ from enum import StrEnum
 from typing import Any
 
 import typer
-import yaml
-from rich import box
-from rich.table import Table
-from rich.text import Text
 
-from tidal.cli.output import console
+from tidal.cli.output import console, plain_output
 
 
 class Format(StrEnum):
@@ -68,6 +64,8 @@ def dump(data: Any, fmt: Format) -> None:
     if fmt is Format.json:
         print(json.dumps(data, indent=1))
     else:
+        import yaml
+
         print(yaml.safe_dump(data, sort_keys=False, allow_unicode=True), end="")
 
 
@@ -87,7 +85,11 @@ def print_rows(rows: Iterable[Row], listing: Listing, fmt: Format, title: str | 
 def print_table(rows: Sequence[Row], columns: Sequence[Column], wide: bool = False, title: str | None = None) -> None:
     cols = [c for c in columns if wide or not c.wide]
     cells = [[_one_line(c.value(r)) for c in cols] for r in rows]
-    if console.is_terminal:
+    if not plain_output() and console.is_terminal:
+        from rich import box
+        from rich.table import Table
+        from rich.text import Text
+
         t = Table(*(c.header for c in cols), box=box.SIMPLE_HEAD, title=title, title_justify="left",
                   header_style="bold", pad_edge=False)
         for col in t.columns:

@@ -1,27 +1,27 @@
 """Job commands: submit, ls, show, logs, wait, cancel, checkpoints, events, preempt, resume, migrate (ls, cancel and
-preempt by filters too: :mod:`tidal.cli.selection`)."""
+preempt by filters too: :mod:`tidal.cli.selection`).
+
+Every `tidal ls` or `tidal show` imports this module: what only some commands use (YAML, the checks of a
+submission, rich's text) is imported in them (see tests/unit/cli/test_startup.py)."""
 
 from __future__ import annotations
 
 import os
 import time
 from collections.abc import Callable
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
-from rich.markup import escape
-from rich.text import Text
 
-from tidal.cli import eventfollow, jobcheck, jobenv, listings, selection, units
+from tidal.cli import listings, selection, units
 from tidal.cli.api import Api, Client
 from tidal.cli.formats import Format, emit, output_option, print_rows, print_table
 from tidal.cli.logs import CANCELLED, TERMINAL, exit_status, outcome
 from tidal.cli.output import console, fail
 from tidal.cli.terms import flag, phrased
 from tidal.cli.units import parse_duration
-from tidal.core import JobSpec, limits
 from tidal.errors import Conflict, TidalError, ValidationError
 
 STABLE = {"running", "preempted", "held", "pending", "succeeded", "failed", "cancelled"}
@@ -34,8 +34,12 @@ _FORMS: dict[str, Callable[[Any], Any]] = {
     "checkpoint_every": lambda v: parse_duration(v) if isinstance(v, str) else v,
     "runtime": lambda v: parse_duration(v, "runtime") if isinstance(v, str) else v,
 }
-# The fields a submission may give (JobSpec's): the request's body is made of these.
-SUBMITTED = frozenset(f.name for f in JobSpec.submission_fields())
+@cache
+def submitted() -> frozenset[str]:
+    """The fields a submission may give (JobSpec's): the request's body is made of these."""
+    from tidal.core import JobSpec
+
+    return frozenset(f.name for f in JobSpec.submission_fields())
 
 
 def _as_submitted(fields: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +47,10 @@ def _as_submitted(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_job_file(path: Path) -> dict[str, Any]:
+    import yaml
+
+    from tidal.cli import jobcheck
+
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
@@ -61,7 +69,9 @@ def load_job_file(path: Path) -> dict[str, Any]:
 def _submission(file: Path | None, options: dict[str, Any], env: list[str]) -> dict[str, Any]:
     """The body of `tidal submit`'s request: job.yaml's fields, then the options given (by field name)
     over them, then the job's environment (see :mod:`tidal.cli.jobenv`)."""
-    assert set(options) <= SUBMITTED, set(options) - SUBMITTED
+    from tidal.cli import jobcheck, jobenv
+
+    assert set(options) <= submitted(), set(options) - submitted()
     given = {k: v for k, v in options.items() if v is not None and v != []}
     from_file: set[str] = set()
     try:
@@ -83,8 +93,8 @@ def submission_terms(file: Path | None, options: dict[str, Any]) -> dict[str, st
     """What the user calls each field of a submission: the flag, or the job file's key where the file gave it
     and no flag did (the key is the user's word then: it stays, and the file is named)."""
     from_file = set(load_job_file(file)) if file else set()
-    names = {f: flag(f) for f in SUBMITTED if f != "command"}
-    for f in from_file & SUBMITTED:
+    names = {f: flag(f) for f in submitted() if f != "command"}
+    for f in from_file & submitted():
         if options.get(f) in (None, []):
             names[f] = f"{f} (in {file})"
     return names
@@ -187,7 +197,7 @@ def register(app: typer.Typer) -> None:
                    "min_devices": min_devices, "max_devices": max_devices, "checkpoint_every": checkpoint_every,
                    "runtime": runtime,
                    "max_restarts": max_restarts, "workdir": workdir, "region": region, "cluster": cluster}
-        names = {f: flag(f) for f in SUBMITTED if f != "command"}
+        names = {f: flag(f) for f in submitted() if f != "command"}
         try:
             names = submission_terms(file, options)
             body = _submission(file, options, env or [])  # its errors already name the flag or the key
@@ -211,8 +221,8 @@ def register(app: typer.Typer) -> None:
            state: list[str] = selection.state_option(), user: list[str] = selection.user_option(),
            name: str = selection.name_option(), tier: list[str] = selection.tier_option(),
            since: str = selection.since_option(),
-           limit: int = typer.Option(selection.PAGE, "--limit", "-n", min=1, max=limits.MAX_PAGE, metavar="N",
-                                     help=f"show at most N jobs, the newest (at most {limits.MAX_PAGE:,}); with "
+           limit: int = typer.Option(selection.PAGE, "--limit", "-n", min=1, max=selection.MAX_PAGE, metavar="N",
+                                     help=f"show at most N jobs, the newest (at most {selection.MAX_PAGE:,}); with "
                                           "--all-pages, the jobs fetched per request"),
            all_pages: bool = typer.Option(False, "--all-pages",
                                           help="every job the filters select, fetched page after page"),
@@ -238,6 +248,8 @@ def register(app: typer.Typer) -> None:
         job = wait_stable(Api(), job_id, lambda j: j["state"] in TERMINAL, timeout, "waiting for")
         code = exit_status(job)
         if code:
+            from rich.text import Text
+
             console.print(Text(outcome(job), style="yellow" if code == CANCELLED else "red"))
         raise typer.Exit(code)
 
@@ -279,6 +291,8 @@ def register(app: typer.Typer) -> None:
                output: Format = output_option()) -> None:
         """The event log, oldest first: every state change with its cause."""
         if follow:
+            from tidal.cli import eventfollow
+
             code = eventfollow.follow(Api(), job, last, output)
             if code:
                 raise typer.Exit(code)
@@ -332,6 +346,8 @@ def register(app: typer.Typer) -> None:
             return
         job = wait_stable(api, job_id, lambda j: not j["busy"] and j["state"] in {"running", *TERMINAL},
                           timeout, "resuming")
+        from rich.markup import escape
+
         for e in _since(job, seq):
             if e["kind"] == "checkpoint_bad":
                 console.print(f"[yellow]{escape(e['detail'])}[/]", highlight=False)
@@ -401,6 +417,8 @@ def _resize_cmd(app: typer.Typer) -> None:
 
 def _show(job: dict[str, Any], wide: bool) -> None:
     """A job for people: a few lines, then its placement, checkpoints and events as tables."""
+    from rich.text import Text
+
     head = Text.assemble((job["id"], "bold"), f" {job['name']}  {job['tier']}  ",
                          (job["state"], listings.STATE_STYLE.get(job["state"], "bold")))
     if job["held"]:

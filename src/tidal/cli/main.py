@@ -1,84 +1,97 @@
-"""The ``tidal`` command line. Thin: each command lives in its own module and registers itself here."""
+"""The ``tidal`` command line. Thin: each command lives in its own module and registers itself on the root
+(:mod:`tidal.cli.root`) with ``register(app)``.
+
+It starts with what the command run needs, and no more: ``tidal --version`` imports nothing of the CLI,
+``tidal ls`` the root and the module of ``ls`` alone (with what that module imports), so that a short command
+is not kept waiting on the imports of all the others. ``tidal --help``, shell completion, ``tidal
+cli-reference`` and anything not recognised below register every module: what they list is complete."""
 
 from __future__ import annotations
 
+import os
 import sys
-from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
+from collections.abc import Sequence
+from importlib import import_module
 
-import typer
-
-from tidal.cli import completion
-from tidal.cli.config import connection, token_from_file
-from tidal.cli.output import fail
-from tidal.errors import TidalError
-
-app = typer.Typer(
-    name="tidal",
-    help="Tidal: preemptible, migratable, elastically resizable deep-learning jobs.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,  # help text as written: `[rank N]` is text, not a style
-)
-
-
-def tidal_version() -> str:
-    try:
-        return version("tidal")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        return "unknown"
-
-
-def _show_version(value: bool) -> None:
-    if value:
-        print(f"tidal {tidal_version()}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _root(
-    url: str = typer.Option(None, "--url", metavar="URL",
-                            help="the control plane's URL (over TIDAL_URL and the config file's url)"),
-    token_file: Path = typer.Option(None, "--token-file", metavar="FILE",
-                                    help="a file holding your API token (over TIDAL_TOKEN and the config file's "
-                                         "token)"),
-    ca: Path = typer.Option(None, "--ca", metavar="FILE",
-                            help="trust the control plane through this CA certificate (over TIDAL_CA and the "
-                                 "config file's ca)"),
-    ca_fingerprint: str = typer.Option(None, "--ca-fingerprint", metavar="SHA256",
-                                       help="or pin its CA's fingerprint (over TIDAL_CA_FINGERPRINT and the config "
-                                            "file's ca_fingerprint)"),
-    config: Path = typer.Option(None, "--config", metavar="FILE",
-                                help="the config file (over TIDAL_CONFIG; default ~/.config/tidal/config)"),
-    _version: bool = typer.Option(False, "--version", is_eager=True, callback=_show_version,
-                                  help="print tidal's version and exit"),
-) -> None:
-    """Tidal: preemptible, migratable, elastically resizable deep-learning jobs.
-
-    Where the control plane is: flags, then TIDAL_URL, TIDAL_TOKEN, TIDAL_CA, TIDAL_CA_FINGERPRINT, then the
-    config file (url, token, ca, ca_fingerprint), then the local cluster of `tidal up`."""
-    connection.config = config
-    flags = {"url": url, "ca": ca and str(ca.absolute()), "ca_fingerprint": ca_fingerprint,
-             "token": token_file and token_from_file(token_file)}
-    connection.flags = {k: v for k, v in flags.items() if v}
+# The command modules (tidal/cli/MODULE.py), in the order `tidal --help` lists their commands, each with the
+# names of the commands and command groups its `register(app)` adds: `tidal NAME ...` imports NAME's module.
+#
+# To add a module: write tidal/cli/MODULE.py with a `register(app: typer.Typer) -> None` as the others have
+# (`@app.command()` functions, or `app.add_typer(group, name=...)`), and add its one line here, e.g.
+#     "users": ("user",),
+# A command or group added to a module that is already here: its name on the module's line. A module or a
+# name left out still works (as a word not recognised, it registers every module), only slower;
+# tests/unit/cli/test_startup.py fails, saying what to add, until this table says what the modules register.
+COMMANDS: dict[str, tuple[str, ...]] = {
+    "cluster": ("up", "status", "down", "nodes"),
+    "deploy": ("server", "agent", "token", "node"),
+    "jobs": ("resize", "submit", "ls", "show", "wait", "cancel", "checkpoints", "events", "preempt", "resume",
+             "migrate"),
+    "logs": ("logs",),
+    "store": ("store",),
+    "users": ("user", "project", "whoami"),
+    "run": ("run",),
+    "demo": ("demo",),
+    "sim": ("sim",),
+    "doctor": ("doctor",),
+    "completion": ("completion",),
+    "reference": ("cli-reference",),
+}
+# Commands that read every other command: they need them all registered.
+NEEDS_ALL = frozenset({"cli-reference"})
+# tidal's own options that take a value (the root's, tidal.cli.root), skipped to find the command's name.
+ROOT_OPTIONS_WITH_VALUE = frozenset({"--url", "--token-file", "--ca", "--ca-fingerprint", "--config"})
 
 
-def _register() -> None:
-    # Each module adds its commands to `app`; imported here so `tidal --help` lists them all.
-    from tidal.cli import cluster, demo, deploy, doctor, jobs, logs, reference, run, sim, store, users
+def command_name(args: Sequence[str]) -> str | None:
+    """The command ``tidal ARGS`` runs: the first word after tidal's own options; None where there is none or
+    where something else comes first (``--help``, ``--version``, an option tidal does not have)."""
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ROOT_OPTIONS_WITH_VALUE:
+            i += 2
+        elif arg.startswith("--") and arg.partition("=")[0] in ROOT_OPTIONS_WITH_VALUE:
+            i += 1
+        elif arg.startswith("-"):
+            return None
+        else:
+            return arg
+    return None
 
-    for module in (cluster, deploy, jobs, logs, store, users, run, demo, sim, doctor, completion, reference):
-        module.register(app)
+
+def modules_for(args: Sequence[str], completing: bool = False) -> list[str]:
+    """The command modules ``tidal ARGS`` registers: its command's, or every one (``completing``: the shell
+    asks for the candidates of what the user is typing)."""
+    name = command_name(args)
+    if not completing and name not in NEEDS_ALL:
+        for module, names in COMMANDS.items():
+            if name in names:
+                return [module]
+    return list(COMMANDS)
 
 
 def main() -> None:
-    _register()
+    args = sys.argv[1:]
+    if args == ["--version"]:  # answered before Typer is imported (the root's eager --version says the same)
+        from tidal.cli.version import tidal_version
+
+        print(f"tidal {tidal_version()}")
+        return
+    from tidal.errors import TidalError
+
     try:
+        from tidal.cli import completion
+        from tidal.cli.root import app
+
+        for module in modules_for(args, completing=bool(os.environ.get(completion.COMPLETE_VAR))):
+            import_module(f"tidal.cli.{module}").register(app)
         # Named `tidal` however it was started (`python -m tidal.cli.main` too): in its usage lines, and in the
         # variable the shell completion scripts set.
         app(prog_name=completion.PROG, complete_var=completion.COMPLETE_VAR)
     except TidalError as exc:
+        from tidal.cli.output import fail
+
         fail(exc)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import typer
 
-from tidal.mechanisms.slurm.runner import RunOptions, run
-
 
 def register(app: typer.Typer) -> None:
     @app.command("run", context_settings={"allow_extra_args": False})
@@ -28,6 +26,8 @@ def register(app: typer.Typer) -> None:
         (SIGUSR1 of `--signal=B:USR1@SECONDS`, or SIGTERM on preemption), restored from the last checkpoint when
         Slurm starts the job again. Over several nodes, one task per node (`srun --ntasks-per-node=1 tidal run
         --ranks-per-node K -- CMD`): task 0 coordinates the checkpoint over the network. See docs/slurm.md."""
+        from tidal.mechanisms.slurm.runner import RunOptions, run  # here: the rest of tidal's commands need none of it
+
         code = run(RunOptions(tuple(argv or ()), store=store, key=key, checkpoint_every=checkpoint_every,
                               ranks_per_node=ranks_per_node))
         raise typer.Exit(code)

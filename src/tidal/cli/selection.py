@@ -13,20 +13,23 @@ from datetime import datetime
 from typing import Any
 
 import typer
-from rich.text import Text
 
 from tidal.cli import listings, units
 from tidal.cli.api import Client
 from tidal.cli.formats import print_table
-from tidal.cli.output import console, err_console, fail
-from tidal.core import TERMINAL, JobState, limits
+from tidal.cli.output import console, err_console, fail, plain_output
 from tidal.errors import ValidationError, shown
 
-#: Jobs one `tidal ls` shows unless told otherwise (the API's default page).
+#: Jobs one `tidal ls` shows unless told otherwise (the API's default page), and the most: the API's own
+#: bounds (tidal.core.limits' MAX_PAGE and MAX_BULK; a unit test holds them equal), written here because
+#: `tidal ls` does not import the core model.
 PAGE = 1000
+MAX_PAGE = 10_000
+MAX_BULK = 1000
 #: More jobs than this, given by id, are confirmed before anything is done to them (a filter's always are).
 CONFIRM_OVER = 5
-UNFINISHED = [s.value for s in JobState if s not in TERMINAL]
+#: The states of a job not yet ended (tidal.core's JobState less TERMINAL; the same unit test holds them equal).
+UNFINISHED = ["pending", "held", "running", "checkpointing", "preempted", "migrating", "resizing", "restoring"]
 #: The jobs a confirmation shows before asking.
 PREVIEW = 10
 
@@ -179,6 +182,12 @@ def own_only(scope: str, asked_all: bool) -> None:
 
 
 def note(text: str) -> None:
+    """``note: TEXT`` on stderr, in colour on a terminal (rich is imported only there)."""
+    if plain_output(sys.stderr):
+        print(f"note: {text}", file=sys.stderr, flush=True)
+        return
+    from rich.text import Text
+
     err_console.print(Text.assemble(("note:", "yellow"), " ", text), highlight=False)
 
 
@@ -196,7 +205,7 @@ def act(api: Client, verb: str, ids: Sequence[str], sel: Selection, yes: bool) -
             _confirm(verb, len(ids), f"{verb} these {len(ids):,} jobs?", [], yes)
     else:
         params = sel.params() if sel.states else {**sel.params(), "state": UNFINISHED}
-        listed = fetch(api, params, limits.MAX_BULK, all_pages=True)
+        listed = fetch(api, params, MAX_BULK, all_pages=True)
         own_only(listed.scope, sel.all_users)
         if not listed.jobs:
             note("no job matches: nothing to " + verb)
@@ -205,10 +214,10 @@ def act(api: Client, verb: str, ids: Sequence[str], sel: Selection, yes: bool) -
         _confirm(verb, len(ids), f"{verb} these {len(ids):,} jobs ({sel.words() or 'yours, not yet ended'})?",
                  listed.jobs, yes)
     results: list[dict[str, Any]] = []
-    for start in range(0, len(ids), limits.MAX_BULK):
-        answer = api.post(f"/v1/jobs/{verb}", json={"ids": ids[start:start + limits.MAX_BULK]})
+    for start in range(0, len(ids), MAX_BULK):
+        answer = api.post(f"/v1/jobs/{verb}", json={"ids": ids[start:start + MAX_BULK]})
         for r in answer["results"]:
-            console.print(Text(r["message"], style="" if r["outcome"] in _OK else "red"), highlight=False)
+            console.print(_text(r["message"], "" if r["outcome"] in _OK else "red"), highlight=False)
         results += answer["results"]
     if len(results) > 1:
         tally: dict[str, int] = {}
@@ -234,3 +243,9 @@ def _confirm(verb: str, n: int, question: str, preview: list[dict[str, Any]], ye
     if not typer.confirm(question, default=False):
         note("nothing was done")
         raise typer.Exit(1)
+
+
+def _text(text: str, style: str) -> Any:
+    from rich.text import Text
+
+    return Text(text, style=style)

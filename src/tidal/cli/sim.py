@@ -7,9 +7,6 @@ from pathlib import Path
 from typing import Annotated, Literal, cast
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from tidal.errors import ValidationError
 from tidal.sim.cost import DEFAULT_D2H_GBPS, DEFAULT_H2D_GBPS
@@ -101,6 +98,10 @@ def sim(
         from tidal.sim.quota_spec import parse_quota_option
 
         quotas = parse_quota_option(resolve(quota), quota_scale)
+    from rich.console import Console  # here: `tidal --help` imports this module, and needs no progress bar
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.table import Table
+
     console = Console(stderr=True)
     t0 = time.monotonic()
     p = prepare(str(trace), cluster, load=load, seed=seed, tier_mix=mix,

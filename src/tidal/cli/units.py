@@ -8,7 +8,6 @@ import re
 import time
 from datetime import datetime
 
-from tidal.core.units import size
 from tidal.errors import ValidationError, shown
 
 __all__ = ["ago", "clock", "duration", "parse_duration", "rate", "size"]
@@ -23,6 +22,14 @@ def parse_duration(text: str, field: str = "checkpoint_every") -> float:
         raise ValidationError(f"{field}: bad duration {shown(text)}", field=field, hint="e.g. 30s, 5m, 1h")
     return float(m.group(1)) * _UNITS[m.group(2)]
 
+
+
+def size(n: int | float | None) -> str:
+    """``512 B``, ``1.5 KiB``, ``4.0 GiB``: :func:`tidal.core.units.size`, as the control plane's event details
+    say them. Imported on first use: importing tidal.core makes its whole model, which `tidal ls` can do without."""
+    from tidal.core.units import size
+
+    return size(n)
 
 def duration(seconds: float | None) -> str:
     """``350 ms``, ``1.08 s``, ``12.3 s``, ``3m 12s``, ``2h 05m``, ``3d 4h``; ``-`` for none."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,16 @@ class ClusterState:
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ClusterState:
         return cls(d["url"], d["port"], Proc(**d["server"]), {n: Proc(**p) for n, p in d["agents"].items()})
+
+
+def tidal_home(environ: Mapping[str, str] | None = None) -> Path:
+    """``TIDAL_HOME`` as :class:`tidal.config.Settings` reads it (its name in any case; the default
+    ``~/.tidal``), without loading the settings: a command of the CLI needs nothing else of them, and
+    pydantic-settings is most of a short command's start-up."""
+    env = os.environ if environ is None else environ
+    # As pydantic-settings does: the variables' names lower-cased, the last of two that differ in case winning.
+    value = {k.lower(): v for k, v in env.items()}.get("tidal_home")
+    return Path.home() / ".tidal" if value is None else Path(value)
 
 
 def state_path(home: Path) -> Path:

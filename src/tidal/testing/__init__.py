@@ -9,7 +9,8 @@ everywhere: waiting for a condition (:func:`wait_until`, :func:`wait_for_line`),
 :mod:`tidal.testing.server` (an ASGI app behind a real HTTP server),
 :mod:`tidal.testing.postgres` (a throw-away PostgreSQL server), :mod:`tidal.testing.seaweedfs` (a throw-away S3
 server), :mod:`tidal.testing.hosts` (test hosts: network namespaces on a private bridge, with
-:mod:`tidal.testing.relay` for latency and :mod:`tidal.testing.hostsweep` for what killed runs left)."""
+:mod:`tidal.testing.relay` for latency and :mod:`tidal.testing.hostsweep` for what killed runs left),
+:mod:`tidal.testing.imports` (the modules a program imports)."""
 
 from tidal.testing.clock import FakeClock
 from tidal.testing.files import owned_dir, shared_dir

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tidal.cli.jobs import SUBMITTED, _submission
+from tidal.cli.jobs import _submission, submitted
 from tidal.core import JobSpec
 from tidal.errors import ValidationError
 
@@ -27,7 +27,7 @@ def test_options_override_the_job_file_and_read_fields_the_same_way(tmp_path: Pa
     assert body["command"] == ["python", "-c", "1"] and body["checkpoint_every"] == 90.0
     assert body["workdir"] == "/w"
     # Each field of the body is one JobSpec takes.
-    assert set(body) <= SUBMITTED == {f.name for f in JobSpec.submission_fields()}
+    assert set(body) <= submitted() == {f.name for f in JobSpec.submission_fields()}
 
 
 def test_a_submission_needs_a_command(tmp_path: Path) -> None:
