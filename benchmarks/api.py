@@ -1,6 +1,7 @@
-"""Live-cluster API benchmark: submissions per second, and how long a single-rank job of about 250 MB
-takes from a preempt (then resume) or a migrate request to running again, end to end through the API on a
-local 2-node cluster with real CRIU.
+"""Live-cluster API benchmark: submissions per second, how long a single-rank job of about 250 MB takes from a
+preempt (then resume) or a migrate request to running again, and how long a premium job takes from its
+submission to running, onto a free device and onto one a basic job of about 250 MB holds (the scheduler
+preempts it first), end to end through the API on a local 2-node cluster with real CRIU.
 
     python benchmarks/api.py [--json FILE] [--submissions N] [--mb 250] [--repeat 3]
 
@@ -81,6 +82,42 @@ def latencies(api: Client, workdir: Path, mb: int, repeat: int) -> dict[str, Any
             "image_bytes": image}
 
 
+def premium_latencies(api: Client, workdir: Path, mb: int, repeat: int) -> dict[str, Any]:
+    """From a premium job's submission to it running (its rank's pid known): onto a free device, and onto a
+    device held by a basic job of ``mb`` MiB (which the scheduler preempts: checkpointed, then stopped)."""
+    small = {"command": [sys.executable, "-c", HOLDER.format(mb=1)], "workdir": str(workdir), "env": {},
+             "tier": "premium"}
+    free, preempting = [], []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        job = api.post("/v1/jobs", json=small)["id"]
+        _wait(api, job, _running)
+        free.append(time.perf_counter() - t0)
+        api.post(f"/v1/jobs/{job}/cancel")
+        _wait(api, job, lambda j: j["state"] == "cancelled")
+    # Every device busy with a basic job of ``mb`` MiB; then a premium job arrives.
+    basics = [api.post("/v1/jobs", json={"command": [sys.executable, "-c", HOLDER.format(mb=mb)],
+                                         "workdir": str(workdir), "env": {}, "tier": "basic"})["id"]
+              for _ in range(2)]
+    for b in basics:
+        _wait(api, b, _running)
+    time.sleep(3)  # let them fill their memory
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        job = api.post("/v1/jobs", json=small)["id"]
+        _wait(api, job, _running)
+        preempting.append(time.perf_counter() - t0)
+        api.post(f"/v1/jobs/{job}/cancel")
+        _wait(api, job, lambda j: j["state"] == "cancelled")
+        for b in basics:  # the preempted one resumes on the device given back
+            _wait(api, b, _running)
+        time.sleep(1)
+    for b in basics:
+        api.post(f"/v1/jobs/{b}/cancel")
+    return {"premium_free_s": statistics.median(free), "premium_free_all_s": free,
+            "premium_preempting_s": statistics.median(preempting), "premium_preempting_all_s": preempting}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--json", type=Path)
@@ -104,6 +141,7 @@ def main() -> None:
                                        "threads": args.threads}
                 out["submissions_per_s"] = submissions(api, workdir, args.submissions, args.threads)
                 out.update(latencies(api, workdir, args.mb, args.repeat))
+                out.update(premium_latencies(api, workdir, args.mb, args.repeat))
                 out["job_mb"] = args.mb
         finally:
             down(settings)

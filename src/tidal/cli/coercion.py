@@ -21,12 +21,17 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, cast
 
+from tidal.errors import TidalError
+
 _DIGITS = re.compile(r"-?[0-9]{1,30}")
 _DECIMAL = re.compile(r"-?[0-9]{1,30}(\.[0-9]{1,30})?")
 
 
-class _Unsure(Exception):
-    """The direct conversion cannot tell: Typer's own is asked."""
+class _Unsure(TidalError):
+    """The direct conversion cannot tell: Typer's own is asked (never leaves this module)."""
+
+    def __init__(self) -> None:
+        super().__init__("converted by Typer instead")
 
 
 def install() -> None:

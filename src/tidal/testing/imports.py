@@ -11,6 +11,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from tidal.errors import TidalError
+
 # Run as `python -c`: lists sys.modules into the file named first when the interpreter exits, after running the
 # module named next (as `python -m MODULE ARGS` runs it), if any.
 _LIST = """
@@ -23,16 +25,20 @@ if len(sys.argv) > 1:
 """
 
 
+class UnexpectedExit(TidalError):
+    """The process whose imports were asked for ended otherwise than expected."""
+
+
 def imports_of(module: str | None, *args: str, env: Mapping[str, str] | None = None, expect: int | None = 0,
                timeout: float = 120) -> set[str]:
     """The modules ``python -m MODULE ARGS`` has imported when it exits (``module`` None: those the interpreter
     imports to start). ``env``: its environment (default this one's). Its output is not kept; it must exit with
-    ``expect`` (None: any status), or an AssertionError says how it ended."""
+    ``expect`` (None: any status), or :class:`UnexpectedExit` says how it ended."""
     with tempfile.TemporaryDirectory(prefix="tidal-imports-") as tmp:
         out = Path(tmp) / "modules"
         argv = [sys.executable, "-c", _LIST, str(out), *([module, *args] if module is not None else [])]
         p = subprocess.run(argv, env=dict(os.environ if env is None else env), stdin=subprocess.DEVNULL,
                            capture_output=True, text=True, timeout=timeout, check=False)
         if expect is not None and p.returncode != expect:
-            raise AssertionError(f"{module} {' '.join(args)} exited {p.returncode}, not {expect}: {p.stderr[-2000:]}")
+            raise UnexpectedExit(f"{module} {' '.join(args)} exited {p.returncode}, not {expect}: {p.stderr[-2000:]}")
         return set(out.read_text().split())

@@ -34,7 +34,7 @@ class Live:
         with self.plane.db.tx() as s:
             s.add(ActionRow(id=action_id, job_id="j-none", node=self.node, kind=kind, op=action_id,
                             status="pending", payload=payload, created_at=time.time()))
-            s.info["new_actions"] = True  # wakes the agent's long-poll
+            s.info["new_actions"] = {self.node}  # wakes the node's long-poll
 
     def settled(self, action_id: str, timeout: float = 30) -> ActionRow:
         deadline = time.monotonic() + timeout

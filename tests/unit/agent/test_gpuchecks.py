@@ -13,6 +13,7 @@ from tests.unit.agent.test_gpus import GIB, H100, TWO_H100, UUID0, FakeNvml
 from tidal.agent import gpuchecks
 from tidal.agent.gpuchecks import CHECKPOINT_API, NO_GPU_ROW, CtypesCuda, gpu_rows
 from tidal.cli import doctor
+from tidal.control import checks as control_checks
 from tidal.errors import ConfigError, MechanismError
 from tidal.mechanisms import checks
 from tidal.mechanisms.checks import Check, Planned
@@ -189,6 +190,6 @@ def test_doctor_shows_the_gpu_rows_after_the_machines(monkeypatch: pytest.Monkey
         return [Planned(name, False, lambda: Check(name, "ok", "x"))]
 
     monkeypatch.setattr(checks, "machine_checks", lambda: one("kernel"))
-    monkeypatch.setattr(doctor, "control_plane_checks", lambda: one("TIDAL_HOME"))
+    monkeypatch.setattr(control_checks, "control_plane_checks", lambda: one("TIDAL_HOME"))
     monkeypatch.setattr(gpuchecks, "planned", lambda: one("gpus"))
     assert [c.name for c in doctor.run_checks()] == ["kernel", "gpus", "TIDAL_HOME"]
