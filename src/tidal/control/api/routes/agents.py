@@ -76,7 +76,7 @@ async def take_actions(node: str, agent_id: str, request: Request, p: Agent, ctx
     deadline = signal.loop.time() + wait
     while True:
         seen = signal.woken.get(node, 0)
-        if await agent_lane(request, _has_actions, ctx, node):
+        if await agent_lane(request, _has_actions, ctx, node, agent_id):
             return await agent_lane(request, _hand_out, ctx, node, agent_id)
         left = deadline - signal.loop.time()
         if left <= 0:
@@ -84,8 +84,11 @@ async def take_actions(node: str, agent_id: str, request: Request, p: Agent, ctx
         await signal.changed(node, seen, left)  # until a commit makes actions for this node
 
 
-def _has_actions(ctx: Context, node: str) -> bool:
+def _has_actions(ctx: Context, node: str, agent_id: str) -> bool:
+    """Whether the node has actions for its agent (a process that no longer holds the node's lease is told so:
+    409, as at a hand-out)."""
     with ctx.db.read() as s:
+        agents.holder(s, node, agent_id)
         return agents.has_actions(s, node)
 
 
