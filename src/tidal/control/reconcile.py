@@ -64,15 +64,18 @@ class Reconciler:
     """Runs ``policy`` over the cluster in ``db``. ``clock``: where it reads the time (wall time for
     leases, checkpoint timers and the policy's ``now``; monotonic time for its own pacing); by default the
     database's, the one every transaction of the control plane reads. ``device_caps``: read in each pass's
-    transaction, the most devices each user may hold (users not named: no cap); None: no caps."""
+    transaction, the most devices each user may hold (users not named: no cap); None: no caps.
+    ``project_caps``: likewise, the most devices each project's jobs may hold together."""
 
     def __init__(self, db: Database, policy: Policy, *, interval: float = 0.5,
                  min_gap: float = 0.05, explain_every: float = 0.0, clock: Clock | None = None,
                  links: Links | None = None,
-                 device_caps: Callable[[Session], Mapping[str, int]] | None = None) -> None:
+                 device_caps: Callable[[Session], Mapping[str, int]] | None = None,
+                 project_caps: Callable[[Session], Mapping[str, int]] | None = None) -> None:
         self.db = db
         self.policy = policy
         self.device_caps = device_caps
+        self.project_caps = project_caps
         # The links between clusters and regions the policy weighs moves over, as the settings give them; each
         # pass adds the rates measured between regions (snapshot).
         self.links = links or Links()
@@ -191,7 +194,9 @@ class Reconciler:
             # policy must rebuild its indexes from the view each time (a stateless one reads the view anyway).
             self._passes += 1
             caps = self.device_caps(s) if self.device_caps is not None else None
-            view, seen = snapshot(s, generation=self._passes, links=self.links, cache=self._cache, device_caps=caps)
+            project_caps = self.project_caps(s) if self.project_caps is not None else None
+            view, seen = snapshot(s, generation=self._passes, links=self.links, cache=self._cache, device_caps=caps,
+                                  project_caps=project_caps)
         self._unfit = {j: p for j, p in self._unfit.items() if j in seen}
         actions = self.policy.decide(view, [], now)
         why = self.policy.reasons()
@@ -365,14 +370,15 @@ def _specs(s: Session, ids: list[str], cache: dict[str, JobSpec]) -> None:
 
 
 def snapshot(s: Session, generation: int = 0, links: Links | None = None, cache: ViewCache | None = None,
-             device_caps: Mapping[str, int] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
+             device_caps: Mapping[str, int] | None = None,
+             project_caps: Mapping[str, int] | None = None) -> tuple[ClusterView, dict[str, Seen]]:
     """The immutable view the policy decides over: nodes that are up (the drained ones named in ``drained``),
     and every job that waits for or holds devices (a migration's target devices count as held: they are
     reserved), with its owner; ``links``: the network between clusters and regions as the settings give it
     (TIDAL_REGION_GBPS, else :class:`Links`'s default), with the rate measured from one region to another where
     there is one (:mod:`tidal.control.linkrates`); ``device_caps``: the most devices each user may hold (none:
-    no cap). With it, what the view was made of for each live job (:class:`Seen`). ``cache``: what the last
-    pass's snapshot kept (:class:`ViewCache`)."""
+    no cap); ``project_caps``: each project's. With it, what the view was made of for each live job
+    (:class:`Seen`). ``cache``: what the last pass's snapshot kept (:class:`ViewCache`)."""
     nodes = list(s.scalars(select(NodeRow).where(NodeRow.up.is_(True)).order_by(NodeRow.name)))
     tree: dict[str, dict[str, list[Node]]] = {}
     for n in nodes:
@@ -410,7 +416,7 @@ def snapshot(s: Session, generation: int = 0, links: Links | None = None, cache:
     measured = linkrates.links(s, links or Links())
     drained = frozenset(n.name for n in nodes if n.drain is not None)
     return ClusterView(topology=topo, jobs=views, generation=generation, links=measured, drained=drained,
-                       device_caps=device_caps or {}), seen
+                       device_caps=device_caps or {}, project_caps=project_caps or {}), seen
 
 
 def _view(j: Any, st: JobState, placement: tuple[DeviceRef, ...], spec: JobSpec) -> JobView:

@@ -277,7 +277,7 @@ def serve(args: argparse.Namespace) -> None:
     host.prepare(db)  # adopt the store that the distributed jobs still running use
     links = Links(region_gbps=settings.region_gbps) if settings.region_gbps else None
     rec = Reconciler(db, make_live_policy(args.policy), explain_every=EXPLAIN_EVERY_S, links=links,
-                     device_caps=userlimits.device_caps)
+                     device_caps=userlimits.device_caps, project_caps=userlimits.project_device_caps)
     rec.start()
     rules = Rules(keep=settings.keep_checkpoints, finished_after=settings.finished_retention,
                   quotas=_store_quotas(settings.store_quota))

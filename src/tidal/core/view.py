@@ -108,7 +108,8 @@ class ClusterView:
     admin drained): no job is placed, resumed, moved or grown onto them, while the jobs already there stay
     where they are. Their devices stay in the topology (the jobs on them hold some).
     ``device_caps``: the most devices each user named may hold at once (jobs of every project and tier
-    together); a user not named has no cap.
+    together); a user not named has no cap. ``project_caps``: likewise for each project named (jobs of every
+    user and tier of the project together).
     """
 
     topology: Topology
@@ -117,16 +118,19 @@ class ClusterView:
     links: Links = Links()  # between clusters and regions: what a move's transfer is estimated over
     drained: frozenset[str] = frozenset()
     device_caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    project_caps: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, MappingProxyType):
             object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
         if not isinstance(self.drained, frozenset):
             object.__setattr__(self, "drained", frozenset(self.drained))
-        for owner, cap in self.device_caps.items():
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
-                raise ValidationError(f"device cap of user {owner!r} must be a whole number of devices, 0 or more, "
-                                      f"not {cap!r}", field="device_caps",
-                                      hint="give each capped user the most devices they may hold, e.g. 8")
-        if not isinstance(self.device_caps, MappingProxyType):
-            object.__setattr__(self, "device_caps", MappingProxyType(dict(self.device_caps)))
+        for field, whose, who in (("device_caps", "user", "they"), ("project_caps", "project", "its jobs")):
+            caps: Mapping[str, int] = getattr(self, field)
+            for name, cap in caps.items():
+                if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+                    raise ValidationError(f"device cap of {whose} {name!r} must be a whole number of devices, 0 or "
+                                          f"more, not {cap!r}", field=field,
+                                          hint=f"give each capped {whose} the most devices {who} may hold, e.g. 8")
+            if not isinstance(caps, MappingProxyType):
+                object.__setattr__(self, field, MappingProxyType(dict(caps)))

@@ -1,32 +1,40 @@
-"""A cap on the devices one user holds at once (``ClusterView.device_caps``: user → most devices).
+"""Caps on the devices one user, or one project, holds at once (``ClusterView.device_caps``: user → most
+devices; ``ClusterView.project_caps``: project → most devices).
 
-The policy never places, resumes or grows a job whose owner would then hold more than their cap: jobs of
-every project and tier count, as held now. An elastic job is started shrunk to fit what is left under the
-cap, down to its minimum (``min_devices``), on a size replica splicing makes worth it; a job that does not
-fit even so waits, and its reason says whose cap holds it. A cap lowered below what a user holds stops new
-starts and growth; their running jobs are left as they are.
+The policy never places, resumes or grows a job whose owner, or whose project, would then hold more than its
+cap: for a user's cap jobs of every project and tier count, for a project's jobs of every user and tier, as
+held now. A job's room is the smaller of the two. An elastic job is started shrunk to fit what is left under
+the caps, down to its minimum (``min_devices``), on a size replica splicing makes worth it; a job that does
+not fit even so waits, and its reason says whose cap holds it. A cap lowered below what a user (project)
+holds stops new starts and growth; the running jobs are left as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from tidal.core import ClusterView, JobState
+from tidal.core import ClusterView, JobState, JobView
 from tidal.policy.placement import useful_sizes
 
 _WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 
 
 def room(caps: Mapping[str, int], held: Mapping[str, int], owner: str) -> int | None:
-    """Devices ``owner`` may still take under their cap (0 or fewer: none); None where they have no cap."""
+    """Devices ``owner`` (a user, or a project) may still take under its cap (0 or fewer: none); None where it
+    has no cap."""
     cap = caps.get(owner)
     return None if cap is None else cap - held.get(owner, 0)
 
 
+def least(a: int | None, b: int | None) -> int | None:
+    """The smaller of two rooms (None: no cap)."""
+    return b if a is None else a if b is None else min(a, b)
+
+
 def capped_size(w: int, lo: int, hi: int, room: int | None) -> int:
     """The most devices a W-rank job of ``lo`` to ``hi`` devices may start on with ``room`` left under its
-    owner's cap (None: no cap): ``hi`` when it fits whole, else the largest useful size in between, else 0
-    (it cannot start)."""
+    owner's and its project's caps (None: no cap): ``hi`` when it fits whole, else the largest useful size in
+    between, else 0 (it cannot start)."""
     if room is None or room >= hi:
         return hi
     sizes = useful_sizes(w, lo, room) if room >= lo else ()
@@ -41,8 +49,18 @@ def smallest_size(w: int, lo: int, hi: int) -> int:
 
 def held_by_owner(view: ClusterView) -> dict[str, int]:
     """Devices each user's jobs hold in ``view`` (distinct devices per job; waiting jobs hold none)."""
+    return _held(view, lambda j: j.owner)
+
+
+def held_by_project(view: ClusterView) -> dict[str, int]:
+    """Devices each project's jobs hold in ``view`` (distinct devices per job; waiting jobs hold none)."""
+    return _held(view, lambda j: j.project)
+
+
+def _held(view: ClusterView, key: Callable[[JobView], str]) -> dict[str, int]:
     held: dict[str, int] = {}
     for j in view.jobs.values():
         if j.state not in _WAITING and j.placement:
-            held[j.owner] = held.get(j.owner, 0) + len(j.devices)
+            k = key(j)
+            held[k] = held.get(k, 0) + len(j.devices)
     return held

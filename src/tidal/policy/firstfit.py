@@ -10,7 +10,8 @@ standard job that does not fit preempts running basic jobs (checkpoint, never ki
 node where the fewest must go. Devices that preemptions will free are set aside for the job that asked
 for them, so nothing else takes them and no more jobs are preempted than needed. A drained node
 (``ClusterView.drained``) is never chosen, nor are its jobs preempted to make room there; they run on. A job whose
-owner would then hold more devices than their cap (``ClusterView.device_caps``) waits.
+owner, or whose project, would then hold more devices than its cap (``ClusterView.device_caps``,
+``ClusterView.project_caps``) waits.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from tidal.core import Action, ActionKind, ClusterView, DeviceRef, Event, JobState, JobView, Tier, Topology, rank_map
-from tidal.policy.device_cap import held_by_owner
+from tidal.policy.device_cap import held_by_owner, held_by_project
 from tidal.policy.reasons import Need, Reason, explain
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
@@ -72,13 +73,17 @@ class FirstFitPolicy:
                          key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
         out: list[Action] = []
         topo = view.topology
-        caps = view.device_caps
+        caps, project_caps = view.device_caps, view.project_caps
         held = held_by_owner(view) if caps else {}
+        project_held = held_by_project(view) if project_caps else {}
         for j in waiting:
             need = j.max_d
             cap = caps.get(j.owner)
             if cap is not None and held.get(j.owner, 0) + need > cap:
                 continue  # its owner would hold more than their cap
+            project_cap = project_caps.get(j.project)
+            if project_cap is not None and project_held.get(j.project, 0) + need > project_cap:
+                continue  # its project would hold more than its cap
             # A job pinned to a cluster or region (tidal submit --cluster/--region) sees only its nodes.
             inside = {n: idx for n, idx in free.items() if n not in view.drained and _within_pins(topo, j, n)}
             node = _best_fit(inside, need)
@@ -91,6 +96,8 @@ class FirstFitPolicy:
             if devs:
                 if cap is not None:
                     held[j.owner] = held.get(j.owner, 0) + len(devs)
+                if project_cap is not None:
+                    project_held[j.project] = project_held.get(j.project, 0) + len(devs)
                 kind = ActionKind.RESUME if j.state is JobState.PREEMPTED else ActionKind.PLACE
                 out.append(self._action(kind, j, devs, cause, "fits"))
                 continue

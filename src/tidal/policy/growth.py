@@ -3,7 +3,7 @@
 Highest tier first, then the most shrunk. A single-node job grows in place when its node has room,
 else moves to a node where it fits larger (a resize is a checkpoint and a restore either way). A job
 is not resized again within the minimum run time, so shrink/grow cannot ping-pong. A job grows no further
-than its owner's device cap allows (policy/device_cap.py).
+than its owner's and its project's device caps allow (policy/device_cap.py).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Each policy says how few devices it would start a waiting job on (:data:`StartSize`); :func:`explain` reads
 the view and the decision's actions and gives each job still waiting one :class:`Reason`, the first that
-holds of: larger than the cluster; devices being freed for it (preemptions in flight); its owner at their
-device cap; its project at its quota; waiting behind higher-tier jobs; not enough free devices; free
+holds of: larger than the cluster; devices being freed for it (preemptions in flight); its owner, or its
+project, at its device cap; its project at its quota; waiting behind higher-tier jobs; not enough free devices; free
 devices too scattered. A job admitted
 at a lower tier than it asked for says so first. The live control plane stores the reason with the job and
 shows it; the simulator has no use for it and never asks.
@@ -16,7 +16,7 @@ import enum
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 from tidal.core import Action, ActionKind, ClusterView, JobState, JobView
-from tidal.policy.device_cap import held_by_owner, smallest_size
+from tidal.policy.device_cap import held_by_owner, held_by_project, smallest_size
 
 WAITING = frozenset({JobState.PENDING, JobState.PREEMPTED})
 _STARTS = frozenset({ActionKind.PLACE, ActionKind.RESUME, ActionKind.TIME_SLICE})
@@ -31,6 +31,7 @@ class Why(enum.Enum):
     NO_NODES = "no_nodes"  # no node is up
     MAKING_ROOM = "making_room"  # jobs are being preempted for it: it starts once their devices are free
     DEVICE_CAP = "device_cap"  # its owner holds as many devices as their cap allows (or it needs more than that)
+    PROJECT_CAP = "project_cap"  # its project holds as many devices as its cap allows (or it needs more than that)
     QUOTA = "quota"  # its project is at its quota: it may not take devices from lower tiers
     ADMISSION = "admission"  # admitted at a lower tier than asked for (its project's quota), so it waits longer
     BEHIND = "behind"  # higher-tier jobs wait before it
@@ -90,6 +91,14 @@ def device_cap(owner: str, held: int, cap: int, need: int) -> Reason:
     return Reason(Why.DEVICE_CAP, f"user {owner} holds {held} of at most {cap} devices (it needs {need})")
 
 
+def project_cap(project: str, held: int, cap: int, need: int) -> Reason:
+    """``project`` holds ``held`` devices of at most ``cap``; the job starts on ``need`` at the fewest."""
+    if need > cap:
+        return Reason(Why.PROJECT_CAP, f"needs {need} device(s) at the fewest; project {project} may hold at most "
+                                       f"{cap}")
+    return Reason(Why.PROJECT_CAP, f"project {project} holds {held} of at most {cap} devices (it needs {need})")
+
+
 def whole(job: JobView) -> Need:
     """The whole job: every device it may use."""
     return Need(job.max_d, "all of them" if job.max_d > 1 else "")
@@ -101,7 +110,7 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
             cap_need: Callable[[JobView], int] | None = None) -> dict[str, Reason]:
     """The reason of every job of ``view`` left waiting by ``actions``. ``room_for``: jobs for which devices
     are being freed (preemptions asked for or in flight); ``over_quota``: the quota reason of a job, if any;
-    ``cap_need``: the fewest devices the policy starts a job on under its owner's device cap (by default
+    ``cap_need``: the fewest devices the policy starts a job on under its owner's and project's device caps (by default
     the smallest size its bounds allow: it is shrunk to fit)."""
     free: dict[str, int] = {n.name: n.devices for n in view.topology.nodes()}
     capacity = sum(free.values())
@@ -123,7 +132,7 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
     waiting = sorted((j for j in view.jobs.values() if j.state in WAITING and j.id not in started),
                      key=lambda j: (-j.tier.rank, j.submitted_at, j.id))
     by_tier: Mapping[int, int] = {r: sum(1 for j in waiting if j.tier.rank > r) for r in (0, 1, 2)}
-    capped = _at_cap(view, actions, cap_need) if view.device_caps else None
+    capped = _at_cap(view, actions, cap_need) if view.device_caps or view.project_caps else None
     out: dict[str, Reason] = {}
     for j in waiting:
         out[j.id] = _reason(j, start_size(j), capacity, free_total, largest, by_tier[j.tier.rank],
@@ -134,25 +143,36 @@ def explain(view: ClusterView, actions: Sequence[Action], start_size: StartSize,
 
 def _at_cap(view: ClusterView, actions: Sequence[Action],
             cap_need: Callable[[JobView], int] | None) -> Callable[[JobView], Reason | None]:
-    """Whether a waiting job's owner's device cap keeps it waiting, once ``actions`` are applied."""
-    held = held_by_owner(view)
+    """Whether a waiting job's owner's or project's device cap keeps it waiting, once ``actions`` are applied:
+    where both do, the one that leaves it the less room."""
+    held, project_held = held_by_owner(view), held_by_project(view)
     for a in actions:
         j = view.jobs.get(a.job_id)
         if j is None:
             continue
         if a.kind in _STARTS and j.state in WAITING:
-            held[j.owner] = held.get(j.owner, 0) + len(a.devices)
+            n = len(a.devices)
         elif a.kind is ActionKind.RESIZE:
-            held[j.owner] = held.get(j.owner, 0) + len(a.devices) - len(j.devices)
-    caps = view.device_caps
+            n = len(a.devices) - len(j.devices)
+        else:
+            continue
+        held[j.owner] = held.get(j.owner, 0) + n
+        project_held[j.project] = project_held.get(j.project, 0) + n
+    caps, project_caps = view.device_caps, view.project_caps
 
     def reason(j: JobView) -> Reason | None:
-        cap = caps.get(j.owner)
-        if cap is None:
+        cap, pcap = caps.get(j.owner), project_caps.get(j.project)
+        if cap is None and pcap is None:
             return None
         need = cap_need(j) if cap_need is not None else smallest_size(j.ranks, j.min_devices, j.max_d)
+        holding: list[tuple[int, Reason]] = []  # (devices left under the cap, why it waits)
         have = held.get(j.owner, 0)
-        return device_cap(j.owner, have, cap, need) if have + need > cap else None
+        if cap is not None and have + need > cap:
+            holding.append((cap - have, device_cap(j.owner, have, cap, need)))
+        have = project_held.get(j.project, 0)
+        if pcap is not None and have + need > pcap:
+            holding.append((pcap - have, project_cap(j.project, have, pcap, need)))
+        return min(holding, key=lambda h: h[0])[1] if holding else None  # the cap that binds (ties: the user's)
 
     return reason
 

@@ -18,7 +18,8 @@ Then shrunk jobs grow into idle devices and time-sliced jobs move to devices of 
 Basic jobs with little service go through a short lane, right after premium, within a share of the
 devices (see ``SingularityConfig.short_lane_device_s``). Within a project's jobs of a tier, and within the
 lane, users take turns by the devices they hold (``user_share``); a user's cap on the devices they hold
-(``ClusterView.device_caps``, policy/device_cap.py) bounds every start and growth.
+(``ClusterView.device_caps``), and a project's (``ClusterView.project_caps``), bound every start and growth
+(policy/device_cap.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from tidal.core import ActionKind, DeviceRef, JobView, Links
 from tidal.policy.base import BasePolicy
 from tidal.policy.defrag import defragment
-from tidal.policy.device_cap import capped_size, room
+from tidal.policy.device_cap import capped_size, least, room
 from tidal.policy.equals import las_level, may_preempt_equal
 from tidal.policy.global_level import candidate_clusters, place
 from tidal.policy.growth import grow
@@ -140,6 +141,7 @@ class Singularity(BasePolicy):
         self._no_fit: set[tuple[object, ...]] = set()  # placements that failed likewise
         self._shown: tuple[str, ...] = ()  # the reserved nodes shown to the job being tried
         self._caps: Mapping[str, int] = {}  # the users' device caps, in this decision
+        self._project_caps: Mapping[str, int] = {}  # the projects' device caps, in this decision
 
     @property
     def grows(self) -> bool:
@@ -150,18 +152,27 @@ class Singularity(BasePolicy):
         return TieredFairQueue(cfg.las_threshold_device_s, cfg.project_weights, cfg.fair_share, cfg.las_tiers,
                                cfg.las_levels, cfg.user_share)
 
-    # ---- the owner's device cap -----------------------------------------------------------------------
+    # ---- the owner's and the project's device caps ----------------------------------------------------
     def device_room(self, rec: JobRec) -> int | None:
-        """Devices ``rec``'s owner may still take under their cap (None: no cap)."""
-        if not self._caps:
+        """Devices ``rec`` may still take: the smaller of what its owner's cap and its project's leave (None:
+        neither has a cap)."""
+        if not self._caps and not self._project_caps:
             return None
         st = self.st
         assert st is not None
-        return room(self._caps, st.owner_usage, rec.owner)
+        return least(room(self._caps, st.owner_usage, rec.owner), room(self._project_caps, st.usage, rec.project))
 
     def _cap_size(self, rec: JobRec) -> int:
-        """The most devices waiting ``rec`` may start on under its owner's cap (0: none)."""
+        """The most devices waiting ``rec`` may start on under its owner's and its project's caps (0: none)."""
         return capped_size(rec.W, rec.lo, rec.hi, self.device_room(rec))
+
+    def _binding_cap(self, rec: JobRec) -> str:
+        """Whose cap leaves ``rec`` the least room: its owner's, or its project's."""
+        st = self.st
+        assert st is not None
+        own = room(self._caps, st.owner_usage, rec.owner)
+        project = room(self._project_caps, st.usage, rec.project)
+        return "its project's" if project is not None and (own is None or project < own) else "its owner's"
 
     # ---- why a job waits ----------------------------------------------------------------------------
     def start_size(self, job: JobView) -> Need:
@@ -382,6 +393,7 @@ class Singularity(BasePolicy):
         wake: list[float] = []
         self._preempted_now = set()
         self._caps = self._view.device_caps if self._view is not None else {}
+        self._project_caps = self._view.project_caps if self._view is not None else {}
         self._releases: list[tuple[float, int]] | None = None
         self._now = now
         self._ts_failed = set()
@@ -437,9 +449,9 @@ class Singularity(BasePolicy):
         if rec.id not in self._visited_ids:
             self._visited[rec.tier][kind] += 1
             self._visited_ids.add(rec.id)
-        hi = self._cap_size(rec) if self._caps else rec.hi
+        hi = self._cap_size(rec) if self._caps or self._project_caps else rec.hi
         if hi == 0:
-            return True  # its owner is at their device cap: it waits; other users' jobs may start
+            return True  # its owner (or its project) is at its device cap: it waits; other users' jobs may start
         sharing = cfg.time_slice and rec.tier == 0
         if not sharing and failed.get((rec.tier, everywhere), 1 << 30) <= 1:
             return False  # even a 1-device job of this tier could not start
@@ -475,7 +487,8 @@ class Singularity(BasePolicy):
                         st.node_down(n)
             if started:
                 return True
-            # A job its owner's cap shrinks reserves nothing: its size changes as their other jobs end.
+            # A job its owner's (or project's) cap shrinks reserves nothing: its size changes as their other jobs
+            # end.
             if cfg.reserve and rec.tier > 0 and rec.id not in self.reservations.by_job and hi == rec.hi:
                 self.reservations.make(self, rec, clusters)
                 self._forget()  # its nodes are hidden now
@@ -487,11 +500,11 @@ class Singularity(BasePolicy):
         return True
 
     def _try(self, rec: JobRec, clusters: list[str], now: float, wake: list[float], hi: int) -> bool:
-        """Start ``rec`` on at most ``hi`` devices (its full size, or what its owner's cap leaves)."""
+        """Start ``rec`` on at most ``hi`` devices (its full size, or what its owner's and project's caps leave)."""
         st = self.st
         assert st is not None
         cfg = self.cfg
-        capped = f"on {hi} of {rec.hi} device(s): its owner's device cap" if hi < rec.hi else ""
+        capped = f"on {hi} of {rec.hi} device(s): {self._binding_cap(rec)} device cap" if hi < rec.hi else ""
         devs = self._place(rec, hi)
         if devs is not None:
             self.start(rec, devs, now, reason=capped)
@@ -643,7 +656,7 @@ class Singularity(BasePolicy):
             return False
         left = self.device_room(rec)
         if left is not None and left < rec.W:
-            return False  # a guest holds its host's W devices too: its owner's cap must allow them
+            return False  # a guest holds its host's W devices too: its owner's and project's caps must allow them
         host = find_host(self, rec, now)
         if host is None:
             self._ts_failed.add(rec.W)

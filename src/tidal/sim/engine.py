@@ -116,11 +116,13 @@ class Simulator:
         admission: Admission | None = None,
         sla_admission: SlaAdmission | None = None,
         device_caps: Mapping[str, int] | None = None,
+        project_caps: Mapping[str, int] | None = None,
     ) -> None:
         """``admission``: premium and standard jobs over their project's quota run as basic.
         ``sla_admission``: guaranteed jobs whose SLA the load makes unreachable are demoted, refused, or
         deferred (they join the policy's queue when admitted work has finished enough to meet their target).
-        ``device_caps``: the most devices each user may hold (the view's, as the live control plane gives it)."""
+        ``device_caps``: the most devices each user may hold (the view's, as the live control plane gives it);
+        ``project_caps``: the most devices each project's jobs may hold together."""
         self.topo = topology
         self.policy = policy
         self.admission = admission
@@ -139,7 +141,7 @@ class Simulator:
         # The policy weighs a move to another cluster by its cost model's links (policy/spill.py).
         links = Links(node_gbps=self.cost.net_gbps_per_node, region_gbps=self.cost.cross_region_gbps)
         self.view = ClusterView(topology, MappingProxyType(_LiveViews(self.live, self._job_view)), links=links,
-                                device_caps=device_caps or {})
+                                device_caps=device_caps or {}, project_caps=project_caps or {})
         self.device_jobs: dict[DeviceRef, list[SimJob]] = {}
         self.busy_until: dict[DeviceRef, float] = {}
         self.heap: list[tuple[float, int, int, str, int]] = []

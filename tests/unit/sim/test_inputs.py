@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import lzma
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -57,6 +58,20 @@ def test_the_simulator_gives_the_policy_each_jobs_user() -> None:
     sim.run()
     assert {j.id: sim._job_view(j).owner for j in sim.jobs.values()} == {"a": "alice", "n": ""}
     assert sim.view.device_caps == {"alice": 1}
+
+
+def test_the_simulator_gives_the_policy_each_projects_cap() -> None:
+    # Two devices, vision may hold one: its second job starts when its first ends, nlp's at once.
+    jobs = [TraceJob("v1", 0.0, 10.0, 1, Tier.BASIC, "vision", user="alice"),
+            TraceJob("v2", 0.0, 10.0, 1, Tier.BASIC, "vision", user="bob"),
+            TraceJob("n", 1.0, 10.0, 1, Tier.BASIC, "nlp", user="carol")]
+    log: list[dict[str, Any]] = []
+    sim = Simulator(parse_cluster("1x2").topology, jobs, make_policy("singularity"), project_caps={"vision": 1},
+                    log=log.append)
+    sim.run()
+    assert sim.view.project_caps == {"vision": 1}
+    placed = [(r["job"], r["time"]) for r in log if r["type"] == "action" and r["kind"] == "place"]
+    assert [j for j, _ in placed] == ["v1", "n", "v2"] and dict(placed)["v2"] >= 10.0
 
 
 @pytest.mark.parametrize(
