@@ -21,17 +21,12 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, cast
 
-from tidal.errors import TidalError
-
 _DIGITS = re.compile(r"-?[0-9]{1,30}")
 _DECIMAL = re.compile(r"-?[0-9]{1,30}(\.[0-9]{1,30})?")
 
 
-class _Unsure(TidalError):
-    """The direct conversion cannot tell: Typer's own is asked (never leaves this module)."""
-
-    def __init__(self) -> None:
-        super().__init__("converted by Typer instead")
+#: What a direct conversion returns where it cannot tell: Typer's own is asked.
+_UNSURE = object()
 
 
 def install() -> None:
@@ -57,9 +52,12 @@ def install() -> None:
 
         def _coerce_value(self, value: Any, param: Any, ctx: Any) -> Any:
             try:
-                return self.convert(value, param, ctx)
-            except Exception:
+                out = self.convert(value, param, ctx)
+            except Exception:  # an error is Typer's to word
+                out = _UNSURE
+            if out is _UNSURE:
                 return original(self.descriptor)._coerce_value(value, param, ctx)
+            return out
 
     def leaf(annotation: Any, info: Any) -> Callable[[Any, Any, Any], Any] | None:
         """How a value of ``annotation`` is converted as Typer's adapter converts it (typer._adapters'
@@ -79,32 +77,32 @@ def install() -> None:
                 if type(v) is annotation:  # a default written as a number
                     n = v
                 elif not isinstance(v, str) or not pattern.fullmatch(v):
-                    raise _Unsure
+                    return _UNSURE
                 else:
                     n = annotation(v)
                 if (info.min is not None and n < info.min) or (info.max is not None and n > info.max):
-                    raise _Unsure  # out of bounds: Typer says so
+                    return _UNSURE  # out of bounds: Typer says so
                 return n
 
             return number
         if annotation is bool:
             def flag(v: Any, _p: Any, _ctx: Any) -> Any:
                 if type(v) is not bool:
-                    raise _Unsure  # a word for a boolean: Typer reads it
+                    return _UNSURE  # a word for a boolean: Typer reads it
                 return v
 
             return flag
         if annotation is str:
             def text(v: Any, _p: Any, _ctx: Any) -> Any:
                 if type(v) is not str:
-                    raise _Unsure
+                    return _UNSURE
                 return v
 
             return text
         if annotation is Path and info.path_type is None and routes_to_path(annotation, info):
             def path(v: Any, p: Any, ctx: Any) -> Any:
                 if type(v) is not str or not v:
-                    raise _Unsure
+                    return _UNSURE
                 return coerce_cli_path(Path(v), info, path_type=Path, param=p, ctx=ctx)
 
             return path
@@ -128,7 +126,8 @@ def install() -> None:
                 item = leaf(get_args(annotation)[0], info)
                 if item is not None:
                     def items(v: Any, p: Any, ctx: Any, item: Callable[[Any, Any, Any], Any] = item) -> Any:
-                        return [item(x, p, ctx) for x in (v if isinstance(v, list | tuple) else [v])]
+                        out = [item(x, p, ctx) for x in (v if isinstance(v, list | tuple) else [v])]
+                        return _UNSURE if any(x is _UNSURE for x in out) else out
 
                     convert = items
             elif get_origin(annotation) is None or is_literal_type(annotation):
