@@ -125,19 +125,25 @@ def _guaranteed_use(s: Session, project: str) -> int:
 
 _INSERT_JOB = insert(JobRow)
 _JOBS = "jobs"  # Session.info: the jobs a transaction writes behind
-_NEXT_SEQ = "next_seq"  # Session.info: the submission number the transaction gives next
+_NEXT_SEQ = "next_seq"  # Session.info: the transaction's own counter where the control plane keeps none
 
 
 def _write_jobs(s: Session, rows: list[dict[str, Any]]) -> None:
     s.execute(_INSERT_JOB, rows)
 
 
+#: ``Session.info`` key of the control plane's counter of submission numbers (``{"next": n}``), kept from one
+#: transaction to the next where the control plane holds one (the API's); else each transaction reads the highest.
+SEQ_COUNTER = "seq_counter"
+
+
 def _next_seq(s: Session) -> int:
-    """The next submission number: the highest stored, plus those given in this transaction (taken under the
-    writers' lock, so no other transaction gives one meanwhile)."""
-    seq = s.info.get(_NEXT_SEQ)
+    """The next submission number: the highest stored, plus those given since (taken under the writers' lock, so
+    no other transaction gives one meanwhile; a transaction that fails leaves a gap, which nothing minds)."""
+    counter: dict[str, int] = s.info.get(SEQ_COUNTER) or s.info.setdefault(_NEXT_SEQ, {})
+    seq = counter.get("next")
     if seq is None:
         seq = int(s.scalar(select(func.coalesce(func.max(JobRow.seq), 0))) or 0) + 1
-    s.info[_NEXT_SEQ] = seq + 1
+    counter["next"] = seq + 1
     return seq
 

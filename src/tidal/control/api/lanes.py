@@ -25,7 +25,9 @@ from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from tidal.control.batches import Batcher
+from tidal.control.intake import ADMISSIONS
 from tidal.control.store.db import Database
+from tidal.control.submission import SEQ_COUNTER
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -77,6 +79,8 @@ async def lanes(app: FastAPI) -> AsyncIterator[None]:
     anyio.to_thread.current_default_thread_limiter().total_tokens = USER_THREADS
     app.state.agent_limiter = anyio.CapacityLimiter(AGENT_THREADS)
     db: Database = app.state.ctx.db
+    db.info.setdefault(ADMISSIONS, {})  # who may submit under which project, looked up once a second
+    db.info.setdefault(SEQ_COUNTER, {})  # the next submission number, read from the database once
     batchers = {INTAKE: Batcher(db, "tidal-intake"),
                 HEARTBEATS: Batcher(db, "tidal-heartbeats", urgent=True, notify=False)}
     app.state.batchers = batchers
