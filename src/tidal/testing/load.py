@@ -24,6 +24,8 @@ import httpx
 
 from tidal.core import protocol
 
+#: How long a simulated agent's long-poll for actions waits (tidal.agent's).
+POLL_WAIT_S = 10.0
 #: The most requests one client of a flood sends, whatever its duration (a bound on the loop).
 MAX_REQUESTS_PER_CLIENT = 200_000
 
@@ -139,7 +141,7 @@ class SimulatedAgent:
     def stop(self) -> None:
         self._stop.set()
         for th in self._threads:
-            th.join(self.lease_s + 35)
+            th.join(self.lease_s + POLL_WAIT_S + 35)
         self.http.close()
         self.poll.close()
 
@@ -169,7 +171,7 @@ class SimulatedAgent:
         while not self._stop.is_set():
             try:
                 r = self.poll.get(f"/v1/agent/{self.name}/actions",
-                                  params={"agent_id": self.agent_id, "wait": 2.0})
+                                  params={"agent_id": self.agent_id, "wait": POLL_WAIT_S})
             except httpx.HTTPError:
                 self._stop.wait(0.5)
                 continue

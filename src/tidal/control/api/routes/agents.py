@@ -88,7 +88,7 @@ def _has_actions(ctx: Context, node: str, agent_id: str) -> bool:
     """Whether the node has actions for its agent (a process that no longer holds the node's lease is told so:
     409, as at a hand-out)."""
     with ctx.db.read() as s:
-        agents.holder(s, node, agent_id)
+        agents.holds(s, node, agent_id)
         return agents.has_actions(s, node)
 
 
