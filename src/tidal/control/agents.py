@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, func, select, update
+from sqlalchemy import CursorResult, func, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from tidal.config import load_settings
@@ -132,11 +133,12 @@ def heartbeat(s: Session, name: str, agent_id: str, lease_s: float,
     written), and take what it says of its jobs. The renewal is one UPDATE that matches only the holder: hundreds
     of nodes heartbeat every second."""
     now = clock.now(s)
-    renewed = s.execute(update(NodeRow).where(
-        NodeRow.name == name, NodeRow.agent_id == agent_id, NodeRow.up.is_(True)).values(
-        lease_until=now + lease_s, lease_renewals=func.coalesce(NodeRow.lease_renewals, 0) + 1))
-    if not cast(CursorResult[Any], renewed).rowcount:
-        holder(s, name, agent_id)  # says why: no such node, or another agent holds it
+    if (name, agent_id) not in s.info.get(RENEWED, ()):  # not renewed with its batch (renew_leases)
+        renewed = s.execute(update(NodeRow).where(
+            NodeRow.name == name, NodeRow.agent_id == agent_id, NodeRow.up.is_(True)).values(
+            lease_until=now + lease_s, lease_renewals=func.coalesce(NodeRow.lease_renewals, 0) + 1))
+        if not cast(CursorResult[Any], renewed).rowcount:
+            holder(s, name, agent_id)  # says why: no such node, or another agent holds it
     for job_id, p in (progress or {}).items():
         job = s.get(JobRow, job_id)
         # Only the node's own jobs: a node's figures must not land in (and grow) another job's progress.
@@ -238,6 +240,28 @@ def _action(a: ActionRow) -> dict[str, Any]:
         log.warning("action %s (%s of job %s) is not a valid order here: %s; the agent will refuse it", a.id,
                     a.kind, a.job_id, exc)
         return {"v": protocol.VERSION, "id": a.id, "order": order}
+
+
+RENEWED = "renewed_leases"  # Session.info: the (node, agent) pairs whose lease renew_leases renewed
+
+
+def renew_leases(s: Session, holders: list[tuple[str, str]], lease_s: float) -> None:
+    """Renew in one statement the leases of the nodes whose agents (``holders``: (node, agent id)) heartbeat
+    together: each where that agent holds it. :func:`heartbeat` then renews none of these again, and finds the
+    others refused."""
+    now = clock.now(s)
+    renewed: set[tuple[str, str]] = set()
+    # Each heartbeat counts as a renewal: an agent's several heartbeats in one batch (one statement for each such
+    # count, nearly always just the one).
+    by_count: dict[int, list[tuple[str, str]]] = {}
+    for pair, n in Counter(holders).items():
+        by_count.setdefault(n, []).append(pair)
+    for n, pairs in by_count.items():
+        stmt = (update(NodeRow).where(tuple_(NodeRow.name, NodeRow.agent_id).in_(pairs), NodeRow.up.is_(True))
+                .values(lease_until=now + lease_s, lease_renewals=func.coalesce(NodeRow.lease_renewals, 0) + n)
+                .returning(NodeRow.name, NodeRow.agent_id).execution_options(synchronize_session=False))
+        renewed |= {(name, agent) for name, agent in s.execute(stmt)}
+    s.info[RENEWED] = renewed
 
 
 def holds(s: Session, name: str, agent_id: str) -> None:

@@ -36,20 +36,24 @@ MAX_BATCH = 200
 @dataclass
 class _Item(Generic[T]):
     work: Callable[[Session], T]
+    key: Any
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[T] = field(repr=False)
 
 
 class Batcher:
-    """``name``: its thread's; ``urgent`` and ``notify``: its transactions' (:meth:`Database.tx`)."""
+    """``name``: its thread's; ``urgent`` and ``notify``: its transactions' (:meth:`Database.tx`); ``prepare``:
+    called first in each batch's transaction with the keys the pieces of work were handed with (what a batch can
+    do for all of them in one statement: renew many nodes' leases)."""
 
     def __init__(self, db: Database, name: str, *, urgent: bool = False, notify: bool = True,
-                 max_batch: int = MAX_BATCH) -> None:
+                 max_batch: int = MAX_BATCH, prepare: Callable[[Session, list[Any]], None] | None = None) -> None:
         self.db = db
         self.name = name
         self.urgent = urgent
         self.notify = notify
         self.max_batch = max_batch
+        self.prepare = prepare
         self._queue: deque[_Item[Any]] = deque()
         self._ready = threading.Condition()
         self._stop = False
@@ -69,10 +73,10 @@ class Batcher:
         if self._thread is not None:
             self._thread.join(10)
 
-    async def run(self, work: Callable[[Session], T]) -> T:
-        """``work(session)``'s result (or its error), once its batch is committed."""
+    async def run(self, work: Callable[[Session], T], key: Any = None) -> T:
+        """``work(session)``'s result (or its error), once its batch is committed; ``key``: for ``prepare``."""
         loop = asyncio.get_running_loop()
-        item: _Item[T] = _Item(work, loop, loop.create_future())
+        item: _Item[T] = _Item(work, key, loop, loop.create_future())
         with self._ready:
             self._queue.append(item)
             self._ready.notify()
@@ -91,6 +95,8 @@ class Batcher:
         answers: list[tuple[_Item[Any], Any]] = []
         try:
             with self.db.tx(urgent=self.urgent, notify=self.notify) as s:
+                if self.prepare is not None:
+                    self.prepare(s, [it.key for it in batch])
                 for it in batch:
                     try:
                         answers.append((it, it.work(s)))

@@ -157,10 +157,10 @@ def held_devices(job: JobRow) -> list[DeviceRef]:
 def free_devices(s: Session, *, schedulable: bool = False) -> dict[str, list[int]]:
     """Free device indexes of every node that is up; ``schedulable``: of those not drained only (nothing new
     goes onto a drained node)."""
-    nodes = select(NodeRow).where(NodeRow.up.is_(True))
+    nodes = select(NodeRow.name, NodeRow.devices).where(NodeRow.up.is_(True))
     if schedulable:
         nodes = nodes.where(NodeRow.drain.is_(None))
-    free = {n.name: set(range(n.devices)) for n in s.scalars(nodes)}
+    free = {name: set(range(devices)) for name, devices in s.execute(nodes)}
     # Two columns, not whole rows: a reconcile pass asks this with hundreds of jobs running.
     held = select(JobRow.placement, JobRow.target).where(JobRow.state.in_([st.value for st in ACTIVE]))
     for placement, target in s.execute(held):

@@ -55,6 +55,8 @@ def create_app(ctx: Context) -> FastAPI:
                        clock=lambda: auth.clock_of(ctx))
     app.add_middleware(latency.Latency, latency=latency.histogram(registry))
     handlers.install(app)
-    for area in (service, users, projects, jobs, cluster, store, stream, agents, admin, metrics, ui):
+    # The agents' routes first: a request is matched against the routes in order, and theirs are most of the
+    # requests of a large cluster (heartbeats, long-polls).
+    for area in (agents, service, users, projects, jobs, cluster, store, stream, admin, metrics, ui):
         app.include_router(area.router)
     return app

@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import AsyncIterator, Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from tidal.control import agents
 from tidal.control.batches import Batcher
 from tidal.control.intake import ADMISSIONS
 from tidal.control.store.db import Database
@@ -81,8 +82,9 @@ async def lanes(app: FastAPI) -> AsyncIterator[None]:
     db: Database = app.state.ctx.db
     db.info.setdefault(ADMISSIONS, {})  # who may submit under which project, looked up once a second
     db.info.setdefault(SEQ_COUNTER, {})  # the next submission number, read from the database once
+    renew = functools.partial(agents.renew_leases, lease_s=app.state.ctx.lease_s)
     batchers = {INTAKE: Batcher(db, "tidal-intake"),
-                HEARTBEATS: Batcher(db, "tidal-heartbeats", urgent=True, notify=False)}
+                HEARTBEATS: Batcher(db, "tidal-heartbeats", urgent=True, notify=False, prepare=renew)}
     app.state.batchers = batchers
     signal = app.state.action_signal = ActionSignal(asyncio.get_running_loop())
     db.on_actions.append(signal.wake)
@@ -103,12 +105,13 @@ async def agent_lane(request: Request, fn: Callable[P, T], *args: P.args, **kwar
 
 
 async def in_batch(request: Request, name: str, work: Callable[[Session], T], *, db: Database,
-                   urgent: bool = False, notify: bool = True) -> T:
-    """``work(session)`` committed in the app's batcher ``name``; where the app is served without its lifespan
-    (a test client), in a transaction of its own (``urgent``, ``notify``: that transaction's)."""
+                   urgent: bool = False, notify: bool = True, key: Any = None) -> T:
+    """``work(session)`` committed in the app's batcher ``name`` (``key``: for the batcher's ``prepare``); where
+    the app is served without its lifespan (a test client), in a transaction of its own (``urgent``, ``notify``:
+    that transaction's)."""
     batchers: dict[str, Batcher] | None = getattr(request.app.state, "batchers", None)
     if batchers is not None:
-        return await batchers[name].run(work)
+        return await batchers[name].run(work, key)
 
     def alone() -> T:
         with db.tx(urgent=urgent, notify=notify) as s:

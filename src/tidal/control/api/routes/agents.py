@@ -58,7 +58,7 @@ async def heartbeat(node: str, body: Heartbeat, request: Request, p: Agent, ctx:
     for_node(p, node)
     work = functools.partial(agents.heartbeat, name=node, agent_id=body.agent_id, lease_s=ctx.lease_s,
                              progress=body.jobs)
-    await in_batch(request, HEARTBEATS, work, db=ctx.db, urgent=True, notify=False)
+    await in_batch(request, HEARTBEATS, work, db=ctx.db, urgent=True, notify=False, key=(node, body.agent_id))
     if body.node:  # the node's holder said so (else the heartbeat was refused above)
         request.app.state.node_figures.report(node, body.node)
     return {"lease_s": ctx.lease_s}
