@@ -78,6 +78,7 @@ demo: criu
 bench: criu
 	$(PY) benchmarks/checkpoint.py --json bench-results/checkpoint.json
 	$(PY) benchmarks/api.py --json bench-results/api.json
+	$(PY) benchmarks/load.py --json bench-results/load.json
 	$(PY) benchmarks/policy.py --json bench-results/policy.json
 	$(PY) benchmarks/interpose.py --json bench-results/interpose.json
 	$(PY) benchmarks/work_object.py --json bench-results/work_object.json

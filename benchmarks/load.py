@@ -3,7 +3,7 @@
 simulated agents (processes speaking the real agent protocol, acknowledging what they are told to run, with
 nothing behind it), for a set time.
 
-Reported: submissions/s (and the ratio to the 1,000/s target), p50/p99 latency per route, the agents'
+Reported: submissions/s, p50/p99 latency per route, the agents'
 heartbeat p99 against their lease (and the agent's own request timeout, a quarter of it), the scheduler's
 decisions (jobs placed per second, and how long after its submission each job was placed or told why it
 waits: p50/p99/max against the 2 s target), lease losses (none is spurious here: every simulated agent keeps
@@ -41,7 +41,6 @@ from tidal.control.store.db import Database
 from tidal.testing.load import percentile
 from tidal.testing.postgres import PostgresServer
 
-TARGET_RATE = 1000.0
 TARGET_DECIDED_S = 2.0
 
 
@@ -180,7 +179,6 @@ def main() -> int:
     hb_p99 = max((b["p99_s"] for b in beats if b["p99_s"] is not None), default=None)
     out = {"machine": _machine(), "args": vars(args) | {"json": str(args.json), "dir": str(args.dir)},
            "seconds": seconds, "submissions": submitted, "submissions_per_s": submitted / seconds,
-           "ratio_to_target": submitted / seconds / TARGET_RATE,
            "routes": {k: {"requests": v["requests"], "p50_s": max(x for x in v["p50_s"] if x is not None),
                           "p99_s": max(x for x in v["p99_s"] if x is not None), "statuses": v["statuses"]}
                       for k, v in routes.items()},
@@ -221,8 +219,8 @@ def _ms(x: float | None) -> str:
 def _print(out: dict[str, Any]) -> None:
     m = out["machine"]
     print(f"machine: {m['cpu']}, {m['cores']} cores; load average at the end {m['load_average_at_end']}")
-    print(f"submissions: {out['submissions']} in {out['seconds']:.1f}s = {out['submissions_per_s']:.0f}/s "
-          f"({out['ratio_to_target']:.2f} of the {TARGET_RATE:.0f}/s target)")
+    print(f"submissions: {out['submissions']} in {out['seconds']:.1f}s = {out['submissions_per_s']:.0f}/s (each "
+          f"user's client waits for its answer before it sends the next; benchmarks/crosshost.py measures the rate)")
     print("| route | requests | p50 | p99 | statuses |")
     print("|---|---:|---:|---:|---|")
     for route, r in sorted(out["routes"].items()):
